@@ -1,0 +1,34 @@
+# Two entry points: `make train` (set up + run the default job) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup train test test-all lint format clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: setup
+	$(BIN)/python train.py
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+test-all: setup
+	$(BIN)/python -m pytest -m ""
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) outputs/*/ multirun .pytest_cache

@@ -1,0 +1,32 @@
+"""Shared test plumbing: worlds of Gloo ranks from one preloaded forkserver.
+
+The first world pays for the forkserver (≈ 2 s: torch, torch.distributed, torch._dynamo,
+zero_lab and the rank programs imported once); every later world costs ≈ 0.1–0.3 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from zero_lab import launch
+
+launch.preload("tests.rank_programs")
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` Gloo ranks; results by rank."""
+    return launch.run_world(fn, world_size, args, start_method="forkserver", timeout_s=timeout_s)
+
+
+@pytest.fixture(scope="session")
+def world() -> Callable[..., list[Any]]:
+    return run_ranks
+
+
+def assert_close_lists(a: Sequence[Any], b: Sequence[Any], atol: float = 1e-6) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert abs(x - y) <= atol, (x, y)

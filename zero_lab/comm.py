@@ -1,0 +1,112 @@
+"""The one module that calls ``torch.distributed`` collectives.
+
+Every collective zero_lab issues goes through :class:`Communicator`, which labels it
+with ``torch.profiler.record_function`` (``zero_lab::<op>``), counts its payload
+bytes and calls, and times it, so communication is easy to find, profile and meter.
+Collectives run on the process group's timeout (set at ``init_process_group``), so a
+lost peer raises instead of hanging.
+
+Byte accounting: ``bytes`` is the payload this rank contributed to or received from
+each collective — a broadcast of ``n`` bytes counts ``n`` on every rank, an all-gather
+into an ``n``-byte output counts ``n``.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+__all__ = ["CommStats", "Communicator"]
+
+# torch >= 2.13 renamed all_gather_into_tensor; keep working on older releases.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class CommStats:
+    """Running totals of the collectives a :class:`Communicator` issued."""
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def snapshot(self) -> CommStats:
+        return CommStats(self.calls, self.bytes, self.seconds)
+
+    def since(self, earlier: CommStats) -> CommStats:
+        return CommStats(self.calls - earlier.calls, self.bytes - earlier.bytes, self.seconds - earlier.seconds)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class Communicator:
+    """Collectives on one process group, metered in :attr:`stats`."""
+
+    def __init__(self, process_group: Any = None):
+        self.group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.stats = CommStats()
+
+    def global_rank(self, rank: int) -> int:
+        return dist.distributed_c10d.get_global_rank(self.group, rank)
+
+    @contextmanager
+    def _metered(self, op: str, nbytes: int, calls: int = 1):
+        start = time.perf_counter()
+        with record_function(f"zero_lab::{op}"):
+            yield
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.bytes += nbytes
+        self.stats.calls += calls
+
+    def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
+        """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""
+        if not tensors:
+            return
+        with self._metered(op, sum(_nbytes(t) for t, _ in tensors), len(tensors)):
+            works = [
+                dist.broadcast(t, src=self.global_rank(src), group=self.group, async_op=True) for t, src in tensors
+            ]
+            for work in works:
+                work.wait()
+
+    def all_gather_into(self, output: torch.Tensor, local: torch.Tensor, op: str = "all_gather") -> None:
+        """Fill ``output`` (W equal chunks) with every rank's ``local`` chunk, in rank order."""
+        with self._metered(op, _nbytes(output)):
+            _all_gather_single(output, local, group=self.group)
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"):
+        with self._metered(op, _nbytes(tensor)):
+            dist.all_reduce(tensor, op=reduce_op, group=self.group)
+        return tensor
+
+    def send_object(self, obj: Any, dst: int, device: torch.device) -> None:
+        """Send a picklable-by-``torch.save`` object to ``dst`` (length, then bytes)."""
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8).to(device)
+        length = torch.tensor([payload.numel()], dtype=torch.long, device=device)
+        with self._metered("send_object", _nbytes(payload) + 8, 2):
+            dist.send(length, dst=self.global_rank(dst), group=self.group)
+            dist.send(payload, dst=self.global_rank(dst), group=self.group)
+
+    def recv_object(self, src: int, device: torch.device) -> Any:
+        """Receive an object sent with :meth:`send_object`; loads with ``weights_only=True``."""
+        length = torch.zeros(1, dtype=torch.long, device=device)
+        with self._metered("recv_object", 8, 2):
+            dist.recv(length, src=self.global_rank(src), group=self.group)
+            payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+            dist.recv(payload, src=self.global_rank(src), group=self.group)
+            self.stats.bytes += _nbytes(payload)
+        return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)

@@ -1,0 +1,160 @@
+"""Start a world of ranks from inside one process (a Hydra job, a test, a script).
+
+:func:`run_world` starts ``world_size`` processes running ``fn(*args)`` with a
+``torch.distributed`` process group already initialised, and returns their results in
+rank order. The rendezvous is a ``TCPStore`` the *parent* hosts on a port the OS
+picks, so concurrent worlds (a joblib sweep, parallel tests) never collide on a port.
+
+Failure is bounded: if a rank raises or dies, the others are killed at once and
+:class:`RankFailure` names the rank and carries its traceback; if the world outlives
+``timeout_s``, every rank is killed and :class:`TimeoutError` is raised. Collectives
+inside the ranks use the same timeout. Each rank ends with
+``destroy_process_group()``, a flush and ``os._exit`` — ranks that returned through
+the interpreter's normal shutdown sometimes crashed after their work was done.
+
+    results = run_world(train_one_rank, world_size=2, args=(cfg,))
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["RankFailure", "run_world"]
+
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
+
+
+class RankFailure(RuntimeError):
+    """A rank raised or died; ``rank`` says which, ``details`` holds its traceback."""
+
+    def __init__(self, rank: int, details: str):
+        self.rank = rank
+        self.details = details
+        super().__init__(f"rank {rank} failed:\n{details}")
+
+
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    backend: str,
+    port: int,
+    timeout_s: float,
+    args: Sequence[Any],
+    results: Any,
+    threads: int,
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(threads)
+    code = 0
+    try:
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        payload = (rank, True, pickle.dumps(fn(*args)))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        payload = (rank, False, traceback.format_exc())
+        code = 1
+    try:
+        results.put(payload)
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the world may already be broken
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _context(start_method: str):
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD + [m for m in _extra_preload if m not in _PRELOAD])
+    return ctx
+
+
+_extra_preload: list[str] = []
+
+
+def preload(*modules: str) -> None:
+    """Modules a forkserver should import once for all worlds (call before the first world)."""
+    _extra_preload.extend(modules)
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    start_method: str = "spawn",
+    threads_per_rank: int = 1,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` fresh ranks; return the results by rank."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = _context(start_method)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    results = ctx.SimpleQueue()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, backend, store.port, timeout_s, args, results, threads_per_rank),
+            daemon=True,
+            name=f"zero_lab-rank{rank}",
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        return _collect(procs, results, time.monotonic() + timeout_s + 30.0)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=10)
+        del store
+
+
+def _collect(procs: list[Any], results: Any, deadline: float) -> list[Any]:
+    """Wait for one result per rank; fail fast on the first error or death."""
+    out: dict[int, Any] = {}
+    while len(out) < len(procs):
+        while not results.empty():
+            rank, ok, payload = results.get()
+            if not ok:
+                raise RankFailure(rank, payload)
+            out[rank] = pickle.loads(payload)
+        for rank, proc in enumerate(procs):
+            if rank not in out and proc.exitcode is not None and results.empty():
+                time.sleep(0.05)  # its result may still be in flight
+                if results.empty():
+                    raise RankFailure(rank, f"process exited with code {proc.exitcode} before reporting")
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(len(procs))) - set(out))
+            raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
+        time.sleep(0.005)
+    return [out[rank] for rank in range(len(procs))]

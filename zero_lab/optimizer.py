@@ -1,0 +1,472 @@
+"""ZeRO stage 1: shard the optimizer state of any ``torch.optim`` optimizer across ranks.
+
+Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
+
+1. A partitioner (pure, see :mod:`zero_lab.partition`) tiles every parameter's
+   elements with shards owned by ranks; every rank computes the same partition.
+2. This rank's *local* optimizer (``self.optim``, of the user's class) holds only its
+   shards: a whole parameter is handed over as itself, a slice as a 1-D view into the
+   parameter's storage whose ``.grad`` is pointed at the same slice of ``param.grad``
+   just before the step. State therefore exists only for owned elements (≈ 1/W).
+3. The local optimizer steps; shards whose gradient is ``None`` are skipped by every
+   ``torch.optim`` optimizer, which is also how a subset is stepped.
+4. :class:`~zero_lab.exchange.ParamExchange` brings every rank's updated shards to all
+   ranks (broadcasts or all-gathers), so the replicas are identical again.
+
+Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
+``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
+after ``consolidate_state_dict``, ``load_state_dict`` of a ZeRO or plain state,
+``add_param_group``, ``join_hook``. Usage::
+
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    ddp(x).sum().backward()
+    opt.step()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.optim import Optimizer
+
+from zero_lab.comm import Communicator
+from zero_lab.exchange import ParamExchange
+from zero_lab.partition import ParamSpec, Partition, Partitioner, SortedGreedy
+from zero_lab.shard_state import merge_states, slice_state
+
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "ZeroRedundancyOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+#: Optimizers whose update of an element depends only on that element's gradient and
+#: state, so a parameter may be cut into ranges stepped on different ranks.
+ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = tuple(
+    getattr(torch.optim, name)
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
+    if hasattr(torch.optim, name)
+)
+
+_NOT_HYPERPARAMETERS = ("params", "param_names")
+
+
+def _normalize_params(params: Any) -> list[dict[str, Any]]:
+    """Validate ``params`` and return it as a list of param-group dicts (torch's errors)."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError(f"`params` argument should be an iterable of Tensors, but got {torch.typename(params)}")
+    try:
+        entries = list(params)
+    except TypeError as error:
+        raise TypeError(
+            f"`params` argument should be an iterable of Tensors or dicts, but got {torch.typename(params)}"
+        ) from error
+    if not entries:
+        raise ValueError("ZeroRedundancyOptimizer got an empty parameter list")
+    if all(isinstance(e, dict) for e in entries):
+        for group in entries:
+            if "params" not in group:
+                raise ValueError(
+                    "Each parameter group passed-in via `params` must have a 'params' key mapping to the "
+                    "parameters in the group"
+                )
+        groups = [dict(g) for g in entries]
+    elif all(isinstance(e, torch.Tensor) for e in entries) or all(
+        isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], torch.Tensor) for e in entries
+    ):
+        groups = [{"params": entries}]
+    else:
+        raise TypeError("`params` argument should be an iterable of Tensors or dicts (or named parameters)")
+    for group in groups:
+        tensors = group["params"]
+        group["params"] = [tensors] if isinstance(tensors, (torch.Tensor, tuple)) else list(tensors)
+        for item in group["params"]:
+            tensor = item[1] if isinstance(item, tuple) else item
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"`params` must hold Tensors, but got {torch.typename(tensor)}")
+    return groups
+
+
+def _check_same_dense_type(params: list[torch.Tensor]) -> None:
+    typename = torch.typename(params[0])
+    if params[0].is_sparse:
+        raise ValueError(
+            f"ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got {typename}"
+        )
+    for param in params[1:]:
+        if torch.typename(param) != typename or param.is_sparse:
+            raise ValueError(
+                "ZeroRedundancyOptimizer only supports using the same dense type for all parameters but got "
+                f"both {typename} and {torch.typename(param)}"
+            )
+
+
+class _ZeroJoinHook(JoinHook):
+    """On a rank that ran out of inputs: take part in the step of the ranks still training."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer):
+        self.zero = zero
+
+    def main_hook(self) -> None:
+        self.zero._step_as_joined()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.zero._join_active = False
+
+
+class ZeroRedundancyOptimizer(Optimizer, Joinable):
+    """Shards the state of ``optimizer_class`` across the ranks of ``process_group``.
+
+    Args:
+        params: tensors, ``named_parameters()`` pairs, or param-group dicts.
+        optimizer_class: any ``torch.optim.Optimizer`` class; ``**defaults`` go to it.
+        process_group: the data-parallel group (default: the world).
+        parameters_as_bucket_view: pack parameters into contiguous buffers so the
+            exchange is one collective per buffer (``param.data`` become views).
+        overlap_with_ddp: step inside a DDP comm hook (see ``zero_lab.overlap``).
+        partitioner: a :class:`~zero_lab.partition.Partitioner` (default sorted-greedy,
+            the assignment torch's class makes).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        optimizer_class: type[Optimizer],
+        process_group: Any | None = None,
+        parameters_as_bucket_view: bool = False,
+        overlap_with_ddp: bool = False,
+        partitioner: Partitioner | None = None,
+        **defaults: Any,
+    ):
+        groups = _normalize_params(params)
+        if overlap_with_ddp:
+            raise NotImplementedError(
+                "overlap_with_ddp=True is not available yet in zero_lab; use overlap_with_ddp=False"
+            )
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
+            raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
+        self._initialized = False
+        Optimizer.__init__(self, groups, defaults)
+        Joinable.__init__(self)
+        _check_same_dense_type(self._all_params)
+
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self._comm = Communicator(self.process_group)
+        self.world_size: int = self._comm.world_size
+        self.rank: int = self._comm.rank
+        self.global_rank: int = self._comm.global_rank(self.rank)
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+        self.partitioner: Partitioner = partitioner if partitioner is not None else SortedGreedy()
+        self._optimizer_class = optimizer_class
+        self._optim_defaults = defaults
+        self._default_device = self._all_params[0].device
+        self._join_active = False
+        self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
+
+        self.partition = self._compute_partition()
+        self._trainable = [p.requires_grad for p in self._all_params]
+        self._exchange = ParamExchange(self._all_params, self.partition, self._comm, parameters_as_bucket_view)
+        self.optim: Optimizer = optimizer_class(self._local_param_groups(), **defaults)
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        self._initialized = True
+
+    # ------------------------------------------------------------------ partition
+    @property
+    def _all_params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _param_specs(self) -> list[ParamSpec]:
+        specs = []
+        for index, group in enumerate(self.param_groups):
+            names = group.get("param_names", [None] * len(group["params"]))
+            for param, name in zip(group["params"], names):
+                specs.append(
+                    ParamSpec(
+                        numel=param.numel(),
+                        itemsize=param.element_size(),
+                        group=index,
+                        name=name,
+                        kind=f"{param.device}/{param.dtype}",
+                        trainable=param.requires_grad,
+                        key=id(param),
+                    )
+                )
+        return specs
+
+    def _compute_partition(self) -> Partition:
+        partition = self.partitioner(self._param_specs(), self.world_size)
+        if not partition.is_whole and not issubclass(self._optimizer_class, ELEMENTWISE_OPTIMIZERS):
+            raise ValueError(
+                f"partitioner {self.partitioner!r} cuts parameters into element ranges, which needs an "
+                f"elementwise optimizer; {self._optimizer_class.__name__} is not one of "
+                f"{[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}. Use a whole-parameter partitioner "
+                "(SortedGreedy, Manual) instead."
+            )
+        return partition
+
+    def _local_param_groups(self, first_group: int = 0) -> list[dict[str, Any]]:
+        """Local groups for global groups ``first_group..``, holding this rank's shard tensors.
+
+        Appends to ``_local_index`` (local position -> global index, in the order the
+        local optimizer numbers its parameters) and ``_sliced`` (partial shards).
+        """
+        if first_group == 0:
+            self._local_index: list[int] = []
+            self._sliced: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (view, param, start, stop)
+        params = self._all_params
+        local = [
+            {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} | {"params": []}
+            for g in self.param_groups[first_group:]
+        ]
+        members: list[list[int]] = [[] for _ in local]
+        for shard in self.partition.shards_of(self.rank):
+            group = self.partition.specs[shard.param].group
+            if group < first_group:
+                continue
+            param = params[shard.param]
+            if shard.start == 0 and shard.stop == param.numel():
+                tensor = param
+            else:
+                tensor = param.data.view(-1)[shard.start : shard.stop]
+                self._sliced.append((tensor, param, shard.start, shard.stop))
+            local[group - first_group]["params"].append(tensor)
+            members[group - first_group].append(shard.param)
+        for indices in members:
+            self._local_index.extend(indices)
+        return local
+
+    # ------------------------------------------------------------------ stepping
+    @staticmethod
+    def _sync_param_groups(src: list[dict[str, Any]], dst: list[dict[str, Any]]) -> None:
+        """Copy every hyperparameter (all keys but the parameters) from ``src`` to ``dst``."""
+        if len(src) != len(dst):
+            raise ValueError(f"expected {len(dst)} param groups, got {len(src)}")
+        for src_group, dst_group in zip(src, dst):
+            for key, value in src_group.items():
+                if key not in _NOT_HYPERPARAMETERS:
+                    dst_group[key] = value
+
+    def _point_slice_grads(self) -> None:
+        for view, param, start, stop in self._sliced:
+            view.grad = None if param.grad is None else param.grad.reshape(-1)[start:stop]
+
+    def _release_slice_grads(self) -> None:
+        for view, *_ in self._sliced:
+            view.grad = None
+
+    def _refresh_trainability(self) -> None:
+        trainable = [p.requires_grad for p in self._all_params]
+        if trainable != self._trainable:
+            logger.info("zero_lab: trainable parameters changed; rebuilding the parameter exchange")
+            self._trainable = trainable
+            self._exchange.rebuild()
+
+    def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
+        """Step this rank's shards only (no communication)."""
+        self._refresh_trainability()
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        self._point_slice_grads()
+        try:
+            if closure is None:
+                loss = self.optim.step(**kwargs)
+            else:
+
+                def closure_then_point() -> float:
+                    result = closure()
+                    self._point_slice_grads()
+                    return result
+
+                loss = self.optim.step(closure=closure_then_point, **kwargs)
+        finally:
+            self._release_slice_grads()
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        return loss
+
+    def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:  # type: ignore[override]
+        """Step this rank's shards, then exchange updated parameters with all ranks."""
+        Join.notify_join_context(self)
+        if self._join_active:
+            self._share_grads_with_joined(active=True)
+        loss = self._local_step(closure, **kwargs)
+        self._exchange.run()
+        return loss
+
+    @property
+    def comm_stats(self):
+        """Running totals (calls, bytes, seconds) of this optimizer's collectives."""
+        return self._comm.stats
+
+    @property
+    def exchange_mode(self) -> str:
+        return self._exchange.mode
+
+    # ------------------------------------------------------------------ param groups
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; its parameters go to the least-loaded ranks, old shards stay put.
+
+        Must be called on all ranks.
+        """
+        super().add_param_group(param_group)
+        if not self._initialized:
+            return
+        before = self.partition
+        after = self._compute_partition()
+        old_params = len(before.specs)
+        kept = tuple(s for s in after.shards if s.param < old_params)
+        if sorted(kept, key=lambda s: (s.param, s.start)) != sorted(before.shards, key=lambda s: (s.param, s.start)):
+            raise RuntimeError(
+                f"partitioner {self.partitioner!r} moved existing parameters when a group was added; "
+                "zero_lab needs partitioners that are stable under appended groups"
+            )
+        self.partition = after
+        self._trainable = [p.requires_grad for p in self._all_params]
+        self._exchange.update(self._all_params, after)
+        (new_group,) = self._local_param_groups(first_group=len(self.param_groups) - 1)
+        self.optim.add_param_group(new_group)
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+
+    # ------------------------------------------------------------------ state
+    def _local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
+        """This rank's state as ``{global index: (start, stop, state on CPU)}``."""
+        params = self._all_params
+        starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
+        local_state = self.optim.state_dict()["state"]
+        out = {}
+        for local_index, global_index in enumerate(self._local_index):
+            state = local_state.get(local_index)
+            if state is None:
+                continue
+            start, stop = starts.get(global_index, (0, params[global_index].numel()))
+            out[global_index] = (start, stop, {k: v.cpu() if torch.is_tensor(v) else v for k, v in state.items()})
+        return out
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's shard states on rank ``to`` (CPU), one rank at a time.
+
+        Must be called on all ranks. Afterwards :meth:`state_dict` on rank ``to``
+        returns the full state in plain ``torch.optim`` format.
+        """
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        mine = self._local_shard_states()
+        gathered: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
+        for rank in range(self.world_size):
+            if rank == self.rank and rank == to:
+                gathered.append(mine)
+            elif self.rank == to:
+                gathered.append(self._comm.recv_object(src=rank, device=self._default_device))
+            elif self.rank == rank:
+                self._comm.send_object(mine, dst=to, device=self._default_device)
+        self._consolidated = gathered if self.rank == to else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The consolidated state (plain ``torch.optim`` format, global indices)."""
+        if not self._consolidated:
+            raise RuntimeError(
+                "Optimizer state has not been consolidated on this rank. "
+                f"Please call `consolidate_state_dict(to={self.rank})` on all ranks beforehand if you meant to "
+                "save the global state."
+            )
+        params = self._all_params
+        pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
+        for rank_states in self._consolidated:
+            for index, (start, stop, state) in rank_states.items():
+                pieces.setdefault(index, []).append(((start, stop), state))
+        state = {index: merge_states(pieces[index], params[index].shape) for index in sorted(pieces)}
+        groups, offset = [], 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(offset, offset + len(group["params"])))
+            offset += len(group["params"])
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards."""
+        groups = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in groups]
+        expected = [len(g["params"]) for g in self.param_groups]
+        if sizes != expected:
+            raise ValueError(
+                f"state_dict has param groups of sizes {sizes} but this optimizer has {expected}; "
+                "load a state saved from the same parameters"
+            )
+        params = self._all_params
+        saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
+        bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
+        local_state = {}
+        for local_index, global_index in enumerate(self._local_index):
+            saved = state_dict["state"].get(saved_keys[global_index])
+            if saved is not None:
+                start, stop = bounds[global_index]
+                local_state[local_index] = slice_state(saved, params[global_index].shape, start, stop)
+        local_groups, offset = [], 0
+        for group, local in zip(groups, self.optim.param_groups):
+            packed = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
+            packed["params"] = list(range(offset, offset + len(local["params"])))
+            offset += len(local["params"])
+            local_groups.append(packed)
+        self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self._sync_param_groups(groups, self.param_groups)
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+
+    # ------------------------------------------------------------------ join
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """Hook for ``torch.distributed.algorithms.Join`` (uneven inputs).
+
+        Ranks that ran out of inputs keep stepping their shards with the gradients the
+        active ranks computed (DDP's join averages with zeros from joined ranks), so
+        the parameters end as with DDP + the plain optimizer on the active ranks.
+        List the DDP model before this optimizer in ``Join([...])``.
+        """
+        self._join_active = True
+        return _ZeroJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._default_device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group
+
+    def _step_as_joined(self) -> None:
+        self._share_grads_with_joined(active=False)
+        self._local_step()
+        self._exchange.run()
+
+    def _share_grads_with_joined(self, active: bool) -> None:
+        """Active ranks send each joined rank the gradients of its shards.
+
+        One all-reduce of an "active" flag per rank tells everyone who joined; then
+        the lowest active rank broadcasts each joined rank's shard gradients.
+        """
+        flags = torch.zeros(self.world_size, device=self._default_device)
+        flags[self.rank] = 1.0 if active else 0.0
+        self._comm.all_reduce(flags, op="join_flags")
+        active_ranks = [r for r in range(self.world_size) if flags[r] > 0]
+        params = self._all_params
+        for joined in (r for r in range(self.world_size) if flags[r] == 0):
+            shards = [s for s in self.partition.shards_of(joined) if params[s.param].requires_grad]
+            if not shards or not active_ranks:
+                continue
+            first = params[shards[0].param]
+            buffer = torch.zeros(sum(s.numel for s in shards), dtype=first.dtype, device=first.device)
+            offset = 0
+            for shard in shards:
+                grad = params[shard.param].grad
+                if self.rank == active_ranks[0] and grad is not None:
+                    buffer[offset : offset + shard.numel].copy_(grad.reshape(-1)[shard.start : shard.stop])
+                offset += shard.numel
+            self._comm.broadcast_many([(buffer, active_ranks[0])], op="join_grads")
+            if self.rank != joined:
+                continue
+            offset = 0
+            for shard in shards:
+                param = params[shard.param]
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                param.grad.reshape(-1)[shard.start : shard.stop].copy_(buffer[offset : offset + shard.numel])
+                offset += shard.numel

@@ -1,0 +1,364 @@
+"""Partitioners: who owns which parameter (or which slice of it).
+
+A partitioner is a pure function ``(specs, world_size) -> Partition``. It sees only
+:class:`ParamSpec` records (sizes, dtypes, group indices, names) — never tensors or a
+process group — so every partition is unit-testable at any simulated scale::
+
+    specs = [ParamSpec(numel=n) for n in (4_000_000, 2_000, 2_000)]
+    partition = SortedGreedy()(specs, world_size=1024)
+    print(partition.report())
+
+A :class:`Partition` is a tiling of every parameter's flattened elements by
+:class:`Shard` ranges ``[start, stop)``, each owned by one rank. Whole-parameter
+partitioners (:class:`SortedGreedy`, :class:`Manual`) emit one full-range shard per
+parameter; the element-granular :class:`Flat` cuts parameters, so a parameter may
+straddle ranks, and also records the contiguous buffer layouts its ranges live in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "BucketLayout",
+    "Flat",
+    "Manual",
+    "ParamSpec",
+    "Partition",
+    "PartitionReport",
+    "Partitioner",
+    "Shard",
+    "SortedGreedy",
+]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What a partitioner may know about one parameter.
+
+    ``kind`` names the contiguous-buffer class the parameter can share ("cpu/float32");
+    ``key`` is an opaque identity (``id`` of the tensor) used only to match parameters a
+    user listed as tensors; ``bucket`` is the DDP gradient-bucket index, when known.
+    """
+
+    numel: int
+    itemsize: int = 4
+    group: int = 0
+    name: str | None = None
+    kind: str = "cpu/float32"
+    trainable: bool = True
+    key: int | None = None
+    bucket: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Elements ``[start, stop)`` of parameter ``param`` (flattened), owned by ``rank``."""
+
+    param: int
+    rank: int
+    start: int
+    stop: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """A contiguous buffer holding ``params`` at ``offsets``; rank r owns ``bounds[r]``.
+
+    Buffers never mix kinds (device + dtype) or param groups. When every rank's
+    bounds have the same length the exchange is one all-gather; otherwise one
+    broadcast per rank.
+    """
+
+    kind: str
+    group: int
+    params: tuple[int, ...]
+    offsets: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...]
+    numel: int
+
+    @property
+    def equal_segments(self) -> bool:
+        return len({stop - start for start, stop in self.bounds}) == 1 and all(
+            start == r * (stop - start) for r, (start, stop) in enumerate(self.bounds)
+        )
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """Per-rank load of a partition; ``imbalance`` = max / (total / world_size)."""
+
+    numel_per_rank: tuple[int, ...]
+    bytes_per_rank: tuple[int, ...]
+    imbalance: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "numel_per_rank": list(self.numel_per_rank),
+            "bytes_per_rank": list(self.bytes_per_rank),
+            "imbalance": self.imbalance,
+        }
+
+    def __str__(self) -> str:
+        rows = [f"{'rank':>6} {'numel':>14} {'bytes':>14}"]
+        rows += [
+            f"{r:>6} {n:>14,} {b:>14,}"
+            for r, (n, b) in enumerate(zip(self.numel_per_rank, self.bytes_per_rank))
+        ]
+        rows.append(f"imbalance (max/ideal): {self.imbalance:.4f}")
+        return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A tiling of every parameter's elements by shards; validated on construction."""
+
+    specs: tuple[ParamSpec, ...]
+    world_size: int
+    shards: tuple[Shard, ...]
+    layouts: tuple[BucketLayout, ...] = ()
+    _by_rank: tuple[tuple[Shard, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        covered = [0] * len(self.specs)
+        by_rank: list[list[Shard]] = [[] for _ in range(self.world_size)]
+        for shard in sorted(self.shards, key=lambda s: (s.param, s.start)):
+            if not 0 <= shard.rank < self.world_size:
+                raise ValueError(f"shard {shard} names rank outside [0, {self.world_size})")
+            if shard.start != covered[shard.param] or shard.stop <= shard.start:
+                raise ValueError(f"shards of parameter {shard.param} do not tile it: {shard}")
+            covered[shard.param] = shard.stop
+            by_rank[shard.rank].append(shard)
+        for index, spec in enumerate(self.specs):
+            if covered[index] != spec.numel and spec.numel > 0:
+                raise ValueError(f"parameter {index} is covered up to {covered[index]} of {spec.numel}")
+        object.__setattr__(self, "_by_rank", tuple(tuple(s) for s in by_rank))
+
+    def shards_of(self, rank: int) -> tuple[Shard, ...]:
+        """This rank's shards, in global parameter order."""
+        return self._by_rank[rank]
+
+    @property
+    def is_whole(self) -> bool:
+        """True when no parameter is cut (every shard is a full parameter)."""
+        return all(s.start == 0 and s.stop == self.specs[s.param].numel for s in self.shards)
+
+    def owners(self) -> list[int]:
+        """Owner rank of each parameter; only for whole-parameter partitions."""
+        if not self.is_whole:
+            raise ValueError("owners() needs a whole-parameter partition; this one cuts parameters")
+        owner = [0] * len(self.specs)
+        for shard in self.shards:
+            owner[shard.param] = shard.rank
+        return owner
+
+    def report(self) -> PartitionReport:
+        numel = [0] * self.world_size
+        nbytes = [0] * self.world_size
+        for shard in self.shards:
+            numel[shard.rank] += shard.numel
+            nbytes[shard.rank] += shard.numel * self.specs[shard.param].itemsize
+        ideal = sum(numel) / self.world_size
+        imbalance = max(numel) / ideal if ideal else 1.0
+        return PartitionReport(tuple(numel), tuple(nbytes), imbalance)
+
+
+@runtime_checkable
+class Partitioner(Protocol):
+    """Maps parameter specs and a world size to a :class:`Partition`.
+
+    Must be deterministic (every rank computes it independently) and *stable under
+    appended groups*: adding a param group must not move earlier groups' shards.
+    """
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition: ...
+
+
+def _check_world_size(world_size: int) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+
+
+def _whole(specs: Sequence[ParamSpec], owners: Sequence[int], world_size: int) -> Partition:
+    shards = tuple(Shard(i, r, 0, spec.numel) for i, (spec, r) in enumerate(zip(specs, owners)) if spec.numel > 0)
+    return Partition(tuple(specs), world_size, shards)
+
+
+class SortedGreedy:
+    """Largest parameter first, each to the least-loaded rank (ties: lowest rank).
+
+    Groups are processed in order with loads carried across them, parameters sorted
+    by numel descending (stable) inside each group — exactly the assignment of
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``. A heap keeps it
+    O(n log n + n log W).
+    """
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        _check_world_size(world_size)
+        owners = self.assign([s.numel for s in specs], [s.group for s in specs], world_size)
+        return _whole(specs, owners, world_size)
+
+    @staticmethod
+    def assign(
+        sizes: Sequence[int],
+        groups: Sequence[int],
+        world_size: int,
+        loads: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Owner of each size; ``loads`` seeds the per-rank loads (default zeros)."""
+        heap = [(load, rank) for rank, load in enumerate(loads or [0] * world_size)]
+        heapq.heapify(heap)
+        owners = [0] * len(sizes)
+        by_group: dict[int, list[int]] = {}
+        for index, group in enumerate(groups):
+            by_group.setdefault(group, []).append(index)
+        for group in sorted(by_group):
+            for index in sorted(by_group[group], key=lambda i: sizes[i], reverse=True):
+                load, rank = heapq.heappop(heap)
+                owners[index] = rank
+                heapq.heappush(heap, (load + sizes[index], rank))
+        return owners
+
+    def __repr__(self) -> str:
+        return "SortedGreedy()"
+
+
+def _pattern_matcher(pattern: str):
+    if pattern.startswith("re:"):
+        regex = re.compile(pattern[3:])
+        return lambda name: regex.fullmatch(name) is not None
+    return lambda name: fnmatch.fnmatchcase(name, pattern)
+
+
+class Manual:
+    """The user says which rank owns which parameters.
+
+    ``params_per_rank[r]`` lists rank r's parameters as name patterns — globs such as
+    ``"encoder.*"`` or regexes as ``"re:layers\\.[0-3]\\..*"`` matched against the names
+    from ``model.named_parameters()`` — or as the tensors themselves. Every trainable
+    parameter must be owned exactly once; frozen parameters nobody lists go to the
+    least-loaded rank. Errors name the offending pattern, parameter or rank.
+    """
+
+    def __init__(self, params_per_rank: Sequence[Sequence[Any]]):
+        if isinstance(params_per_rank, (str, bytes)) or not isinstance(params_per_rank, Iterable):
+            raise TypeError("params_per_rank must be a list (one entry per rank) of lists of names or tensors")
+        self.params_per_rank = [list(entries) for entries in params_per_rank]
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        _check_world_size(world_size)
+        if len(self.params_per_rank) != world_size:
+            raise ValueError(
+                f"params_per_rank has {len(self.params_per_rank)} entries but world_size is {world_size}: "
+                "give exactly one list of parameters per rank"
+            )
+        owner: dict[int, int] = {}
+        by_key = {spec.key: i for i, spec in enumerate(specs) if spec.key is not None}
+        for rank, entries in enumerate(self.params_per_rank):
+            for entry in entries:
+                for index in self._resolve(entry, specs, by_key):
+                    if owner.get(index, rank) != rank:
+                        raise ValueError(
+                            f"parameter {_label(specs, index)} is listed for rank {owner[index]} and rank {rank}: "
+                            "each parameter must be owned by exactly one rank"
+                        )
+                    owner[index] = rank
+        missing = [i for i, s in enumerate(specs) if i not in owner and s.trainable]
+        if missing:
+            names = ", ".join(_label(specs, i) for i in missing[:8])
+            raise ValueError(f"params_per_rank leaves trainable parameters without an owner: {names}")
+        loads = [0] * world_size
+        for index, rank in owner.items():
+            loads[rank] += specs[index].numel
+        frozen = [i for i in range(len(specs)) if i not in owner]
+        extra = SortedGreedy.assign([specs[i].numel for i in frozen], [0] * len(frozen), world_size, loads)
+        owner.update(zip(frozen, extra))
+        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+
+    @staticmethod
+    def _resolve(entry: Any, specs: Sequence[ParamSpec], by_key: dict[int, int]) -> list[int]:
+        if isinstance(entry, str):
+            if all(spec.name is None for spec in specs):
+                raise ValueError(
+                    f"params_per_rank pattern {entry!r} needs parameter names: "
+                    "build the optimizer from model.named_parameters()"
+                )
+            match = _pattern_matcher(entry)
+            found = [i for i, spec in enumerate(specs) if spec.name is not None and match(spec.name)]
+            if not found:
+                raise ValueError(f"params_per_rank pattern {entry!r} matches no parameter name")
+            return found
+        if id(entry) not in by_key:
+            raise ValueError(
+                "params_per_rank lists a tensor that was not passed to the optimizer "
+                f"(shape {tuple(getattr(entry, 'shape', ()))})"
+            )
+        return [by_key[id(entry)]]
+
+    def __repr__(self) -> str:
+        return f"Manual(params_per_rank={self.params_per_rank!r})"
+
+
+def _label(specs: Sequence[ParamSpec], index: int) -> str:
+    return repr(specs[index].name) if specs[index].name is not None else f"#{index}"
+
+
+class Flat:
+    """Element-granular partition: one padded buffer per (param group, kind), cut evenly.
+
+    Parameters of a group and kind are laid out in order in one buffer of ``n``
+    elements, padded to ``W * ceil(n / W)``; rank r owns ``[r*c, (r+1)*c)`` with
+    ``c = ceil(n / W)``, so a parameter may straddle ranks and every rank's load is
+    within one element per buffer of ``total / W`` (padding belongs to no one).
+    The exchange is one all-gather per buffer.
+    """
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        _check_world_size(world_size)
+        buffers: dict[tuple[int, str], list[int]] = {}
+        for index, spec in enumerate(specs):
+            buffers.setdefault((spec.group, spec.kind), []).append(index)
+        shards: list[Shard] = []
+        layouts: list[BucketLayout] = []
+        for (group, kind), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
+            offsets, total = [], 0
+            for index in members:
+                offsets.append(total)
+                total += specs[index].numel
+            if total == 0:
+                continue
+            chunk = math.ceil(total / world_size)
+            bounds = tuple((r * chunk, (r + 1) * chunk) for r in range(world_size))
+            layouts.append(BucketLayout(kind, group, tuple(members), tuple(offsets), bounds, chunk * world_size))
+            for index, offset in zip(members, offsets):
+                shards.extend(_cut(index, offset, specs[index].numel, chunk, world_size))
+        return Partition(tuple(specs), world_size, tuple(shards), tuple(layouts))
+
+    def __repr__(self) -> str:
+        return "Flat()"
+
+
+def _cut(index: int, offset: int, numel: int, chunk: int, world_size: int) -> list[Shard]:
+    """Shards of the parameter at buffer ``[offset, offset+numel)`` against ranges of ``chunk``."""
+    shards = []
+    first, last = offset // chunk, (offset + numel - 1) // chunk
+    for rank in range(first, min(last, world_size - 1) + 1):
+        lo = max(offset, rank * chunk) - offset
+        hi = min(offset + numel, (rank + 1) * chunk) - offset
+        if hi > lo:
+            shards.append(Shard(index, rank, lo, hi))
+    return shards
