@@ -18,7 +18,7 @@ train: setup
 	$(BIN)/python train.py
 
 test: setup
-	$(BIN)/ruff check .
+	$(BIN)/ruff check --output-format concise .
 	$(BIN)/python -m pytest
 
 test-all: setup

@@ -30,3 +30,12 @@ def assert_close_lists(a: Sequence[Any], b: Sequence[Any], atol: float = 1e-6) -
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert abs(x - y) <= atol, (x, y)
+
+
+@pytest.fixture(scope="session")
+def single_rank_group() -> None:
+    """An in-process world of one Gloo rank: enough to construct optimizers and check errors."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

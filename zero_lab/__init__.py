@@ -1,8 +1,8 @@
 """zero_lab: ZeRO-style optimizer-state sharding for PyTorch, configurable piece by piece.
 
-    from zero_lab import ZeroRedundancyOptimizer
-    from zero_lab.partition import Flat
-    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), lr=1e-3)
+from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.partition import Flat
+opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), lr=1e-3)
 """
 
 from zero_lab.optimizer import ELEMENTWISE_OPTIMIZERS, ZeroRedundancyOptimizer

@@ -118,7 +118,9 @@ class ParamExchange:
                 if not is_trainable and self.buckets:
                     # Detach frozen parameters from the old buffer so its reuse cannot clobber them.
                     param.data = param.data.detach().clone()
-            self.buckets = [_Bucket(layout, self.params, True) for layout in rank_major_layouts(self.partition, trainable)]
+            self.buckets = [
+                _Bucket(layout, self.params, True) for layout in rank_major_layouts(self.partition, trainable)
+            ]
 
     def update(self, params: Sequence[torch.Tensor], partition: Partition) -> None:
         """Adopt a partition extended by an added group; existing flat buffers are kept
@@ -127,7 +129,9 @@ class ParamExchange:
         self.partition = partition
         if self.mode == "flat_all_gather":
             built = {bucket.layout for bucket in self.buckets}
-            self.buckets += [_Bucket(lay, self.params, self.bucket_view) for lay in partition.layouts if lay not in built]
+            self.buckets += [
+                _Bucket(lay, self.params, self.bucket_view) for lay in partition.layouts if lay not in built
+            ]
         else:
             self.rebuild()
 

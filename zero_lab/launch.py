@@ -17,6 +17,7 @@ the interpreter's normal shutdown sometimes crashed after their work was done.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -70,17 +71,15 @@ def _rank_main(
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         payload = (rank, True, pickle.dumps(fn(*args)))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+    except BaseException:
         payload = (rank, False, traceback.format_exc())
         code = 1
     try:
         results.put(payload)
     finally:
         if dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):  # the world may already be broken
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - the world may already be broken
-                pass
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

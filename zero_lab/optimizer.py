@@ -198,7 +198,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def _compute_partition(self) -> Partition:
         partition = self.partitioner(self._param_specs(), self.world_size)
-        if not partition.is_whole and not issubclass(self._optimizer_class, ELEMENTWISE_OPTIMIZERS):
+        element_granular = bool(partition.layouts) or not partition.is_whole
+        if element_granular and not issubclass(self._optimizer_class, ELEMENTWISE_OPTIMIZERS):
             raise ValueError(
                 f"partitioner {self.partitioner!r} cuts parameters into element ranges, which needs an "
                 f"elementwise optimizer; {self._optimizer_class.__name__} is not one of "

@@ -115,10 +115,7 @@ class PartitionReport:
 
     def __str__(self) -> str:
         rows = [f"{'rank':>6} {'numel':>14} {'bytes':>14}"]
-        rows += [
-            f"{r:>6} {n:>14,} {b:>14,}"
-            for r, (n, b) in enumerate(zip(self.numel_per_rank, self.bytes_per_rank))
-        ]
+        rows += [f"{r:>6} {n:>14,} {b:>14,}" for r, (n, b) in enumerate(zip(self.numel_per_rank, self.bytes_per_rank))]
         rows.append(f"imbalance (max/ideal): {self.imbalance:.4f}")
         return "\n".join(rows)
 

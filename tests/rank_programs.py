@@ -1,0 +1,322 @@
+"""Programs that run on every rank of a test world (importable, so a forkserver can preload them).
+
+Each returns plain data (floats, lists, small tensors) that the test asserts on.
+Reference runs live in the same world: a DDP model + the plain optimizer trained on the
+same data, so parity is checked without a second world.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.partition import Partitioner
+
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "adam": (torch.optim.Adam, {"lr": 1e-2}),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
+    "sgd": (torch.optim.SGD, {"lr": 5e-2, "momentum": 0.9}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 1e-2}),
+}
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    """A small MLP with parameters of varied sizes (so partitions are uneven)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 6), nn.Tanh(), nn.Linear(6, 3)
+    )
+
+
+def batch(step: int, rank: int, n: int = 8) -> torch.Tensor:
+    """This rank's inputs at ``step`` (different per rank and step, same on every run)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 12, generator=g)
+
+
+def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+def param_groups(model: nn.Module, layout: str) -> Any:
+    if layout == "tensors":
+        return list(model.parameters())
+    if layout == "named":
+        return list(model.named_parameters())
+    # two groups: no weight decay and a lower lr on biases
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return [{"params": weights}, {"params": biases, "weight_decay": 0.0, "lr": 3e-3}]
+
+
+@dataclass
+class Case:
+    """One parity scenario: ZeRO vs DDP + the plain optimizer on identical data."""
+
+    optimizer: str = "adam"
+    bucket_view: bool = False
+    partitioner: Partitioner | None = None
+    layout: str = "tensors"  # tensors | named | groups
+    steps: int = 10
+    frozen: tuple[int, ...] = ()  # parameter indices frozen from the start
+    unfreeze_at: int | None = None  # step at which frozen parameters become trainable
+    freeze_at: int | None = None  # step at which parameter 0 gets frozen
+    closure: bool = False
+    scheduler: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _build(case: Case, zero: bool) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    model = make_model()
+    for index, param in enumerate(model.parameters()):
+        param.requires_grad_(index not in case.frozen)
+    ddp = DDP(model)
+    cls, kwargs = OPTIMIZERS[case.optimizer]
+    params = param_groups(model, case.layout)
+    if zero:
+        opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            params, cls, parameters_as_bucket_view=case.bucket_view, partitioner=case.partitioner, **kwargs
+        )
+    else:
+        opt = cls(params, **kwargs)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5) if case.scheduler else None
+    return ddp, opt, sched
+
+
+def _train(case: Case, zero: bool) -> tuple[nn.Module, list[float], Any]:
+    ddp, opt, sched = _build(case, zero)
+    model = ddp.module
+    losses = []
+    for step in range(case.steps):
+        if step == case.unfreeze_at:
+            for p in model.parameters():
+                p.requires_grad_(True)
+            ddp, model = _rewrap(ddp)
+        if step == case.freeze_at:
+            next(model.parameters()).requires_grad_(False)
+            ddp, model = _rewrap(ddp)
+        x = batch(step, dist.get_rank())
+
+        def closure(ddp: nn.Module = ddp, x: torch.Tensor = x) -> torch.Tensor:
+            opt.zero_grad()
+            loss = loss_of(ddp, x)
+            loss.backward()
+            return loss
+
+        if case.closure:
+            loss = opt.step(closure)
+        else:
+            loss = closure()
+            opt.step()
+        losses.append(float(loss))
+        if sched is not None:
+            sched.step()
+    return model, losses, opt
+
+
+def _rewrap(ddp: DDP) -> tuple[DDP, nn.Module]:
+    """DDP fixes its trainable set at construction; rebuild it after a change."""
+    model = ddp.module
+    return DDP(model), model
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor in the (local) optimizer state."""
+    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    return sum(v.numel() * v.element_size() for s in inner.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+def parity(cases: list[Case]) -> list[dict[str, Any]]:
+    """For each case: max |ZeRO - reference| over parameters, losses, state bytes."""
+    out = []
+    for case in cases:
+        zero_model, zero_losses, zero_opt = _train(case, zero=True)
+        ref_model, ref_losses, ref_opt = _train(case, zero=False)
+        diff = max((a - b).abs().max().item() for a, b in zip(zero_model.parameters(), ref_model.parameters()))
+        out.append(
+            {
+                "max_diff": diff,
+                "zero_losses": zero_losses,
+                "ref_losses": ref_losses,
+                "state_bytes": state_bytes(zero_opt),
+                "ref_state_bytes": state_bytes(ref_opt),
+                "largest_param_state_bytes": 2 * max(p.numel() * p.element_size() for p in zero_model.parameters()),
+                "checksum": float(sum(p.double().sum() for p in zero_model.parameters())),
+            }
+        )
+    return out
+
+
+def versus_torch(bucket_view: bool, steps: int = 8) -> dict[str, Any]:
+    """zero_lab against torch.distributed.optim.ZeroRedundancyOptimizer: owners and parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
+    results = {}
+    models = {}
+    for name, cls in (("zero_lab", ZeroRedundancyOptimizer), ("torch", TorchZero)):
+        model = make_model()
+        ddp = DDP(model)
+        opt = cls(param_groups(model, "groups"), torch.optim.Adam, parameters_as_bucket_view=bucket_view, lr=1e-2)
+        for step in range(steps):
+            opt.zero_grad()
+            loss_of(ddp, batch(step, dist.get_rank())).backward()
+            opt.step()
+        models[name] = model
+        results[name] = opt
+    params = list(models["zero_lab"].parameters())
+    torch_owner = results["torch"]._param_to_rank
+    torch_order = [p for group in results["torch"].param_groups for p in group["params"]]
+    return {
+        "owners_equal": results["zero_lab"].partition.owners() == [torch_owner[p] for p in torch_order],
+        "max_diff": max((a - b).abs().max().item() for a, b in zip(params, models["torch"].parameters())),
+    }
+
+
+def checkpoint_round_trip(partitioner: Partitioner | None = None, steps: int = 6) -> dict[str, Any]:
+    """Train, consolidate, save; load into fresh ZeRO and into plain Adam (and back); continue.
+
+    Returns the max parameter difference of each continued run against the
+    uninterrupted ZeRO run, and whether rank 0's consolidated state loads into Adam.
+    """
+    rank = dist.get_rank()
+
+    def fresh(zero: bool, model: nn.Module) -> torch.optim.Optimizer:
+        if zero:
+            return ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2)
+        return torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def run(ddp: DDP, opt: torch.optim.Optimizer, first: int, last: int) -> None:
+        for step in range(first, last):
+            opt.zero_grad()
+            loss_of(ddp, batch(step, rank)).backward()
+            opt.step()
+
+    model = make_model()
+    ddp = DDP(model)
+    opt = fresh(True, model)
+    run(ddp, opt, 0, steps)
+    opt.consolidate_state_dict(to=0)
+    blob = io.BytesIO()
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, blob)
+    payload = [blob.getvalue()]
+    dist.broadcast_object_list(payload, src=0)
+    run(ddp, opt, steps, 2 * steps)
+    target = [p.detach().clone() for p in model.parameters()]
+
+    diffs = {}
+    # zero: a fresh ZeRO loads the consolidated state; plain: a plain Adam on every rank loads it;
+    # plain_then_zero: the plain Adam's own state_dict() goes back into a fresh ZeRO.
+    for mode in ("zero", "plain", "plain_then_zero"):
+        # Fresh from bytes each time: load_state_dict aliases the given tensors (as torch's does).
+        saved = torch.load(io.BytesIO(payload[0]), weights_only=True)
+        model2 = make_model(seed=123)
+        model2.load_state_dict(saved["model"])
+        ddp2 = DDP(model2)
+        opt2 = fresh(mode == "zero", model2)
+        opt2.load_state_dict(saved["optim"])
+        if mode == "plain_then_zero":
+            plain_state = opt2.state_dict()
+            opt2 = fresh(True, model2)
+            opt2.load_state_dict(plain_state)
+        run(ddp2, opt2, steps, 2 * steps)
+        diffs[mode] = max((a - b).abs().max().item() for a, b in zip(model2.parameters(), target))
+    return {"diffs": diffs, "state_keys": sorted(saved["optim"]["state"].keys())}
+
+
+def uneven_join(steps_per_rank: list[int]) -> dict[str, Any]:
+    """Uneven inputs under Join: ZeRO+DDP against DDP+Adam on the ranks still training."""
+    rank = dist.get_rank()
+    models = {}
+    for mode in ("zero", "plain"):
+        model = make_model()
+        ddp = DDP(model)
+        if mode == "zero":
+            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+            joinables = [ddp, opt]
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            joinables = [ddp]
+        with Join(joinables):
+            for step in range(steps_per_rank[rank]):
+                opt.zero_grad()
+                loss_of(ddp, batch(step, rank)).backward()
+                opt.step()
+        models[mode] = model
+    # Gather the plain run's parameters from the rank that trained longest: that is DDP's answer.
+    longest = max(range(len(steps_per_rank)), key=lambda r: steps_per_rank[r])
+    reference = [p.detach().clone() for p in models["plain"].parameters()]
+    for tensor in reference:
+        dist.broadcast(tensor, src=longest)
+    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), reference))}
+
+
+def add_group_mid_run(steps: int = 8, add_at: int = 3) -> dict[str, Any]:
+    """Start with weights only, add the biases as a new group at ``add_at``; compare to plain Adam."""
+    rank = dist.get_rank()
+    models, owners_before, owners_after = {}, None, None
+    for mode in ("zero", "plain"):
+        model = make_model()
+        ddp = DDP(model)
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        if mode == "zero":
+            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(weights, torch.optim.Adam, lr=1e-2)
+            owners_before = opt.partition.owners()
+        else:
+            opt = torch.optim.Adam(weights, lr=1e-2)
+        for step in range(steps):
+            if step == add_at:
+                opt.add_param_group({"params": biases, "lr": 3e-3})
+            opt.zero_grad()
+            loss_of(ddp, batch(step, rank)).backward()
+            opt.step()
+        if mode == "zero":
+            owners_after = opt.partition.owners()
+            local_groups = len(opt.optim.param_groups)
+        models[mode] = model
+    return {
+        "max_diff": max(
+            (a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), models["plain"].parameters())
+        ),
+        "owners_before": owners_before,
+        "owners_after": owners_after,
+        "local_groups": local_groups,
+    }
+
+
+def local_group_shapes() -> list[int]:
+    """Sizes of this rank's local groups when one global group is a single tiny tensor."""
+    big = [torch.nn.Parameter(torch.randn(64)) for _ in range(3)]
+    tiny = torch.nn.Parameter(torch.randn(1))
+    opt = ZeroRedundancyOptimizer([{"params": big}, {"params": [tiny]}], torch.optim.Adam, lr=1e-3)
+    return [len(group["params"]) for group in opt.optim.param_groups]
+
+
+def exchange_bytes(partitioner: Partitioner | None, bucket_view: bool) -> dict[str, Any]:
+    """Bytes and calls of one step's exchange, against the model's trainable bytes."""
+    model = make_model()
+    ddp = DDP(model)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.Adam, parameters_as_bucket_view=bucket_view, partitioner=partitioner, lr=1e-3
+    )
+    loss_of(ddp, batch(0, dist.get_rank())).backward()
+    before = opt.comm_stats.snapshot()
+    opt.step()
+    used = opt.comm_stats.since(before)
+    return {
+        "bytes": used.bytes,
+        "calls": used.calls,
+        "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "num_params": len(list(model.parameters())),
+        "mode": opt.exchange_mode,
+    }
