@@ -1,0 +1,171 @@
+"""The Hydra task: check the config, start the ranks inside this job, report where it went.
+
+:func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a
+``-m`` sweep, under any launcher). The ranks start here, from this one resolved config,
+via :func:`zero_lab.launch.run_world` (own rendezvous port per job, so concurrent sweep
+jobs never collide); under torchrun this process *is* a rank and trains directly.
+
+The run dir (Hydra's output dir) then holds::
+
+    .hydra/            resolved config, overrides (Hydra)
+    train.log          this job's log (Hydra)
+    meta.json          git revision, command line, group choices, seeds
+    logs/rank{r}.log   one log per rank (+ rank{r}.error.txt if it failed)
+    metrics.jsonl      one JSON object per logged step (rank 0)
+    summary.json       written at the end (rank 0)
+    checkpoints/       with checkpoint_every=K
+    wandb/             with logger=wandb
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from zero_lab.app import torchrun
+from zero_lab.app.cli import fail
+from zero_lab.app.paths import PROJECT_ROOT
+from zero_lab.app.runner import RankResult, RunSpec, train_rank
+from zero_lab.app.validate import ConfigError, check, enum_str, to_container
+from zero_lab.launch import RankFailure, run_world
+
+__all__ = ["run"]
+
+log = logging.getLogger("zero_lab.app")
+EXIT_RUN_FAILED = 1
+
+
+def run(cfg: DictConfig) -> float:
+    """Train one job; return its final loss (what sweepers such as Optuna minimise)."""
+    hydra_cfg = HydraConfig.get()
+    choices = OmegaConf.to_container(hydra_cfg.runtime.choices)
+    try:
+        check(cfg, choices)  # again: submitit / joblib jobs may not have gone through train.py's preflight
+    except ConfigError as error:
+        fail(error)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    spec = RunSpec(config=to_container(cfg), run_dir=str(run_dir), meta=run_meta(hydra_cfg, choices))
+    if torchrun.active():
+        return _run_as_torchrun_rank(spec, cfg)
+    _write_json(run_dir / "meta.json", spec.meta)
+    _standard_start_method()
+    log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
+    started = time.perf_counter()
+    try:
+        results = run_world(
+            train_rank,
+            cfg.dist.world_size,
+            (spec,),
+            backend=enum_str(cfg.dist.backend),
+            timeout_s=cfg.dist.timeout_s,
+            start_method="spawn",
+            threads_per_rank=cfg.dist.threads_per_rank,
+        )
+    except RankFailure as failure:
+        fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
+    except TimeoutError as error:
+        fail(
+            f"{error} after dist.timeout_s={cfg.dist.timeout_s}; raise it for long runs. Run dir: {run_dir}",
+            EXIT_RUN_FAILED,
+        )
+    return _report(results, run_dir, time.perf_counter() - started)
+
+
+def _standard_start_method() -> None:
+    """Inside a joblib (loky) worker the global start method is "loky", which spawned
+    children inherit and cannot resolve ("cannot find context for 'loky'"); reset it."""
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        multiprocessing.set_start_method("spawn", force=True)
+
+
+def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> float:
+    """Under torchrun this process is one rank of the world ``cli.prepare`` joined."""
+    torchrun.init_process_group(enum_str(cfg.dist.backend), cfg.dist.timeout_s)
+    if dist.get_rank() == 0:
+        _write_json(Path(spec.run_dir) / "meta.json", spec.meta)
+    started = time.perf_counter()
+    try:
+        result = train_rank(spec)
+    finally:
+        dist.destroy_process_group()
+    if result.rank == 0:
+        _report([result], Path(spec.run_dir), time.perf_counter() - started)
+    return result.losses[-1]
+
+
+def _report(results: list[RankResult], run_dir: Path, seconds: float) -> float:
+    final = results[0].losses[-1]
+    log.info("finished in %.1f s: final loss %.6g, param checksum %s", seconds, final, results[0].param_checksum[:16])
+    print(f"zero_lab: final loss {final:.6g} after {len(results[0].losses)} steps; run dir: {run_dir}", flush=True)
+    return final
+
+
+def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
+    """The failing rank's last traceback line, with its full traceback saved in the run dir."""
+    path = run_dir / "logs" / f"rank{failure.rank}.error.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(failure.details, encoding="utf-8")
+    lines = [line for line in failure.details.strip().splitlines() if line.strip()]
+    return f"rank {failure.rank} failed: {lines[-1] if lines else 'no details'}\n  full traceback: {path}"
+
+
+def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
+    """What reproduces this job: command, overrides, choices, git revision, host; W&B group/name."""
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    meta: dict[str, Any] = {
+        "command": " ".join(["python", "train.py", *overrides]),
+        "argv": list(sys.argv),
+        "overrides": overrides,
+        "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},
+        "git": git_revision(),
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+        "seeds": "model init: seed; step s on rank r: stream_seed(seed, 'rank', r, 'step', s); data: (seed, step)",
+        "multirun": multirun,
+        "group": None,
+        "name": None,
+    }
+    if multirun:
+        sweep_dir = Path(str(hydra_cfg.sweep.dir))
+        meta["group"] = "sweep-" + "_".join(sweep_dir.parts[-2:])
+        meta["name"] = hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+        meta["job_num"] = hydra_cfg.job.num
+    return meta
+
+
+def git_revision() -> dict[str, Any]:
+    """HEAD of the project's git checkout and whether the tree had local changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"rev": None, "dirty": None}
+    if head.returncode != 0:
+        return {"rev": None, "dirty": None}
+    return {"rev": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")

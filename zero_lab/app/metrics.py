@@ -1,0 +1,107 @@
+"""Per-step measurements of every rank, gathered to rank 0 with one small collective.
+
+Each rank measures a fixed vector (:data:`FIELDS`): its loss, step time, time and bytes
+of the optimizer's parameter exchange (``opt.comm_stats.since(...)``), optimizer-state
+bytes (summed over the real state tensors), peak memory (CUDA peak allocated on GPU,
+peak RSS on CPU) and samples. One ``all_gather`` of that float64 vector per step brings
+every rank's values everywhere; :func:`step_record` turns them into namespaced keys::
+
+    train/loss                      mean over ranks = the global-batch loss
+    train/loss/rank{r}
+    time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_bytes/...,
+    comm/exchange_calls/..., memory/optim_state_bytes/..., memory/peak_bytes/...
+    memory/imbalance                partition max / ideal (1.0 for plain optimizers)
+    train/samples_per_s             global batch / slowest rank's step time
+
+    gather = MetricsGather(device)
+    per_rank = gather(RankStep(loss=..., step_s=..., ...))   # collective, every rank
+    record = step_record(step, per_rank, imbalance=1.0)
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import astuple, dataclass, fields
+from typing import Any
+
+import torch
+
+from zero_lab.comm import Communicator
+
+__all__ = ["FIELDS", "MetricsGather", "RankStep", "peak_memory_bytes", "step_record"]
+
+
+@dataclass
+class RankStep:
+    """What one rank measured in one step."""
+
+    loss: float
+    step_s: float
+    exchange_s: float = 0.0
+    exchange_bytes: float = 0.0
+    exchange_calls: float = 0.0
+    optim_state_bytes: float = 0.0
+    peak_bytes: float = 0.0
+    samples: float = 0.0
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
+
+#: RankStep field -> key prefix; each gets /rank{r}, /max and /mean
+_KEYS: dict[str, str] = {
+    "step_s": "time/step_s",
+    "exchange_s": "time/exchange_s",
+    "exchange_bytes": "comm/exchange_bytes",
+    "exchange_calls": "comm/exchange_calls",
+    "optim_state_bytes": "memory/optim_state_bytes",
+    "peak_bytes": "memory/peak_bytes",
+}
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """CUDA peak allocated on a GPU device, else this process's peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+class MetricsGather:
+    """All-gathers one :class:`RankStep` per rank (one float64 collective of W x len(FIELDS))."""
+
+    def __init__(self, device: torch.device):
+        self.comm = Communicator()
+        self.device = device
+        self.world_size = self.comm.world_size
+        self._out = torch.zeros(self.world_size * len(FIELDS), dtype=torch.float64, device=device)
+
+    def sync(self) -> None:
+        """Line the ranks up (one tiny all-reduce) so the first timed step starts together."""
+        self.comm.all_reduce(torch.zeros(1, device=self.device), op="sync")
+
+    def __call__(self, mine: RankStep) -> list[RankStep]:
+        local = torch.tensor(astuple(mine), dtype=torch.float64, device=self.device)
+        self.comm.all_gather_into(self._out, local, op="metrics")
+        rows = self._out.view(self.world_size, len(FIELDS)).cpu().tolist()
+        return [RankStep(*row) for row in rows]
+
+
+def _per_rank(prefix: str, values: list[float]) -> dict[str, float]:
+    out = {f"{prefix}/rank{r}": v for r, v in enumerate(values)}
+    out[f"{prefix}/max"] = max(values)
+    out[f"{prefix}/mean"] = sum(values) / len(values)
+    return out
+
+
+def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0) -> dict[str, Any]:
+    """The namespaced metrics of one step (see the module docstring)."""
+    losses = [r.loss for r in per_rank]
+    record: dict[str, Any] = {"step": step, "train/loss": sum(losses) / len(losses)}
+    record.update({f"train/loss/rank{r}": loss for r, loss in enumerate(losses)})
+    for field, prefix in _KEYS.items():
+        record.update(_per_rank(prefix, [getattr(r, field) for r in per_rank]))
+    slowest = max(r.step_s for r in per_rank)
+    record["train/samples_per_s"] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
+    record["memory/imbalance"] = imbalance
+    return record

@@ -1,0 +1,95 @@
+"""Small models for experiments: an MLP and a GPT-style causal LM.
+
+Both declare ``task`` ("regression" or "lm") so the config check can match them with a
+data option, and both name their parameters plainly (``layers.0.weight``,
+``blocks.1.attn.qkv.weight``) so ``partitioner=manual`` globs are easy to write.
+
+    model = MLP(in_dim=2000, hidden=2000, out_dim=2000, depth=20, activation=None)  # the tutorial
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["MLP", "TinyLM"]
+
+_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
+
+
+class MLP(nn.Module):
+    """``depth`` Linear layers ``in_dim -> hidden -> ... -> out_dim``, activation between."""
+
+    task = "regression"
+    activations = (*_ACTIVATIONS, None)
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        depth: int,
+        activation: str | None = "tanh",
+        bias: bool = True,
+    ):
+        super().__init__()
+        if activation not in _ACTIVATIONS and activation is not None:
+            raise ValueError(f"activation must be one of {list(self.activations)}, got {activation!r}")
+        dims = [in_dim] + [hidden] * (depth - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in itertools.pairwise(dims))
+        self.act = _ACTIVATIONS[activation]() if activation else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            x = layer(x)
+            if index < len(self.layers) - 1:
+                x = self.act(x)
+        return x
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then an MLP."""
+
+    def __init__(self, d_model: int, n_head: int, mlp_ratio: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, mlp_ratio * d_model)
+        self.out = nn.Linear(mlp_ratio * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(width, dim=-1)
+        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    """A GPT-style causal language model: token + position embeddings, blocks, LM head."""
+
+    task = "lm"
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layer: int, n_head: int, mlp_ratio: int = 4):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_head, mlp_ratio) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))

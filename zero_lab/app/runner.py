@@ -1,0 +1,259 @@
+"""The training loop of one rank; the same code under ``run_world`` and under ``torchrun``.
+
+:func:`train_rank` runs inside an initialised process group. Top to bottom:
+
+1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
+2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`);
+3. with ``resume=``, load the consolidated checkpoint on every rank;
+4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
+   uninterrupted one drew), take this rank's slice of the global batch, forward,
+   backward (DDP all-reduces gradients), ``optimizer.step()`` (ZeRO: local step +
+   parameter exchange), then one all-gather of every rank's measurements;
+5. every ``checkpoint_every`` steps, consolidate and save atomically (rank 0 writes);
+6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
+   writes ``summary.json``.
+
+Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, checkpoints, W&B).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from zero_lab.app.build import Training, build_training, optimizer_state_bytes
+from zero_lab.app.checkpoint import checkpoint_path, gather_checkpoint, load_checkpoint, restore, save_atomic
+from zero_lab.app.data import stream_seed
+from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
+from zero_lab.app.progress import Progress
+from zero_lab.app.sinks import JsonlSink, MetricSink
+
+__all__ = ["RankResult", "RunSpec", "train_rank"]
+
+log = logging.getLogger("zero_lab.app")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a rank needs, picklable: the resolved config and where to write."""
+
+    config: dict[str, Any]
+    run_dir: str
+    meta: dict[str, Any] = field(default_factory=dict)  # choices, git, argv, W&B group/name
+
+
+@dataclass
+class RankResult:
+    rank: int
+    losses: list[float]
+    param_checksum: str
+    log_path: str
+
+
+def train_rank(spec: RunSpec) -> RankResult:
+    """Train on this rank of the current process group; see the module docstring."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run_dir = Path(spec.run_dir)
+    log_path = _log_to_file(run_dir, rank)
+    cfg = OmegaConf.create(spec.config)
+    device = _device(str(cfg.dist.device))
+    torch.set_num_threads(cfg.dist.threads_per_rank)
+    log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
+
+    training = build_training(cfg, device)
+    data = instantiate(cfg.data)
+    losses: list[float] = []
+    start = 0
+    if cfg.resume is not None:
+        state = load_checkpoint(str(cfg.resume))
+        restore(training, state)
+        start, losses = state["step"], list(state["losses"])[: state["step"]]
+        log.info("resumed from %s at step %d", state["path"], start)
+    gather = MetricsGather(device)
+    imbalance = training.optimizer.partition.report().imbalance if training.zero else 1.0
+    records: list[dict[str, Any]] = []
+
+    with ExitStack() as stack:
+        sinks = _open_sinks(stack, spec, cfg) if rank == 0 else []
+        progress = stack.enter_context(Progress(cfg.steps, start, enabled=rank == 0 and cfg.progress))
+        gather.sync()  # rank 0 may have spent a second starting W&B; don't bill it to step 0
+        for step in range(start, cfg.steps):
+            torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
+            per_rank = gather(_train_step(training, data, step, rank, world, device))
+            record = step_record(step, per_rank, imbalance)
+            losses.append(record["train/loss"])
+            if rank == 0:
+                records.append(record)
+                progress.update(record)
+                if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                    for sink in sinks:
+                        sink.log(record)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                _save_checkpoint(training, step + 1, losses, rank, run_dir)
+        checksum = _agreed_checksum(training.model, gather)
+        if rank == 0:
+            summary = _summary(cfg, spec, training, losses, records, checksum, start)
+            _write_json(run_dir / "summary.json", summary)
+            for sink in sinks:
+                sink.summary(summary)
+    log.info("done: final loss %.6g, param checksum %s", losses[-1], checksum)
+    return RankResult(rank=rank, losses=losses, param_checksum=checksum, log_path=str(log_path))
+
+
+def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:
+    """One optimizer step on this rank's slice; returns what it measured."""
+    inputs, targets = (t.to(device) for t in data.shard(step, rank, world))
+    comm = getattr(training.optimizer, "comm_stats", None)
+    before = comm.snapshot() if comm is not None else None
+    start = time.perf_counter()
+    training.optimizer.zero_grad(set_to_none=True)
+    loss = data.loss(training.ddp(inputs), targets)
+    loss.backward()  # DDP all-reduces gradients bucket by bucket during backward
+    training.optimizer.step()  # ZeRO: step own shards, then exchange parameters
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    exchange = comm.since(before) if comm is not None and before is not None else None
+    return RankStep(
+        loss=loss.item(),
+        step_s=elapsed,
+        exchange_s=exchange.seconds if exchange else 0.0,
+        exchange_bytes=exchange.bytes if exchange else 0.0,
+        exchange_calls=exchange.calls if exchange else 0.0,
+        optim_state_bytes=optimizer_state_bytes(training.optimizer),
+        peak_bytes=peak_memory_bytes(device),
+        samples=inputs.shape[0],
+    )
+
+
+def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:
+    """metrics.jsonl plus the configured logger; closed (W&B finished) even on errors."""
+    sinks: list[MetricSink] = [JsonlSink(Path(spec.run_dir) / "metrics.jsonl")]
+    logger_cfg = OmegaConf.to_container(cfg.logger)
+    assert isinstance(logger_cfg, dict)
+    logger_cfg["group"] = logger_cfg.get("group") or spec.meta.get("group")
+    logger_cfg["name"] = logger_cfg.get("name") or spec.meta.get("name")
+    sinks.append(instantiate(logger_cfg)(run_dir=spec.run_dir, config=spec.config))
+    for sink in sinks:
+        stack.push(lambda exc_type, *_, sink=sink: sink.close(failed=exc_type is not None))
+    return sinks
+
+
+def _save_checkpoint(training: Training, next_step: int, losses: list[float], rank: int, run_dir: Path) -> None:
+    state = gather_checkpoint(training, next_step, losses, rank)  # collective for ZeRO
+    if state is not None:
+        path = checkpoint_path(run_dir, next_step)
+        save_atomic(state, path)
+        log.info("checkpoint %s", path)
+
+
+def param_checksum(model: torch.nn.Module) -> str:
+    """SHA-256 over every parameter's name, shape, dtype and bytes, in registration order."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
+    """Every rank hashes its replica; all-gather the hashes and fail if any rank differs."""
+    mine = param_checksum(model)
+    words = torch.tensor(
+        [int.from_bytes(bytes.fromhex(mine)[i : i + 8], "little", signed=True) for i in range(0, 32, 8)],
+        dtype=torch.int64,
+        device=gather.device,
+    )
+    everyone = torch.zeros(4 * gather.world_size, dtype=torch.int64, device=gather.device)
+    gather.comm.all_gather_into(everyone, words, op="checksum")
+    rows = everyone.view(gather.world_size, 4).cpu().tolist()
+    differing = [r for r, row in enumerate(rows) if row != rows[0]]
+    if differing:
+        raise RuntimeError(f"replicas diverged: ranks {differing} hold different parameters than rank 0")
+    return mine
+
+
+def _summary(
+    cfg: DictConfig,
+    spec: RunSpec,
+    training: Training,
+    losses: list[float],
+    records: list[dict[str, Any]],
+    checksum: str,
+    start: int,
+) -> dict[str, Any]:
+    """summary.json: the contract scripts and dashboards read (see the README)."""
+    world = dist.get_world_size()
+    timed = records[1:] or records  # the first step pays one-off allocation costs
+    last = records[-1] if records else {}
+
+    def per_rank(prefix: str) -> list[float]:
+        return [last.get(f"{prefix}/rank{r}", 0.0) for r in range(world)]
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in timed) if timed else 0.0
+
+    summary: dict[str, Any] = {
+        "final_loss": losses[-1],
+        "losses": losses,
+        "world_size": world,
+        "steps": cfg.steps,
+        "param_checksum": checksum,
+        "start_step": start,
+        "resumed_from": str(cfg.resume) if cfg.resume is not None else None,
+        "zero": training.zero,
+        "exchange_mode": getattr(training.optimizer, "exchange_mode", None),
+        "model_params": sum(p.numel() for p in training.model.parameters()),
+        "global_batch": cfg.data.global_batch,
+        "optim_state_bytes": per_rank("memory/optim_state_bytes"),
+        "peak_bytes": per_rank("memory/peak_bytes"),
+        "imbalance": last.get("memory/imbalance", 1.0),
+        "step_time_s": median("time/step_s/max") if records else None,
+        "exchange_time_s": median("time/exchange_s/max") if records else None,
+        "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
+        "samples_per_s": median("train/samples_per_s") if records else None,
+    }
+    if training.zero:
+        summary["partition"] = training.optimizer.partition.report().as_dict()
+    summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})
+    return summary
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _device(kind: str) -> torch.device:
+    if kind == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _log_to_file(run_dir: Path, rank: int) -> Path:
+    """Send the ``zero_lab`` loggers of this process to ``<run dir>/logs/rank{r}.log``."""
+    path = run_dir / "logs" / f"rank{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(name)s %(levelname)s: %(message)s"))
+    root = logging.getLogger("zero_lab")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return path

@@ -1,0 +1,231 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each YAML option under ``conf/<group>/`` names its schema first in its defaults list
+(``- /schema/optim@_here_: adam``), so OmegaConf checks keys and types while Hydra
+composes: ``optim.lr=abc`` or ``overlap=maybe`` fail before any process starts, and a
+typo'd key is rejected by struct mode. Ranges and combinations that types cannot
+express are checked by :func:`zero_lab.app.validate.check`.
+
+    from zero_lab.app.schema import register_configs
+    register_configs()  # before hydra.main / hydra.compose
+
+To add a group option (e.g. the DdpBucket partitioner): add a dataclass here, store it in
+:func:`register_configs`, and write ``conf/partitioner/ddp_bucket.yaml`` that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "register_configs"]
+
+
+class Backend(str, Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class LoggerMode(str, Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+# ----------------------------------------------------------------------------- optim
+@dataclass
+class ClassRef:
+    """A class named by dotted path, resolved at instantiation (``optimizer_class``)."""
+
+    _target_: str = "hydra.utils.get_class"
+    path: str = "torch.optim.Adam"
+
+
+@dataclass
+class AdamSchema:
+    """``torch.optim.Adam`` / ``AdamW``; built as a partial, params given at the call site."""
+
+    _target_: str = "torch.optim.Adam"
+    _partial_: bool = True
+    _convert_: str = "all"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    amsgrad: bool = False
+
+
+@dataclass
+class SGDSchema:
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    _convert_: str = "all"
+    lr: float = 1e-2
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class ZeroAdamSchema(AdamSchema):
+    """``zero_lab.ZeroRedundancyOptimizer`` around ``optimizer_class`` (Adam / AdamW)."""
+
+    _target_: str = "zero_lab.ZeroRedundancyOptimizer"
+    optimizer_class: ClassRef = field(default_factory=ClassRef)
+
+
+@dataclass
+class ZeroSGDSchema(SGDSchema):
+    _target_: str = "zero_lab.ZeroRedundancyOptimizer"
+    optimizer_class: ClassRef = field(default_factory=lambda: ClassRef(path="torch.optim.SGD"))
+
+
+# ----------------------------------------------------------------------------- partitioner
+@dataclass
+class SortedGreedySchema:
+    _target_: str = "zero_lab.partition.SortedGreedy"
+
+
+@dataclass
+class ManualSchema:
+    """One list of parameter-name globs (or ``re:<regex>``) per rank."""
+
+    _target_: str = "zero_lab.partition.Manual"
+    _convert_: str = "all"
+    params_per_rank: list[list[str]] = MISSING
+
+
+@dataclass
+class FlatSchema:
+    _target_: str = "zero_lab.partition.Flat"
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class MLPSchema:
+    _target_: str = "zero_lab.app.models.MLP"
+    in_dim: int = 32
+    hidden: int = 64
+    out_dim: int = 32
+    depth: int = 3
+    activation: str | None = "tanh"
+    bias: bool = True
+
+
+@dataclass
+class TinyLMSchema:
+    _target_: str = "zero_lab.app.models.TinyLM"
+    vocab_size: int = 64
+    seq_len: int = 16
+    d_model: int = 32
+    n_layer: int = 2
+    n_head: int = 2
+    mlp_ratio: int = 4
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class RegressionDataSchema:
+    """Inputs ``x ~ N(0, 1)``, targets from a fixed random teacher; dims follow the model."""
+
+    _target_: str = "zero_lab.app.data.RegressionData"
+    global_batch: int = 32
+    in_dim: int = "${model.in_dim}"  # type: ignore[assignment]
+    out_dim: int = "${model.out_dim}"  # type: ignore[assignment]
+    noise: float = 0.01
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass
+class TokenDataSchema:
+    """Token sequences following a seeded affine rule mod ``vocab_size``; an LM can learn it."""
+
+    _target_: str = "zero_lab.app.data.TokenData"
+    global_batch: int = 16
+    vocab_size: int = "${model.vocab_size}"  # type: ignore[assignment]
+    seq_len: int = "${model.seq_len}"  # type: ignore[assignment]
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+# ----------------------------------------------------------------------------- logger
+@dataclass
+class WandbSchema:
+    """W&B run owned by rank 0; offline by default (no key, no network), files in the run dir."""
+
+    _target_: str = "zero_lab.app.sinks.WandbSink"
+    _partial_: bool = True
+    project: str = "zero_lab"
+    entity: str | None = None
+    mode: LoggerMode = LoggerMode.offline
+    name: str | None = None
+    group: str | None = None
+    job_type: str = "train"
+    tags: list[str] = field(default_factory=list)
+    notes: str | None = None
+
+
+@dataclass
+class NoLoggerSchema:
+    _target_: str = "zero_lab.app.sinks.NullSink"
+    _partial_: bool = True
+
+
+# ----------------------------------------------------------------------------- top level
+@dataclass
+class DistConfig:
+    """Where the ranks run. ``timeout_s`` bounds collectives *and* the whole world."""
+
+    world_size: int = 2
+    backend: Backend = Backend.gloo
+    device: Device = Device.cpu
+    timeout_s: float = 900.0
+    threads_per_rank: int = 1
+    bucket_cap_mb: float = 25.0
+
+
+@dataclass
+class Config:
+    """The root config. Groups are typed by their option's schema; plain keys here."""
+
+    optim: Any = MISSING
+    partitioner: Any = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    dist: DistConfig = field(default_factory=DistConfig)
+    logger: Any = MISSING
+    overlap: bool = False
+    bucket_view: bool = False
+    seed: int = 0
+    steps: int = 20
+    log_every: int = 1
+    checkpoint_every: int = 0
+    resume: str | None = None
+    progress: bool = True
+
+
+_GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "optim": {"adam": AdamSchema, "sgd": SGDSchema, "zero_adam": ZeroAdamSchema, "zero_sgd": ZeroSGDSchema},
+    "partitioner": {"sorted_greedy": SortedGreedySchema, "manual": ManualSchema, "flat": FlatSchema},
+    "model": {"mlp": MLPSchema, "transformer": TinyLMSchema},
+    "data": {"regression": RegressionDataSchema, "tokens": TokenDataSchema},
+    "logger": {"wandb": WandbSchema, "none": NoLoggerSchema},
+}
+
+
+def register_configs() -> None:
+    """Store the root schema as ``config_schema`` and group schemas under ``schema/<group>``."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for group, options in _GROUP_SCHEMAS.items():
+        for name, node in options.items():
+            store.store(group=f"schema/{group}", name=name, node=node)
