@@ -1,0 +1,179 @@
+"""Config layer, in-process and fast: every option of every group composes, checks and
+instantiates; every experiment composes and checks; bad input gives one message naming the
+key and what is allowed; the synthetic data is the same global batch at any world size."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+
+from zero_lab import ZeroRedundancyOptimizer, app
+from zero_lab.app.data import RegressionData, TokenData, stream_seed
+from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.preflight import compose_job, preflight
+from zero_lab.app.validate import ConfigError, check, overlap_available
+from zero_lab.partition import ParamSpec
+
+app.setup()
+
+GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger")
+DATA_FOR_MODEL = {"mlp": "regression", "transformer": "tokens"}
+MODEL_FOR_DATA = {data: model for model, data in DATA_FOR_MODEL.items()}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def test_every_group_has_its_required_options():
+    assert set(options("optim")) >= {"adam", "adamw", "sgd", "zero_adam", "zero_adamw", "zero_sgd"}
+    assert set(options("partitioner")) >= {"sorted_greedy", "manual", "flat"}
+    assert set(options("model")) >= {"mlp", "transformer"}
+    assert set(options("logger")) >= {"wandb", "none"}
+    assert "tutorial" in options("experiment")
+
+
+@pytest.fixture(scope="module")
+def one_rank_world():
+    """An in-process world of one Gloo rank, so ZeRO optimizers can really be built."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _overrides_for(group: str, option: str) -> list[str]:
+    overrides = [f"{group}={option}"]
+    if group == "model":
+        overrides.append(f"data={DATA_FOR_MODEL[option]}")
+    if group == "data":
+        overrides.append(f"model={MODEL_FOR_DATA[option]}")
+    return overrides
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_checks_and_instantiates(group, option, one_rank_world):
+    cfg, choices, _ = compose_job(_overrides_for(group, option))
+    assert choices[group] == option
+    if option == "cuda" and not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"dist\.device=cuda"):
+            check(cfg, choices)
+        return
+    check(cfg, choices)
+    model = instantiate(cfg.model)
+    if group == "optim":
+        make = instantiate(cfg.optim)
+        assert isinstance(make, functools.partial)
+        extra = {"partitioner": instantiate(cfg.partitioner)} if option.startswith("zero_") else {}
+        params = model.named_parameters() if extra else model.parameters()
+        optimizer = make(params, **extra)
+        assert isinstance(optimizer, ZeroRedundancyOptimizer) == option.startswith("zero_")
+        assert optimizer.param_groups[0]["lr"] == cfg.optim.lr
+    elif group == "partitioner":
+        partitioner = instantiate(cfg.partitioner)
+        specs = [ParamSpec(numel=p.numel(), name=n) for n, p in model.named_parameters()]
+        world = len(cfg.partitioner.params_per_rank) if option == "manual" else 2
+        partition = partitioner(specs, world)
+        assert sum(partition.report().numel_per_rank) == sum(s.numel for s in specs)
+    elif group == "data":
+        data = instantiate(cfg.data)
+        x, y = data.shard(0, 0, 1)
+        assert data.loss(model(x), y).ndim == 0
+    elif group == "logger":
+        assert isinstance(instantiate(cfg.logger), functools.partial)
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes_and_checks(experiment):
+    cfg, choices, hydra_node = compose_job([f"experiment={experiment}"])
+    check(cfg, choices)
+    assert choices["experiment"] == experiment
+    if experiment == "tutorial":
+        assert (cfg.model.depth, cfg.model.hidden, cfg.model.activation) == (20, 2000, None)
+        assert cfg.dist.world_size == 2 and choices["optim"] in ("adam", "zero_adam")
+    if experiment == "memory_sweep":
+        assert "optim" in hydra_node.sweeper.params
+
+
+def test_command_line_group_beats_experiment_default():
+    _, choices, _ = compose_job(["experiment=tutorial", "optim=adam"])
+    assert choices["optim"] == "adam"
+
+
+def test_default_is_zero_adam_on_two_cpu_gloo_ranks_with_wandb_offline():
+    cfg, choices, hydra_node = compose_job([])
+    assert (choices["optim"], cfg.dist.world_size, str(cfg.dist.backend.value), str(cfg.dist.device.value)) == (
+        "zero_adam",
+        2,
+        "gloo",
+        "cpu",
+    )
+    assert (choices["logger"], str(cfg.logger.mode.value)) == ("wandb", "offline")
+    assert cfg.overlap is False and cfg.bucket_view is False
+    assert Path(str(hydra_node.run.dir)).parts[-3] == "outputs"
+
+
+BAD_INPUT = [
+    (["overlap=maybe"], ["overlap=maybe", "true or false"]),
+    (["dist.world_size=0"], ["dist.world_size=0", ">= 1"]),
+    (["optim.lr=abc"], ["optim.lr=abc", "number"]),
+    (["optim.lrr=0.1"], ["optim.lrr", "did you mean optim.lr", "weight_decay"]),
+    (["ovrlap=true"], ["ovrlap", "did you mean overlap"]),
+    (["optim=zero_adm"], ["optim=zero_adm", "zero_adam", "zero_sgd"]),
+    (["dist.backend=ncl"], ["dist.backend=ncl", "gloo, nccl"]),
+    (["optim=adam", "overlap=true"], ["overlap=true", "zero_adam"]),
+    (["model=transformer"], ["data=regression", "data=tokens"]),
+    (["data.global_batch=33"], ["data.global_batch=33", "multiple of dist.world_size=2"]),
+    (["partitioner=manual", "dist.world_size=4"], ["params_per_rank", "dist.world_size=4"]),
+    (["partitioner=manual", "partitioner.params_per_rank=[[encoder.*],[decoder.*]]"], ["encoder.*", "layers.0.weight"]),
+    (["resume=/nonexistent/run"], ["resume=/nonexistent/run", "checkpoint"]),
+    (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
+def test_bad_input_gives_one_message_naming_key_and_allowed(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        preflight(overrides)
+    message = str(caught.value)
+    for fragment in expected:
+        assert fragment in message, message
+    assert "Traceback" not in message and "HYDRA_FULL_ERROR" not in message
+
+
+def test_all_problems_are_listed_at_once():
+    with pytest.raises(ConfigError) as caught:
+        preflight(["steps=0", "log_every=0", "dist.world_size=3"])
+    assert len(caught.value.problems) == 3  # steps, log_every, global_batch=32 vs 3 ranks
+
+
+def test_sweep_checks_every_job():
+    with pytest.raises(ConfigError, match=r"dist\.world_size=0"):
+        preflight(["optim=adam,zero_adam", "dist.world_size=2,0"], multirun=True)
+    preflight(["optim=adam,zero_adam", "dist.world_size=1,2"], multirun=True)
+
+
+@pytest.mark.skipif(overlap_available(), reason="zero_lab.overlap has landed")
+def test_overlap_is_refused_until_the_hooks_land():
+    with pytest.raises(ConfigError, match="overlap=true"):
+        preflight(["overlap=true"])
+
+
+@pytest.mark.parametrize("data", [RegressionData(12, 5, 3, seed=7), TokenData(12, 11, 6, seed=7)])
+def test_global_batch_is_the_same_at_any_world_size(data):
+    whole = data.global_batch_at(4)
+    for world in (1, 2, 3, 4):
+        pieces = [data.shard(4, rank, world) for rank in range(world)]
+        for index in (0, 1):
+            assert torch.equal(torch.cat([p[index] for p in pieces]), whole[index])
+    assert not torch.equal(data.global_batch_at(5)[0], whole[0])
+
+
+def test_stream_seeds_do_not_collide():
+    seeds = {stream_seed(seed, "batch", step) for seed in range(20) for step in range(200)}
+    assert len(seeds) == 20 * 200
