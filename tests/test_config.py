@@ -177,3 +177,12 @@ def test_global_batch_is_the_same_at_any_world_size(data):
 def test_stream_seeds_do_not_collide():
     seeds = {stream_seed(seed, "batch", step) for seed in range(20) for step in range(200)}
     assert len(seeds) == 20 * 200
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "submitit_slurm", "submitit_local", "joblib"])
+def test_launcher_configs_compose(launcher):
+    cfg, choices, hydra_node = compose_job([f"hydra/launcher={launcher}"])
+    check(cfg, choices)
+    assert hydra_node.launcher._target_.startswith("hydra_plugins.")
+    if launcher == "slurm":
+        assert (hydra_node.launcher.tasks_per_node, hydra_node.launcher.cpus_per_task) == (1, cfg.dist.world_size)
