@@ -8,7 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Shard, SortedGreedy
+from zero_lab.partition import (
+    DdpBucket,
+    Flat,
+    Manual,
+    ParamSpec,
+    Partition,
+    Shard,
+    SortedGreedy,
+    approximate_ddp_buckets,
+)
 
 
 def specs_of(sizes, groups=None, names=None, trainable=None):
@@ -178,3 +187,38 @@ def test_flat_beats_sorted_greedy_on_an_embedding_heavy_model():
 def test_world_size_must_be_positive():
     with pytest.raises(ValueError, match="world_size"):
         SortedGreedy()(specs_of([1]), 0)
+
+
+# ---------------------------------------------------------------- ddp buckets
+def test_approximate_ddp_buckets_numbers_last_layers_first():
+    # 4-byte params: a 8-byte first bucket, then 12-byte buckets, numbered in reverse.
+    assert approximate_ddp_buckets([4, 4, 4, 4, 4, 4, 4], cap_bytes=12, first_cap_bytes=8) == [2, 2, 1, 1, 1, 0, 0]
+    assert approximate_ddp_buckets([100], cap_bytes=12, first_cap_bytes=8) == [0]
+
+
+def bucketed_specs(buckets_sizes):
+    return [ParamSpec(numel=n, bucket=b) for b, sizes in enumerate(buckets_sizes) for n in sizes]
+
+
+def test_ddp_bucket_gives_each_bucket_to_one_rank():
+    specs = bucketed_specs([[10, 10], [5, 5, 5], [20], [1]])
+    # Buckets in index order to the least-loaded rank: b0 (20) -> r0; b1 (15) -> r1;
+    # b2 (20) -> r1 (15 < 20); b3 (1) -> r0 (20 < 35).
+    partition = DdpBucket()(specs, 2)
+    assert partition.owners() == [0, 0, 1, 1, 1, 1, 0]
+    assert partition.report().numel_per_rank == (21, 35)
+
+
+def test_ddp_bucket_sharded_splits_every_bucket_toward_an_even_share():
+    specs = bucketed_specs([[8] * 8, [8] * 8])
+    partition = DdpBucket(shard_buckets=True)(specs, 4)
+    for bucket in (0, 1):
+        owners = {partition.owners()[i] for i, s in enumerate(specs) if s.bucket == bucket}
+        assert owners == {0, 1, 2, 3}
+    assert partition.report().imbalance == pytest.approx(1.0)
+
+
+def test_ddp_bucket_places_unbucketed_params_too():
+    specs = [*bucketed_specs([[10, 10]]), ParamSpec(numel=7, trainable=False)]
+    partition = DdpBucket()(specs, 2)
+    assert partition.owners()[2] == 1  # the least-loaded rank

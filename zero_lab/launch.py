@@ -37,12 +37,33 @@ _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", 
 
 
 class RankFailure(RuntimeError):
-    """A rank raised or died; ``rank`` says which, ``details`` holds its traceback."""
+    """A rank raised or died; ``rank`` says which, ``details`` holds its traceback.
 
-    def __init__(self, rank: int, details: str):
+    ``others`` holds the failures of other ranks seen in the same moment (often
+    only the echo of this one: a peer's connection reset).
+    """
+
+    def __init__(self, rank: int, details: str, others: dict[int, str] | None = None):
         self.rank = rank
         self.details = details
-        super().__init__(f"rank {rank} failed:\n{details}")
+        self.others = others or {}
+        also = "".join(f"\n(rank {r} failed too: {_last_line(d)})" for r, d in sorted(self.others.items()))
+        super().__init__(f"rank {rank} failed:\n{details}{also}")
+
+
+_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "before reporting")
+
+
+def _last_line(details: str) -> str:
+    lines = [line for line in details.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else details
+
+
+def _root_cause(failures: dict[int, str]) -> RankFailure:
+    """Order failures so a rank's own error comes before its peers' connection echoes."""
+    ranked = sorted(failures, key=lambda r: (any(echo in failures[r] for echo in _ECHOES), r))
+    first = ranked[0]
+    return RankFailure(first, failures[first], {r: failures[r] for r in ranked[1:]})
 
 
 def _rank_main(
@@ -141,19 +162,37 @@ def run_world(
 def _collect(procs: list[Any], results: Any, deadline: float) -> list[Any]:
     """Wait for one result per rank; fail fast on the first error or death."""
     out: dict[int, Any] = {}
+    failures: dict[int, str] = {}
     while len(out) < len(procs):
         while not results.empty():
             rank, ok, payload = results.get()
-            if not ok:
-                raise RankFailure(rank, payload)
-            out[rank] = pickle.loads(payload)
+            if ok:
+                out[rank] = pickle.loads(payload)
+            else:
+                failures[rank] = payload
         for rank, proc in enumerate(procs):
-            if rank not in out and proc.exitcode is not None and results.empty():
+            if rank not in out and rank not in failures and proc.exitcode is not None and results.empty():
                 time.sleep(0.05)  # its result may still be in flight
                 if results.empty():
-                    raise RankFailure(rank, f"process exited with code {proc.exitcode} before reporting")
+                    failures[rank] = f"process exited with code {proc.exitcode} before reporting"
+        if failures:
+            _gather_more_failures(procs, results, failures, out)
+            raise _root_cause(failures)
         if time.monotonic() > deadline:
             missing = sorted(set(range(len(procs))) - set(out))
             raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
         time.sleep(0.005)
     return [out[rank] for rank in range(len(procs))]
+
+
+def _gather_more_failures(procs: list[Any], results: Any, failures: dict[int, str], out: dict[int, Any]) -> None:
+    """Give the other ranks a moment to report: the first report may be an echo."""
+    grace = time.monotonic() + 2.0
+    while time.monotonic() < grace and len(failures) + len(out) < len(procs):
+        while not results.empty():
+            rank, ok, payload = results.get()
+            if not ok:
+                failures[rank] = payload
+        if all(p.exitcode is not None for p in procs) and results.empty():
+            break
+        time.sleep(0.02)

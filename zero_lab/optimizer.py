@@ -36,7 +36,7 @@ from torch.optim import Optimizer
 
 from zero_lab.comm import Communicator
 from zero_lab.exchange import ParamExchange
-from zero_lab.partition import ParamSpec, Partition, Partitioner, SortedGreedy
+from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "ZeroRedundancyOptimizer"]
@@ -142,10 +142,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         **defaults: Any,
     ):
         groups = _normalize_params(params)
-        if overlap_with_ddp:
-            raise NotImplementedError(
-                "overlap_with_ddp=True is not available yet in zero_lab; use overlap_with_ddp=False"
-            )
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
         self._initialized = False
@@ -158,12 +154,19 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self.world_size: int = self._comm.world_size
         self.rank: int = self._comm.rank
         self.global_rank: int = self._comm.global_rank(self.rank)
+        self._overlap_with_ddp = overlap_with_ddp
+        if overlap_with_ddp and parameters_as_bucket_view:
+            logger.warning("parameters_as_bucket_view is ignored with overlap_with_ddp=True: buckets follow DDP's")
+            parameters_as_bucket_view = False
         self.parameters_as_bucket_view = parameters_as_bucket_view
-        self.partitioner: Partitioner = partitioner if partitioner is not None else SortedGreedy()
+        default = DdpBucket() if overlap_with_ddp else SortedGreedy()
+        self.partitioner: Partitioner = partitioner if partitioner is not None else default
+        self._ddp_buckets: dict[int, int] = {}  # id(param) -> DDP bucket, once attached to DDP
         self._optimizer_class = optimizer_class
         self._optim_defaults = defaults
         self._default_device = self._all_params[0].device
         self._join_active = False
+        self._state_touched = False  # a step or load_state_dict happened (overlap must attach before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
         self.partition = self._compute_partition()
@@ -192,6 +195,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                         kind=f"{param.device}/{param.dtype}",
                         trainable=param.requires_grad,
                         key=id(param),
+                        bucket=self._ddp_buckets.get(id(param)),
                     )
                 )
         return specs
@@ -212,11 +216,13 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """Local groups for global groups ``first_group..``, holding this rank's shard tensors.
 
         Appends to ``_local_index`` (local position -> global index, in the order the
-        local optimizer numbers its parameters) and ``_sliced`` (partial shards).
+        local optimizer numbers its parameters) and ``_proxies`` (tensors standing in
+        for a parameter: slices always, whole parameters too with overlap, where the
+        step must not touch ``param.grad`` while autograd may be writing it).
         """
         if first_group == 0:
             self._local_index: list[int] = []
-            self._sliced: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (view, param, start, stop)
+            self._proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (proxy, param, start, stop)
         params = self._all_params
         local = [
             {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} | {"params": []}
@@ -228,11 +234,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             if group < first_group:
                 continue
             param = params[shard.param]
-            if shard.start == 0 and shard.stop == param.numel():
+            whole = shard.start == 0 and shard.stop == param.numel()
+            if whole and not self._overlap_with_ddp:
                 tensor = param
             else:
-                tensor = param.data.view(-1)[shard.start : shard.stop]
-                self._sliced.append((tensor, param, shard.start, shard.stop))
+                tensor = param.detach() if whole else param.data.view(-1)[shard.start : shard.stop]
+                self._proxies.append((tensor, param, shard.start, shard.stop))
             local[group - first_group]["params"].append(tensor)
             members[group - first_group].append(shard.param)
         for indices in members:
@@ -251,12 +258,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                     dst_group[key] = value
 
     def _point_slice_grads(self) -> None:
-        for view, param, start, stop in self._sliced:
-            view.grad = None if param.grad is None else param.grad.reshape(-1)[start:stop]
+        for proxy, param, start, stop in self._proxies:
+            proxy.grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
 
     def _release_slice_grads(self) -> None:
-        for view, *_ in self._sliced:
-            view.grad = None
+        for proxy, *_ in self._proxies:
+            proxy.grad = None
 
     def _refresh_trainability(self) -> None:
         trainable = [p.requires_grad for p in self._all_params]
@@ -267,6 +274,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
         """Step this rank's shards only (no communication)."""
+        self._state_touched = True
         self._refresh_trainability()
         self._sync_param_groups(self.param_groups, self.optim.param_groups)
         self._point_slice_grads()
@@ -287,13 +295,47 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return loss
 
     def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:  # type: ignore[override]
-        """Step this rank's shards, then exchange updated parameters with all ranks."""
+        """Step this rank's shards, then exchange updated parameters with all ranks.
+
+        With ``overlap_with_ddp=True`` the step happens inside DDP's backward (see
+        :mod:`zero_lab.overlap`) and this is a no-op, as in torch.
+        """
+        if self._overlap_with_ddp:
+            if not getattr(self, "_warned_overlap_step", False):
+                logger.warning("step() does nothing with overlap_with_ddp=True: the DDP comm hook steps")
+                self._warned_overlap_step = True
+            return None
         Join.notify_join_context(self)
         if self._join_active:
             self._share_grads_with_joined(active=True)
         loss = self._local_step(closure, **kwargs)
         self._exchange.run()
         return loss
+
+    def _attach_ddp(self, bucket_of_param: dict[int, int]) -> None:
+        """Re-partition along DDP's buckets (overlap mode; before the first step)."""
+        if self._state_touched:
+            raise RuntimeError("create the overlap hook before the first step and before load_state_dict()")
+        self._ddp_buckets = dict(bucket_of_param)
+        self.partition = self._compute_partition()
+        self.optim = self._optimizer_class(self._local_param_groups(), **self._optim_defaults)
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+
+    def _step_subset(self, proxy_grads: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Step only the given proxies, each with the given gradient (overlap mode).
+
+        Every other proxy has ``grad=None``, which every ``torch.optim`` optimizer skips.
+        """
+        self._state_touched = True
+        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        for proxy, grad in proxy_grads:
+            proxy.grad = grad
+        try:
+            self.optim.step()
+        finally:
+            for proxy, _ in proxy_grads:
+                proxy.grad = None
+        self._sync_param_groups(self.optim.param_groups, self.param_groups)
 
     @property
     def comm_stats(self):
@@ -302,7 +344,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     @property
     def exchange_mode(self) -> str:
-        return self._exchange.mode
+        return "overlap_per_bucket" if self._overlap_with_ddp else self._exchange.mode
 
     # ------------------------------------------------------------------ param groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -410,6 +452,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             offset += len(local["params"])
             local_groups.append(packed)
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self._state_touched = True
         self._sync_param_groups(groups, self.param_groups)
         self._sync_param_groups(self.param_groups, self.optim.param_groups)
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "BucketLayout",
+    "DdpBucket",
     "Flat",
     "Manual",
     "ParamSpec",
@@ -35,6 +36,7 @@ __all__ = [
     "Partitioner",
     "Shard",
     "SortedGreedy",
+    "approximate_ddp_buckets",
 ]
 
 
@@ -359,3 +361,78 @@ def _cut(index: int, offset: int, numel: int, chunk: int, world_size: int) -> li
         if hi > lo:
             shards.append(Shard(index, rank, lo, hi))
     return shards
+
+
+def approximate_ddp_buckets(nbytes: Sequence[int], cap_bytes: int, first_cap_bytes: int = 1024 * 1024) -> list[int]:
+    """DDP's gradient bucket of each parameter (given in registration order).
+
+    Mirrors DDP's construction: walk parameters in order, close a bucket once it
+    reaches its cap (the first bucket's cap is ``first_cap_bytes``), then number the
+    buckets in reverse, because gradients become ready roughly last layer first.
+    DDP may rebuild its buckets after the first iteration; the overlap hooks stay
+    correct when it does, they only exchange with more collectives.
+    """
+    buckets: list[int] = []
+    current, filled, cap = 0, 0, first_cap_bytes
+    for size in nbytes:
+        if filled and filled + size > cap:
+            current, filled, cap = current + 1, 0, cap_bytes
+        buckets.append(current)
+        filled += size
+    last = current
+    return [last - b for b in buckets]
+
+
+class DdpBucket:
+    """Follow DDP's gradient buckets, so each bucket can be stepped when its all-reduce ends.
+
+    Without ``shard_buckets`` each bucket goes wholly to the least-loaded rank (buckets
+    in index order). With ``shard_buckets`` every bucket's parameters, in order, are
+    cut into W contiguous runs of whole parameters of about ``bucket/W`` elements, so
+    every rank steps a part of every bucket. Parameters outside DDP's buckets (frozen)
+    are placed by sorted-greedy afterwards.
+    """
+
+    def __init__(self, shard_buckets: bool = False):
+        self.shard_buckets = shard_buckets
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        _check_world_size(world_size)
+        members: dict[int, list[int]] = {}
+        for index, spec in enumerate(specs):
+            if spec.bucket is not None:
+                members.setdefault(spec.bucket, []).append(index)
+        owner: dict[int, int] = {}
+        loads = [0] * world_size
+        for bucket in sorted(members):
+            params = members[bucket]
+            if self.shard_buckets:
+                self._split(params, specs, world_size, owner, loads)
+            else:
+                rank = loads.index(min(loads))
+                for index in params:
+                    owner[index] = rank
+                    loads[rank] += specs[index].numel
+        rest = [i for i in range(len(specs)) if i not in owner]
+        placed = SortedGreedy.assign([specs[i].numel for i in rest], [specs[i].group for i in rest], world_size, loads)
+        owner.update(zip(rest, placed))
+        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+
+    @staticmethod
+    def _split(
+        params: list[int], specs: Sequence[ParamSpec], world_size: int, owner: dict[int, int], loads: list[int]
+    ) -> None:
+        total = sum(specs[i].numel for i in params)
+        # Ranks take the runs least-loaded first, so small buckets do not always land on rank 0.
+        order = sorted(range(world_size), key=lambda r: (loads[r], r))
+        done = 0
+        for index in params:
+            midpoint = done + specs[index].numel / 2
+            slot = min(int(midpoint * world_size / total), world_size - 1) if total else 0
+            rank = order[slot]
+            owner[index] = rank
+            loads[rank] += specs[index].numel
+            done += specs[index].numel
+
+    def __repr__(self) -> str:
+        return f"DdpBucket(shard_buckets={self.shard_buckets})"

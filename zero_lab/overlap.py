@@ -1,0 +1,265 @@
+"""Overlap the ZeRO step with DDP's backward: comm hooks that step each gradient bucket.
+
+Register one of these with ``ddp.register_comm_hook(None, hook)``; the optimizer must
+be built with ``overlap_with_ddp=True`` (its ``step()`` is then a no-op)::
+
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=1e-3)
+    ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))
+    for x in data:
+        ddp(x).sum().backward()   # all-reduce, step and parameter exchange happen in here
+
+Algorithm. For each gradient bucket, DDP calls the hook when the bucket's gradients
+are ready. The hook starts the wrapped all-reduce hook; when it completes, this rank
+steps the shards it owns among the bucket's parameters, with the *reduced* bucket as
+gradient (proxies' ``.grad`` point into it; ``param.grad`` is never touched), and
+the bucket's updated shards are broadcast from their owners.
+``hook_with_zero_step`` does the steps once the last bucket is reduced;
+``hook_with_zero_step_interleaved`` steps every bucket as soon as it is reduced.
+
+What torch's version cannot do and this one does:
+
+* **every update from iteration 1** — the partition never waits for DDP to
+  finalise its buckets: each bucket is planned from ``bucket.parameters()`` when it
+  arrives, so a rebuilt bucket layout only changes how many broadcasts it takes;
+* **Gloo** — the exchange runs on its *own* process group and is issued strictly in
+  bucket-index order (a lock-protected in-order drain), so no two ranks ever
+  interleave collectives differently; backward ends waiting for the exchange;
+* **any ``torch.optim`` optimizer, several param groups** — a bucket's step is the
+  ordinary local optimizer stepping with every other shard's gradient ``None``;
+* ``find_unused_parameters=True`` — parameters unused on every rank are not stepped
+  (their gradient stays ``None`` in plain DDP); this needs all buckets, so such
+  models step after the last bucket even with the interleaved hook;
+* ``no_sync()`` accumulation works because DDP calls no hook inside it.
+"""
+
+# No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations
+# by identity (``bucket: dist.GradBucket``), and string annotations fail that check.
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from zero_lab.comm import Communicator
+from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.partition import DdpBucket, approximate_ddp_buckets
+
+__all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
+
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+class _BucketPlan:
+    """For one DDP bucket: what this rank steps and what every owner broadcasts."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer, bucket: dist.GradBucket, index_of: dict[int, int]):
+        self.index = bucket.index()
+        self.params = list(bucket.parameters())
+        self.global_index = [index_of[id(p)] for p in self.params]
+        offsets, total = [], 0
+        for param in self.params:
+            offsets.append(total)
+            total += param.numel()
+        position = {g: k for k, g in enumerate(self.global_index)}
+        # (proxy, global index, bucket offset, start, stop) for the shards this rank steps
+        self.mine: list[tuple[torch.Tensor, int, int, int, int]] = []
+        proxies = {(id(param), start): proxy for proxy, param, start, _ in zero._proxies}
+        by_owner: dict[int, list[tuple[torch.Tensor, int, int]]] = {}
+        for shard in sorted(zero.partition.shards, key=lambda s: (s.rank, s.param)):
+            if shard.param not in position:
+                continue
+            k = position[shard.param]
+            param = self.params[k]
+            by_owner.setdefault(shard.rank, []).append((param, shard.start, shard.stop))
+            if shard.rank == zero.rank:
+                self.mine.append((proxies[(id(param), shard.start)], shard.param, offsets[k], shard.start, shard.stop))
+        self.by_owner = sorted(by_owner.items())
+
+
+class _OverlapEngine:
+    """Per-iteration bookkeeping shared by the hooks of one DDP model."""
+
+    def __init__(self, ddp: DDP, zero: ZeroRedundancyOptimizer, interleave: bool, shard_buckets: bool):
+        if not isinstance(zero, ZeroRedundancyOptimizer) or not zero._overlap_with_ddp:
+            raise ValueError(
+                "the overlap hooks need zero_lab.ZeroRedundancyOptimizer(..., overlap_with_ddp=True); "
+                f"got {type(zero).__name__}"
+                + ("" if not isinstance(zero, ZeroRedundancyOptimizer) else " with overlap_with_ddp=False")
+            )
+        self.ddp = ddp
+        self.zero = zero
+        self.find_unused = bool(ddp.find_unused_parameters)
+        self.interleave = interleave and not self.find_unused
+        if isinstance(zero.partitioner, DdpBucket) and zero.partitioner.shard_buckets != shard_buckets:
+            zero.partitioner = DdpBucket(shard_buckets=shard_buckets)
+        ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
+        first_cap = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", 1024 * 1024)
+        sizes = [p.numel() * p.element_size() for p in ddp_params]
+        buckets = approximate_ddp_buckets(sizes, ddp.bucket_bytes_cap, min(first_cap, ddp.bucket_bytes_cap))
+        zero._attach_ddp({id(p): b for p, b in zip(ddp_params, buckets)})
+        ranks = [zero._comm.global_rank(r) for r in range(zero.world_size)]
+        # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces.
+        self.comm = Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group)))
+        self.trainable = [p.requires_grad for p in zero._all_params]
+        self.index_of = {id(p): i for i, p in enumerate(zero._all_params)}
+        self.plans: dict[tuple[int, tuple[int, ...]], _BucketPlan] = {}
+        self.ddp_params = ddp_params
+        self.locally_used: set[int] = set()  # ids of params whose gradient arrived this iteration
+        if self.find_unused:
+            # Tensor post-accumulate hooks run before DDP marks the parameter ready, so by
+            # the last bucket every used parameter is recorded.
+            for param in ddp_params:
+                param.register_post_accumulate_grad_hook(lambda p: self.locally_used.add(id(p)))
+        self.lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ready: dict[int, tuple[_BucketPlan, torch.Tensor]] = {}
+        self.next_index = 0
+        self.launched = 0  # hooks called this iteration
+        self.expected: int | None = None  # known once the last bucket's hook is called
+        self.completed = 0  # all-reduces finished (Gloo may finish them out of order)
+        self.futures: list[torch.futures.Future] = []
+        self.inflight: list[tuple[Any, torch.Tensor, list[tuple[torch.Tensor, int, int]], int]] = []
+        self.unused: set[int] = set()
+        self.started = False
+
+    # ---------------------------------------------------------------- the hook
+    def hook(self, allreduce_hook: CommHook, state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+        if not self.started:
+            self._begin_iteration()
+        plan = self._plan(bucket)
+        with self.lock:
+            self.launched += 1
+            if bucket.is_last():
+                self.expected = self.launched
+        if bucket.is_last() and self.find_unused:
+            self.unused = self._globally_unused()
+        future = allreduce_hook(state, bucket)
+
+        def after(done: torch.futures.Future) -> torch.Tensor:
+            value = done.value()
+            reduced = value[0] if isinstance(value, list) else value
+            with self.lock:
+                self.ready[plan.index] = (plan, reduced)
+                self.completed += 1
+                all_ready = self.completed == self.expected
+                if self.interleave or all_ready:
+                    self._drain(all_ready)
+            return reduced
+
+        chained = future.then(after)
+        self.futures.append(chained)
+        return chained
+
+    def _begin_iteration(self) -> None:
+        trainable = [p.requires_grad for p in self.zero._all_params]
+        if trainable != self.trainable:
+            raise RuntimeError(
+                "parameter trainability changed while overlap_with_ddp=True; the DDP comm hook cannot follow. "
+                "Rebuild DDP, the optimizer and the hook after changing requires_grad."
+            )
+        self._reset()
+        self.started = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _plan(self, bucket: dist.GradBucket) -> _BucketPlan:
+        key = (bucket.index(), tuple(id(p) for p in bucket.parameters()))
+        if key not in self.plans:
+            self.plans[key] = _BucketPlan(self.zero, bucket, self.index_of)
+        return self.plans[key]
+
+    def _globally_unused(self) -> set[int]:
+        """Global indices of parameters no rank used since the last step (no_sync included).
+
+        Called at the last bucket, before its all-reduce and before any exchange is
+        issued (interleaving is off with find_unused_parameters), so this one small
+        all-reduce on the exchange group is in the same place on every rank.
+        """
+        used = torch.tensor([float(id(p) in self.locally_used) for p in self.ddp_params])
+        self.comm.all_reduce(used, reduce_op=dist.ReduceOp.MAX, op="overlap_used_map")
+        return {self.index_of[id(p)] for p, flag in zip(self.ddp_params, used.tolist()) if flag == 0}
+
+    # ---------------------------------------------------------------- step + exchange
+    def _drain(self, all_ready: bool) -> None:
+        """Step and start the exchange of consecutive ready buckets, in index order."""
+        while self.next_index in self.ready:
+            plan, reduced = self.ready.pop(self.next_index)
+            self._step_and_send(plan, reduced)
+            self.next_index += 1
+        if all_ready and self.ready:
+            for index in sorted(self.ready):  # indices may skip (e.g. DDP's first iteration)
+                self._step_and_send(*self.ready.pop(index))
+
+    def _step_and_send(self, plan: _BucketPlan, reduced: torch.Tensor) -> None:
+        grads = [
+            (proxy, reduced[offset + start : offset + stop].view_as(proxy))
+            for proxy, index, offset, start, stop in plan.mine
+            if index not in self.unused
+        ]
+        if grads:
+            self.zero._step_subset(grads)
+        for owner, shards in plan.by_owner:
+            live = [(p, a, b) for p, a, b in shards if self.index_of[id(p)] not in self.unused]
+            if not live:
+                continue
+            first = live[0][0]
+            buffer = torch.empty(sum(b - a for _, a, b in live), dtype=first.dtype, device=first.device)
+            if owner == self.comm.rank:
+                offset = 0
+                for param, a, b in live:
+                    buffer[offset : offset + b - a].copy_(param.data.reshape(-1)[a:b])
+                    offset += b - a
+            work = dist.broadcast(buffer, src=self.comm.global_rank(owner), group=self.comm.group, async_op=True)
+            self.comm.stats.bytes += buffer.numel() * buffer.element_size()
+            self.comm.stats.calls += 1
+            self.inflight.append((work, buffer, live, owner))
+
+    def _finish(self) -> None:
+        """End of backward: every bucket stepped, every broadcast landed.
+
+        Autograd runs this before DDP's own finalisation, so it first waits for the
+        buckets' hooks (whose callbacks run on Gloo's threads) to complete.
+        """
+        for future in self.futures:
+            future.wait()
+        with self.lock:
+            self._drain(all_ready=True)
+            inflight, self.inflight = self.inflight, []
+        for work, buffer, shards, owner in inflight:
+            work.wait()
+            if owner != self.comm.rank:
+                offset = 0
+                for param, a, b in shards:
+                    param.data.reshape(-1)[a:b].copy_(buffer[offset : offset + b - a])
+                    offset += b - a
+        self.locally_used.clear()
+        self.started = False
+
+
+def _make_hook(allreduce_hook: CommHook, ddp: DDP, zero: ZeroRedundancyOptimizer, interleave: bool, shard: bool):
+    engine = _OverlapEngine(ddp, zero, interleave, shard)
+
+    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return engine.hook(allreduce_hook, state, bucket)
+
+    hook.engine = engine  # type: ignore[attr-defined]
+    return hook
+
+
+def hook_with_zero_step(
+    hook: CommHook, ddp: DDP, zero: ZeroRedundancyOptimizer, shard_buckets: bool = False
+) -> CommHook:
+    """Wrap ``hook`` (e.g. ``allreduce_hook``): after the last bucket is reduced, step
+    every bucket's shards in bucket order and exchange them (torch's signature)."""
+    return _make_hook(hook, ddp, zero, interleave=False, shard=shard_buckets)
+
+
+def hook_with_zero_step_interleaved(
+    hook: CommHook, ddp: DDP, zero: ZeroRedundancyOptimizer, shard_buckets: bool = False
+) -> CommHook:
+    """Wrap ``hook``: step each bucket's shards as soon as that bucket is reduced and
+    start its exchange, overlapping optimizer work with the rest of backward."""
+    return _make_hook(hook, ddp, zero, interleave=True, shard=shard_buckets)
