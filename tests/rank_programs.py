@@ -72,6 +72,8 @@ class Case:
     freeze_at: int | None = None  # step at which parameter 0 gets frozen
     closure: bool = False
     scheduler: bool = False
+    clip: float | None = None  # clip the global gradient norm to this before each step
+    norm_type: float = 2.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,7 +97,8 @@ def _build(case: Case, zero: bool) -> tuple[nn.Module, torch.optim.Optimizer, An
 def _train(case: Case, zero: bool) -> tuple[nn.Module, list[float], Any]:
     ddp, opt, sched = _build(case, zero)
     model = ddp.module
-    losses = []
+    losses: list[float] = []
+    norms: list[float] = []
     for step in range(case.steps):
         if step == case.unfreeze_at:
             for p in model.parameters():
@@ -116,11 +119,20 @@ def _train(case: Case, zero: bool) -> tuple[nn.Module, list[float], Any]:
             loss = opt.step(closure)
         else:
             loss = closure()
+            if case.clip is not None:
+                norms.append(float(_clip(opt, model, case.clip, case.norm_type)))
             opt.step()
         losses.append(float(loss))
         if sched is not None:
             sched.step()
+    opt.grad_norms = norms  # type: ignore[attr-defined]
     return model, losses, opt
+
+
+def _clip(opt: torch.optim.Optimizer, model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
+    if isinstance(opt, ZeroRedundancyOptimizer):
+        return opt.clip_grad_norm_(max_norm, norm_type)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
 
 
 def _rewrap(ddp: DDP) -> tuple[DDP, nn.Module]:
@@ -151,6 +163,8 @@ def parity(cases: list[Case]) -> list[dict[str, Any]]:
                 "ref_state_bytes": state_bytes(ref_opt),
                 "largest_param_state_bytes": 2 * max(p.numel() * p.element_size() for p in zero_model.parameters()),
                 "checksum": float(sum(p.double().sum() for p in zero_model.parameters())),
+                "zero_norms": zero_opt.grad_norms,
+                "ref_norms": ref_opt.grad_norms,
             }
         )
     return out
@@ -427,3 +441,105 @@ def overlap_trainability_change() -> str:
     except RuntimeError as error:
         return str(error)
     return "no error"
+
+
+class EmbeddingHeavy(nn.Module):
+    """An LM-like model whose embedding is most of the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(1000, 32)
+        self.mix = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(tokens).mean(dim=1))))
+
+
+def embedding_heavy(partitioner: Partitioner | None, steps: int = 10) -> dict[str, Any]:
+    """Imbalance, per-rank state bytes and DDP parity on an embedding-heavy model."""
+    rank = dist.get_rank()
+    models = {}
+    for mode in ("zero", "plain"):
+        model = EmbeddingHeavy()
+        ddp = DDP(model)
+        if mode == "zero":
+            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+                model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2
+            )
+            zero_opt = opt
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            tokens = torch.randint(0, 1000, (8, 5), generator=g)
+            opt.zero_grad()
+            ddp(tokens).pow(2).mean().backward()
+            opt.step()
+        models[mode] = model
+    return {
+        "imbalance": zero_opt.partition.report().imbalance,
+        "state_bytes": zero_opt.local_state_bytes(),
+        "max_diff": max(
+            (a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), models["plain"].parameters())
+        ),
+    }
+
+
+def mixed_precision(partitioner: Partitioner | None, steps: int = 30, lr: float = 1e-3) -> dict[str, Any]:
+    """bf16 parameters with and without fp32 master shards, against an fp32 DDP + Adam run.
+
+    Compares *updates* (final - initial parameters), relative to the fp32 run's largest
+    update, so the rounding of the initial weights to bf16 does not count as drift.
+    """
+    rank = dist.get_rank()
+    final, start, losses = {}, {}, {}
+    extra = {}
+    for mode in ("fp32", "bf16-master", "bf16"):
+        model = make_model()
+        if mode != "fp32":
+            model = model.to(torch.bfloat16)
+        ddp = DDP(model)
+        start[mode] = [p.detach().float().clone() for p in model.parameters()]
+        losses[mode] = []
+        if mode == "fp32":
+            opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        else:
+            opt = ZeroRedundancyOptimizer(
+                model.parameters(),
+                torch.optim.Adam,
+                partitioner=partitioner,
+                master_weights=mode == "bf16-master",
+                lr=lr,
+            )
+        for step in range(steps):
+            x = batch(step, rank).to(next(model.parameters()).dtype)
+            opt.zero_grad()
+            loss = loss_of(ddp, x)
+            loss.backward()
+            opt.step()
+            losses[mode].append(loss.item())
+        final[mode] = [p.detach().float().clone() for p in model.parameters()]
+        if mode == "bf16-master":
+            extra = {
+                "master_bytes": opt.master_weight_bytes(),
+                "state_dtypes": sorted({str(v.dtype) for s in opt.optim.state.values() for v in s.values() if v.dim()}),
+                "owned_numel": sum(s.numel for s in opt.partition.shards_of(rank)),
+            }
+
+    def update(mode: str) -> list[torch.Tensor]:
+        return [a - b for a, b in zip(final[mode], start[mode])]
+
+    reference = update("fp32")
+    scale = max(u.abs().max().item() for u in reference)
+
+    def drift(mode: str) -> float:
+        return max((a - b).abs().max().item() for a, b in zip(update(mode), reference)) / scale
+
+    return {
+        "drift_master": drift("bf16-master"),
+        "drift_bf16": drift("bf16"),
+        "losses": losses,
+        **extra,
+    }

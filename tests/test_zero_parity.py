@@ -32,6 +32,8 @@ CASES.update(
         "flat-bucket-groups": rp.Case(partitioner=Flat(), bucket_view=True, layout="groups"),
         "flat-sgd-closure": rp.Case(partitioner=Flat(), optimizer="sgd", closure=True),
         "flat-rmsprop-frozen": rp.Case(partitioner=Flat(), optimizer="rmsprop", frozen=(2,), unfreeze_at=5),
+        "flat-adagrad": rp.Case(partitioner=Flat(), optimizer="adagrad"),
+        "flat-adamw-groups-bucket": rp.Case(partitioner=Flat(), optimizer="adamw", layout="groups", bucket_view=True),
     }
 )
 

@@ -53,6 +53,9 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = tuple(
 
 _NOT_HYPERPARAMETERS = ("params", "param_names")
 
+#: State entry holding the fp32 master copy of a parameter (``master_weights=True``).
+MASTER_KEY = "master_param"
+
 
 def _normalize_params(params: Any) -> list[dict[str, Any]]:
     """Validate ``params`` and return it as a list of param-group dicts (torch's errors)."""
@@ -128,7 +131,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             exchange is one collective per buffer (``param.data`` become views).
         overlap_with_ddp: step inside a DDP comm hook (see ``zero_lab.overlap``).
         partitioner: a :class:`~zero_lab.partition.Partitioner` (default sorted-greedy,
-            the assignment torch's class makes).
+            the assignment torch's class makes; DDP-bucket with overlap).
+        master_weights: keep this rank's shards of low-precision (bf16/fp16) parameters
+            as fp32 masters: the optimizer and its state work in fp32, each step writes
+            the rounded result back into the parameter, and the low-precision copy is
+            what the ranks exchange (the DeepSpeed/Megatron mixed-precision recipe).
     """
 
     def __init__(
@@ -139,6 +146,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         parameters_as_bucket_view: bool = False,
         overlap_with_ddp: bool = False,
         partitioner: Partitioner | None = None,
+        master_weights: bool = False,
         **defaults: Any,
     ):
         groups = _normalize_params(params)
@@ -162,6 +170,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         default = DdpBucket() if overlap_with_ddp else SortedGreedy()
         self.partitioner: Partitioner = partitioner if partitioner is not None else default
         self._ddp_buckets: dict[int, int] = {}  # id(param) -> DDP bucket, once attached to DDP
+        self.master_weights = master_weights
         self._optimizer_class = optimizer_class
         self._optim_defaults = defaults
         self._default_device = self._all_params[0].device
@@ -223,6 +232,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         if first_group == 0:
             self._local_index: list[int] = []
             self._proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (proxy, param, start, stop)
+            self._masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # fp32 proxies to write back
         params = self._all_params
         local = [
             {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} | {"params": []}
@@ -235,10 +245,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 continue
             param = params[shard.param]
             whole = shard.start == 0 and shard.stop == param.numel()
-            if whole and not self._overlap_with_ddp:
+            master = self.master_weights and param.dtype in (torch.bfloat16, torch.float16)
+            if whole and not self._overlap_with_ddp and not master:
                 tensor = param
             else:
                 tensor = param.detach() if whole else param.data.view(-1)[shard.start : shard.stop]
+                if master:
+                    tensor = tensor.float().clone()
+                    self._masters.append((tensor, param, shard.start, shard.stop))
                 self._proxies.append((tensor, param, shard.start, shard.stop))
             local[group - first_group]["params"].append(tensor)
             members[group - first_group].append(shard.param)
@@ -259,11 +273,19 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def _point_slice_grads(self) -> None:
         for proxy, param, start, stop in self._proxies:
-            proxy.grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
+            grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
+            proxy.grad = grad if grad is None else grad.to(proxy.dtype)
 
     def _release_slice_grads(self) -> None:
         for proxy, *_ in self._proxies:
             proxy.grad = None
+        self._write_back_masters()
+
+    def _write_back_masters(self, only: set[int] | None = None) -> None:
+        """Round the fp32 masters (all, or those whose ``id`` is in ``only``) into their parameters."""
+        for master, param, start, stop in self._masters:
+            if only is None or id(master) in only:
+                param.data.reshape(-1)[start:stop].copy_(master.reshape(-1))
 
     def _refresh_trainability(self) -> None:
         trainable = [p.requires_grad for p in self._all_params]
@@ -335,7 +357,65 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         finally:
             for proxy, _ in proxy_grads:
                 proxy.grad = None
+            self._write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
+
+    @torch.no_grad()
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """Clip gradients by their global norm, computed from the shards: one scalar all-reduce.
+
+        Each rank takes the ``norm_type`` norm of the gradient elements it owns (the
+        shards tile the model, and after DDP's all-reduce every rank holds the same
+        gradients), the ranks combine them (sum of p-th powers, or MAX for ``inf``),
+        and every gradient is scaled as ``torch.nn.utils.clip_grad_norm_`` would.
+        Returns the total norm. Call it between ``backward()`` and ``step()``.
+        """
+        if self._overlap_with_ddp:
+            raise RuntimeError(
+                "clip_grad_norm_ needs every gradient before the step, but with overlap_with_ddp=True the step "
+                "runs inside backward; clip without overlap (overlap=false)"
+            )
+        norm_type = float(norm_type)
+        params = self._all_params
+        pieces = [
+            params[s.param].grad.reshape(-1)[s.start : s.stop]
+            for s in self.partition.shards_of(self.rank)
+            if params[s.param].grad is not None
+        ]
+        local = (
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p, norm_type) for p in pieces]), norm_type)
+            if pieces
+            else torch.zeros((), device=self._default_device)
+        ).float()
+        if norm_type == float("inf"):
+            total = self._comm.all_reduce(local.reshape(1), dist.ReduceOp.MAX, op="grad_norm")[0]
+        else:
+            total = self._comm.all_reduce(local.pow(norm_type).reshape(1), op="grad_norm")[0].pow(1.0 / norm_type)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(
+                f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped. "
+                "Pass error_if_nonfinite=False to skip this check."
+            )
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, scale.to(grads[0].device))
+        return total
+
+    def local_state_bytes(self) -> int:
+        """Bytes of this rank's optimizer state, from the real state tensors."""
+        return sum(
+            value.numel() * value.element_size()
+            for state in self.optim.state.values()
+            for value in state.values()
+            if torch.is_tensor(value)
+        )
+
+    def master_weight_bytes(self) -> int:
+        """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""
+        return sum(master.numel() * master.element_size() for master, *_ in self._masters)
 
     @property
     def comm_stats(self):
@@ -377,13 +457,16 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         params = self._all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         local_state = self.optim.state_dict()["state"]
+        masters = {(id(param), start): master for master, param, start, _ in self._masters}
         out = {}
         for local_index, global_index in enumerate(self._local_index):
-            state = local_state.get(local_index)
-            if state is None:
-                continue
+            state = dict(local_state.get(local_index, {}))
             start, stop = starts.get(global_index, (0, params[global_index].numel()))
-            out[global_index] = (start, stop, {k: v.cpu() if torch.is_tensor(v) else v for k, v in state.items()})
+            master = masters.get((id(params[global_index]), start))
+            if master is not None and state:
+                state[MASTER_KEY] = master.detach().clone()
+            if state:
+                out[global_index] = (start, stop, {k: v.cpu() if torch.is_tensor(v) else v for k, v in state.items()})
         return out
 
     def consolidate_state_dict(self, to: int = 0) -> None:
@@ -439,12 +522,26 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         params = self._all_params
         saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
         bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
+        masters = {(id(param), start): master for master, param, start, _ in self._masters}
         local_state = {}
         for local_index, global_index in enumerate(self._local_index):
             saved = state_dict["state"].get(saved_keys[global_index])
             if saved is not None:
                 start, stop = bounds[global_index]
-                local_state[local_index] = slice_state(saved, params[global_index].shape, start, stop)
+                piece = slice_state(saved, params[global_index].shape, start, stop)
+                saved_master = piece.pop(MASTER_KEY, None)
+                master = masters.get((id(params[global_index]), start))
+                if master is not None:
+                    # Without a saved fp32 master (a plain optimizer's state), start from the parameter.
+                    source = (
+                        saved_master
+                        if saved_master is not None
+                        else slice_state(
+                            {MASTER_KEY: params[global_index].detach()}, params[global_index].shape, start, stop
+                        )[MASTER_KEY]
+                    )
+                    master.copy_(source.reshape(master.shape))
+                local_state[local_index] = piece
         local_groups, offset = [], 0
         for group, local in zip(groups, self.optim.param_groups):
             packed = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}

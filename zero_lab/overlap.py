@@ -195,7 +195,7 @@ class _OverlapEngine:
 
     def _step_and_send(self, plan: _BucketPlan, reduced: torch.Tensor) -> None:
         grads = [
-            (proxy, reduced[offset + start : offset + stop].view_as(proxy))
+            (proxy, reduced[offset + start : offset + stop].view_as(proxy).to(proxy.dtype))
             for proxy, index, offset, start, stop in plan.mine
             if index not in self.unused
         ]
