@@ -80,24 +80,24 @@ def assert_close(a: list[float], b: list[float], tol: float = 1e-6) -> None:
 
 
 # ----------------------------------------------------------------------------- runs shared by tests
+def default_run_dir(base: Path) -> Path:
+    """``python train.py`` with no overrides but the run dir: ZeRO-Adam, 2 ranks, W&B offline."""
+    return run_once(base, "default")
+
+
+def sweep_dir(base: Path) -> Path:
+    """A 2-job basic-launcher sweep, plain Adam vs ZeRO-Adam at W=2, W&B offline, checkpoints every 3 steps."""
+    return run_once(base, "sweep", "optim=adam,zero_adam", "steps=6", "checkpoint_every=3", multirun=True)
+
+
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> Path:
-    """``python train.py`` with no overrides but the run dir: ZeRO-Adam, 2 ranks, W&B offline."""
-    return run_once(tmp_path_factory.getbasetemp(), "default")
+    return default_run_dir(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """A 2-job basic-launcher sweep, plain Adam vs ZeRO-Adam, checkpointing every 3 steps."""
-    return run_once(
-        tmp_path_factory.getbasetemp(),
-        "sweep",
-        "optim=adam,zero_adam",
-        "logger=none",
-        "steps=6",
-        "checkpoint_every=3",
-        multirun=True,
-    )
+    return sweep_dir(tmp_path_factory.getbasetemp())
 
 
 # ----------------------------------------------------------------------------- the default run

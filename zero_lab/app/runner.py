@@ -40,6 +40,7 @@ from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink
+from zero_lab.app.validate import is_zero
 
 __all__ = ["RankResult", "RunSpec", "train_rank"]
 
@@ -146,6 +147,11 @@ def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[Metric
     assert isinstance(logger_cfg, dict)
     logger_cfg["group"] = logger_cfg.get("group") or spec.meta.get("group")
     logger_cfg["name"] = logger_cfg.get("name") or spec.meta.get("name")
+    if "tags" in logger_cfg:  # the group choices as tags, to filter runs by strategy
+        choices = spec.meta.get("choices", {})
+        groups = ("optim", "partitioner", "model") if is_zero(cfg.optim) else ("optim", "model")
+        auto = [f"{group}:{choices[group]}" for group in groups if choices.get(group)]
+        logger_cfg["tags"] = [*logger_cfg["tags"], *auto, f"world_size:{cfg.dist.world_size}"]
     sinks.append(instantiate(logger_cfg)(run_dir=spec.run_dir, config=spec.config))
     for sink in sinks:
         stack.push(lambda exc_type, *_, sink=sink: sink.close(failed=exc_type is not None))
@@ -216,6 +222,8 @@ def _summary(
         "start_step": start,
         "resumed_from": str(cfg.resume) if cfg.resume is not None else None,
         "zero": training.zero,
+        "bucket_view": bool(cfg.bucket_view),
+        "overlap": bool(cfg.overlap),
         "exchange_mode": getattr(training.optimizer, "exchange_mode", None),
         "model_params": sum(p.numel() for p in training.model.parameters()),
         "global_batch": cfg.data.global_batch,

@@ -1,0 +1,128 @@
+"""Metrics: the per-step record's keys and arithmetic, real optimizer-state bytes, and a real
+offline W&B run read back from its ``.wandb`` file (``wandb leet inspect --json``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.test_app import assert_no_leftover_processes, default_run_dir, metrics, summary, sweep_dir
+from zero_lab.app.build import optimizer_state_bytes
+from zero_lab.app.metrics import RankStep, step_record
+from zero_lab.app.progress import Progress
+
+WANDB = str(Path(sys.executable).with_name("wandb"))
+PER_RANK = (
+    "time/step_s",
+    "time/exchange_s",
+    "comm/exchange_bytes",
+    "comm/exchange_calls",
+    "memory/optim_state_bytes",
+    "memory/peak_bytes",
+)
+
+
+def wandb_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of the run's offline ``.wandb`` transaction log, as JSON."""
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(log)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def of_type(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r[kind] for r in records if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory) -> Path:
+    return default_run_dir(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    return sweep_dir(tmp_path_factory.getbasetemp())
+
+
+# ----------------------------------------------------------------------------- units
+def test_step_record_has_per_rank_values_max_and_mean():
+    ranks = [
+        RankStep(loss=1.0, step_s=0.2, exchange_s=0.05, exchange_bytes=100, optim_state_bytes=10, samples=8),
+        RankStep(loss=3.0, step_s=0.4, exchange_s=0.15, exchange_bytes=100, optim_state_bytes=30, samples=8),
+    ]
+    record = step_record(7, ranks, imbalance=1.25)
+    assert record["step"] == 7
+    assert (record["train/loss"], record["train/loss/rank0"], record["train/loss/rank1"]) == (2.0, 1.0, 3.0)
+    assert (record["time/step_s/max"], record["time/step_s/mean"]) == (0.4, pytest.approx(0.3))
+    assert (record["memory/optim_state_bytes/rank1"], record["memory/optim_state_bytes/mean"]) == (30, 20)
+    assert record["train/samples_per_s"] == pytest.approx(16 / 0.4)  # global batch / slowest rank
+    assert record["memory/imbalance"] == 1.25
+    for prefix in PER_RANK:
+        assert {f"{prefix}/rank0", f"{prefix}/rank1", f"{prefix}/max", f"{prefix}/mean"} <= record.keys()
+
+
+def test_optimizer_state_bytes_come_from_the_real_state_tensors():
+    model = torch.nn.Linear(10, 5)
+    optimizer = torch.optim.Adam(model.parameters())
+    assert optimizer_state_bytes(optimizer) == 0  # Adam allocates its state at the first step
+    model(torch.randn(3, 10)).sum().backward()
+    optimizer.step()
+    moments = 2 * 4 * sum(p.numel() for p in model.parameters())  # exp_avg + exp_avg_sq, float32
+    assert moments <= optimizer_state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
+
+
+def test_progress_bar_stays_quiet_without_a_terminal():
+    with Progress(total=3, enabled=True) as bar:  # pytest captures stderr: not a TTY
+        bar.update({"train/loss": 1.0})
+    assert bar._bar is None
+
+
+# ----------------------------------------------------------------------------- real runs
+def test_every_logged_step_has_every_ranks_metrics(default_run):
+    rows = metrics(default_run)
+    assert len(rows) == 20
+    for row in rows:
+        for prefix in PER_RANK:
+            assert {f"{prefix}/rank0", f"{prefix}/rank1", f"{prefix}/max", f"{prefix}/mean"} <= row.keys()
+        assert row["memory/peak_bytes/rank0"] > 0 and row["memory/peak_bytes/rank1"] > 0
+        assert row["comm/exchange_bytes/max"] > 0 and row["time/exchange_s/max"] > 0  # ZeRO exchanges
+        assert row["train/samples_per_s"] > 0 and row["memory/imbalance"] >= 1.0
+
+
+def test_wandb_offline_run_holds_every_step_and_the_resolved_config(default_run):
+    records = wandb_records(default_run)
+    history = [h["item"] for h in of_type(records, "history")]
+    losses = summary(default_run)["losses"]
+    assert [h["step"] for h in history] == list(range(20))
+    assert [h["train/loss"] for h in history] == losses
+    assert {"memory/optim_state_bytes/rank0", "memory/optim_state_bytes/rank1"} <= history[-1].keys()
+    (run,) = of_type(records, "run")
+    config = {k: v for k, v in run["config"]["update"].items() if k != "_wandb"}
+    resolved = OmegaConf.to_container(OmegaConf.load(default_run / ".hydra" / "config.yaml"), resolve=True)
+    assert config == json.loads(json.dumps(resolved))
+    assert "optim:zero_adam" in run["tags"] and run["job_type"] == "train"
+    assert [e.get("exit_code", 0) for e in of_type(records, "exit")] == [0]  # wandb.finish() ran, cleanly
+    assert_no_leftover_processes()  # nor did wandb-core outlive rank 0
+
+
+def test_sweep_runs_share_one_wandb_group(sweep):
+    runs = [of_type(wandb_records(sweep / job), "run")[0] for job in ("0", "1")]
+    groups = {run["run_group"] for run in runs}
+    assert len(groups) == 1 and groups.pop().startswith("sweep-")
+    assert runs[0]["display_name"] != runs[1]["display_name"]
+
+
+def test_zero_adam_holds_half_of_adams_state_per_rank(sweep):
+    adam, zero = summary(sweep / "0"), summary(sweep / "1")
+    assert (adam["world_size"], zero["world_size"]) == (2, 2)
+    assert adam["optim_state_bytes"][0] == adam["optim_state_bytes"][1]  # every rank holds everything
+    for rank in (0, 1):
+        assert 0.45 <= zero["optim_state_bytes"][rank] / adam["optim_state_bytes"][rank] <= 0.55
+    assert sum(zero["optim_state_bytes"]) == pytest.approx(adam["optim_state_bytes"][0], rel=0.01)
