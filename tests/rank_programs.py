@@ -543,3 +543,88 @@ def mixed_precision(partitioner: Partitioner | None, steps: int = 30, lr: float 
         "losses": losses,
         **extra,
     }
+
+
+# ---------------------------------------------------------------- checkpoints
+GLOBAL_BATCH = 12  # divisible by every world size the tests use (1, 2, 3, 4)
+
+
+def global_batch_slice(step: int) -> torch.Tensor:
+    """This rank's rows of the step's global batch: the trajectory is the same at any world size."""
+    g = torch.Generator().manual_seed(7000 + step)
+    x = torch.randn(GLOBAL_BATCH, 12, generator=g)
+    return x[dist.get_rank() :: dist.get_world_size()]
+
+
+def _global_loss(ddp: nn.Module, step: int) -> torch.Tensor:
+    loss = loss_of(ddp, global_batch_slice(step))
+    loss.backward()
+    reported = loss.detach().clone()
+    dist.all_reduce(reported)
+    return reported / dist.get_world_size()
+
+
+def _train_steps(ddp: nn.Module, opt: torch.optim.Optimizer, first: int, last: int) -> list[float]:
+    losses = []
+    for step in range(first, last):
+        opt.zero_grad()
+        losses.append(_global_loss(ddp, step).item())
+        opt.step()
+    return losses
+
+
+def train_and_save(directory: str, partitioner: Partitioner | None, save_at: int, total: int) -> list[float]:
+    """Train ``total`` steps, saving a sharded checkpoint after ``save_at``; every step's loss."""
+    from zero_lab.checkpoint import save_checkpoint
+
+    model = make_model()
+    ddp = DDP(model)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2)
+    losses = _train_steps(ddp, opt, 0, save_at)
+    save_checkpoint(directory, opt, model, extra={"step": save_at})
+    return losses + _train_steps(ddp, opt, save_at, total)
+
+
+def resume_and_train(directory: str, partitioner: Partitioner | None, total: int) -> list[float]:
+    """Load a checkpoint saved at any world size / partitioner and train to ``total``."""
+    from zero_lab.checkpoint import load_checkpoint
+
+    model = make_model(seed=99)  # different init: everything must come from the checkpoint
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2)
+    extra = load_checkpoint(directory, opt, model)
+    ddp = DDP(model)
+    return _train_steps(ddp, opt, extra["step"], total)
+
+
+def plain_from_export(model_file: str, optim_file: str, first: int, total: int) -> list[float]:
+    """DDP + plain Adam from the exported plain state: the reference for a resharded resume."""
+    model = make_model(seed=99)
+    model.load_state_dict(torch.load(model_file, weights_only=True))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt.load_state_dict(torch.load(optim_file, weights_only=True))
+    return _train_steps(DDP(model), opt, first, total)
+
+
+def load_expecting_error(directory: str) -> str:
+    from zero_lab.checkpoint import CheckpointError, load_checkpoint
+
+    model = make_model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    try:
+        load_checkpoint(directory, opt, model)
+    except CheckpointError as error:
+        return str(error)
+    return "no error"
+
+
+def raise_on_rank(bad_rank: int, pid_dir: str) -> str:
+    """Rank ``bad_rank`` raises while the others wait in a collective; each rank leaves its pid."""
+    import os
+
+    with open(f"{pid_dir}/rank{dist.get_rank()}.pid", "w") as handle:
+        handle.write(str(os.getpid()))
+    dist.barrier()
+    if dist.get_rank() == bad_rank:
+        raise ValueError(f"injected failure on rank {bad_rank}")
+    dist.barrier()  # blocks until the launcher kills this rank
+    return "unreachable"

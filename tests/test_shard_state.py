@@ -28,3 +28,27 @@ def test_slices_are_copies_not_views():
     piece = slice_state(full, (6,), 2, 4)
     piece["exp_avg"].add_(1)
     assert full["exp_avg"].sum() == 0
+
+
+def test_reslice_moves_state_between_any_two_partitions():
+    """Saved at cuts (0,5,12), wanted at cuts (0,3,8,12): every wanted piece is exact."""
+    from zero_lab.shard_state import reslice
+
+    shape = (4, 3)
+    full = {"exp_avg": torch.arange(12.0).reshape(shape), "step": torch.tensor(2.0)}
+    saved = [((a, b), slice_state(full, shape, a, b)) for a, b in ((0, 5), (5, 12))]
+    for a, b in ((0, 3), (3, 8), (8, 12)):
+        piece = reslice(saved, shape, (a, b))
+        assert torch.equal(piece["exp_avg"], torch.arange(float(a), float(b)))
+        assert piece["step"].item() == 2.0
+    assert torch.equal(reslice(saved, shape, (0, 12))["exp_avg"], full["exp_avg"])
+
+
+def test_reslice_refuses_a_gap():
+    import pytest
+
+    from zero_lab.shard_state import reslice
+
+    piece = slice_state({"m": torch.zeros(6)}, (6,), 0, 2)
+    with pytest.raises(ValueError, match="covers 2 of the 4 elements"):
+        reslice([((0, 2), piece)], (6,), (0, 4))

@@ -110,3 +110,14 @@ class Communicator:
             dist.recv(payload, src=self.global_rank(src), group=self.group)
             self.stats.bytes += _nbytes(payload)
         return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)
+
+    def gather_objects(self, obj: Any, to: int, device: torch.device) -> list[Any] | None:
+        """Small objects from every rank, in rank order, on rank ``to`` (``None`` elsewhere)."""
+        if self.rank != to:
+            self.send_object(obj, dst=to, device=device)
+            return None
+        return [obj if rank == to else self.recv_object(src=rank, device=device) for rank in range(self.world_size)]
+
+    def barrier(self) -> None:
+        with self._metered("barrier", 0):
+            dist.barrier(group=self.group)

@@ -512,35 +512,49 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards."""
         groups = state_dict["param_groups"]
-        sizes = [len(g["params"]) for g in groups]
+        self._check_group_sizes([len(g["params"]) for g in groups])
+        params = self._all_params
+        saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
+
+        def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
+            saved = state_dict["state"].get(saved_keys[index])
+            return None if saved is None else slice_state(saved, params[index].shape, start, stop)
+
+        self._load_shard_states(state_of, groups)
+
+    def _check_group_sizes(self, sizes: list[int]) -> None:
         expected = [len(g["params"]) for g in self.param_groups]
         if sizes != expected:
             raise ValueError(
                 f"state_dict has param groups of sizes {sizes} but this optimizer has {expected}; "
                 "load a state saved from the same parameters"
             )
+
+    def _load_shard_states(
+        self, state_of: Callable[[int, int, int], dict[str, Any] | None], groups: list[dict[str, Any]]
+    ) -> None:
+        """Load this rank's shards: ``state_of(global index, start, stop)`` gives each one's state.
+
+        ``groups`` carries the hyperparameters to restore (one dict per param group).
+        """
         params = self._all_params
-        saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
         bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         masters = {(id(param), start): master for master, param, start, _ in self._masters}
         local_state = {}
         for local_index, global_index in enumerate(self._local_index):
-            saved = state_dict["state"].get(saved_keys[global_index])
-            if saved is not None:
-                start, stop = bounds[global_index]
-                piece = slice_state(saved, params[global_index].shape, start, stop)
-                saved_master = piece.pop(MASTER_KEY, None)
-                master = masters.get((id(params[global_index]), start))
-                if master is not None:
-                    # Without a saved fp32 master (a plain optimizer's state), start from the parameter.
-                    source = (
-                        saved_master
-                        if saved_master is not None
-                        else slice_state(
-                            {MASTER_KEY: params[global_index].detach()}, params[global_index].shape, start, stop
-                        )[MASTER_KEY]
-                    )
-                    master.copy_(source.reshape(master.shape))
+            start, stop = bounds[global_index]
+            piece = state_of(global_index, start, stop)
+            master = masters.get((id(params[global_index]), start))
+            saved_master = None if piece is None else piece.pop(MASTER_KEY, None)
+            if master is not None:
+                # Without a saved fp32 master (a plain optimizer's state), start from the parameter.
+                source = saved_master
+                if source is None:
+                    source = slice_state(
+                        {MASTER_KEY: params[global_index].detach()}, params[global_index].shape, start, stop
+                    )[MASTER_KEY]
+                master.copy_(source.reshape(master.shape))
+            if piece:
                 local_state[local_index] = piece
         local_groups, offset = [], 0
         for group, local in zip(groups, self.optim.param_groups):

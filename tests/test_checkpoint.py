@@ -1,0 +1,121 @@
+"""Sharded checkpoints: resume at other world sizes and partitioners, export, corruption, faults."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests import rank_programs as rp
+from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint, read_manifest
+from zero_lab.launch import RankFailure
+from zero_lab.partition import Flat
+
+SAVE_AT, TOTAL = 4, 9
+
+
+@pytest.fixture(scope="module")
+def saved(world, tmp_path_factory):
+    """Uninterrupted W=2 sorted-greedy runs (one per partitioner), each saving at step 4."""
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for name, partitioner in (("sorted_greedy", None), ("flat", Flat())):
+        directory = root / name / "step_00000004"
+        losses = world(rp.train_and_save, 2, str(directory), partitioner, SAVE_AT, TOTAL)[0]
+        out[name] = (directory, losses)
+    return out
+
+
+def test_checkpoint_layout_and_manifest(saved):
+    directory, _ = saved["sorted_greedy"]
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "manifest.json",
+        "model.pt",
+        "optim-rank00000.pt",
+        "optim-rank00001.pt",
+    ]
+    manifest = read_manifest(directory)
+    assert manifest["world_size"] == 2 and manifest["extra"] == {"step": SAVE_AT}
+    assert len(manifest["params"]) == 8
+    assert not list(directory.parent.glob(".*partial*"))
+    assert latest_checkpoint(directory.parent) == directory
+
+
+@pytest.mark.parametrize(
+    ("source", "world_size", "partitioner"),
+    [
+        ("sorted_greedy", 2, None),
+        ("sorted_greedy", 3, None),
+        ("sorted_greedy", 1, None),
+        ("sorted_greedy", 2, Flat()),
+        ("flat", 3, None),
+        ("flat", 4, Flat()),
+    ],
+    ids=["W2", "W2->3", "W2->1", "greedy->flat", "flat->greedy-W3", "flat-W2->W4"],
+)
+def test_resume_reshards_and_continues_exactly(world, saved, tmp_path, source, world_size, partitioner):
+    directory, uninterrupted = saved[source]
+    resumed = world(rp.resume_and_train, world_size, str(directory), partitioner, TOTAL)[0]
+    # Against the uninterrupted W=2 run: equal up to float summation order across world sizes.
+    tolerance = 0.0 if (world_size, partitioner, source) == (2, None, "sorted_greedy") else 1e-5
+    assert resumed == pytest.approx(uninterrupted[SAVE_AT:], rel=tolerance, abs=tolerance)
+    # Against DDP + plain Adam at the new world size from the exported state: same arithmetic.
+    exported = export_plain_state_dict(directory, tmp_path / "plain.pt")
+    reference = world(rp.plain_from_export, world_size, str(directory / "model.pt"), str(exported), SAVE_AT, TOTAL)[0]
+    assert resumed == pytest.approx(reference, rel=1e-6, abs=1e-7)
+
+
+def test_exported_plain_state_loads_into_torch_adam(saved, tmp_path):
+    directory, _ = saved["flat"]
+    path = export_plain_state_dict(directory, tmp_path / "adam.pt")
+    state = torch.load(path, weights_only=True)
+    model = rp.make_model()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-2)
+    adam.load_state_dict(state)
+    for param in model.parameters():
+        assert adam.state[param]["exp_avg"].shape == param.shape
+        assert adam.state[param]["step"].item() == SAVE_AT
+
+
+def test_truncated_shard_gets_a_clear_error(world, saved, tmp_path):
+    import shutil
+
+    broken = tmp_path / "step_00000004"
+    shutil.copytree(saved["sorted_greedy"][0], broken)
+    shard = broken / "optim-rank00001.pt"
+    shard.write_bytes(shard.read_bytes()[:100])
+    rank0, rank1 = world(rp.load_expecting_error, 2, str(broken))
+    assert "is corrupt: optim-rank00001.pt has 100 bytes" in rank1
+    assert rank0 == "no error"  # rank 0's shards do not overlap that file, so it never reads it
+
+
+def test_checkpoint_without_manifest_is_never_used(world, saved, tmp_path):
+    import shutil
+
+    partial = tmp_path / "step_00000008"
+    shutil.copytree(saved["sorted_greedy"][0], partial)
+    (partial / "manifest.json").unlink()
+    assert latest_checkpoint(tmp_path) is None
+    for message in world(rp.load_expecting_error, 2, str(partial)):
+        assert "not a complete zero_lab checkpoint" in message
+
+
+def test_a_raising_rank_ends_the_world_named_and_leaves_no_process(world, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        world(rp.raise_on_rank, 3, 1, str(tmp_path), timeout_s=60)
+    assert failure.value.rank == 1
+    assert "injected failure on rank 1" in str(failure.value)
+    assert time.monotonic() - start < 30  # bounded: well under the 60 s collective timeout
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 3
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
