@@ -98,6 +98,11 @@ class ParamExchange:
         self.partition = partition
         self.comm = comm
         self.bucket_view = bucket_view
+        if bucket_view and not partition.is_whole and not partition.layouts:
+            raise ValueError(
+                "parameters_as_bucket_view=True needs a whole-parameter partition or one with buffer layouts "
+                "(Flat); this partitioner cuts parameters without layouts: use parameters_as_bucket_view=False"
+            )
         self.buckets: list[_Bucket] = []
         self.rebuild()
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
-from zero_lab.comm import Communicator
+from zero_lab.comm import CommStats, Communicator
 from zero_lab.exchange import ParamExchange
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
@@ -271,12 +271,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 if key not in _NOT_HYPERPARAMETERS:
                     dst_group[key] = value
 
-    def _point_slice_grads(self) -> None:
+    def _point_proxy_grads(self) -> None:
         for proxy, param, start, stop in self._proxies:
             grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
             proxy.grad = grad if grad is None else grad.to(proxy.dtype)
 
-    def _release_slice_grads(self) -> None:
+    def _release_proxy_grads(self) -> None:
         for proxy, *_ in self._proxies:
             proxy.grad = None
         self._write_back_masters()
@@ -299,7 +299,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._state_touched = True
         self._refresh_trainability()
         self._sync_param_groups(self.param_groups, self.optim.param_groups)
-        self._point_slice_grads()
+        self._point_proxy_grads()
         try:
             if closure is None:
                 loss = self.optim.step(**kwargs)
@@ -307,12 +307,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
                 def closure_then_point() -> float:
                     result = closure()
-                    self._point_slice_grads()
+                    self._point_proxy_grads()
                     return result
 
                 loss = self.optim.step(closure=closure_then_point, **kwargs)
         finally:
-            self._release_slice_grads()
+            self._release_proxy_grads()
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
         return loss
 
@@ -418,7 +418,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return sum(master.numel() * master.element_size() for master, *_ in self._masters)
 
     @property
-    def comm_stats(self):
+    def comm_stats(self) -> CommStats:
         """Running totals (calls, bytes, seconds) of this optimizer's collectives."""
         return self._comm.stats
 
