@@ -1,0 +1,911 @@
+"""Benchmark zero_lab against torch's ZeroRedundancyOptimizer, FairScale OSS and DDP + Adam.
+
+One invocation runs every strategy on the same model, the same initial weights and the
+same data, for each world size, and prints ratios::
+
+    python scripts/bench.py --quick      # ≈ 2 min on 2 CPU cores: fewer layers, fewer steps
+    python scripts/bench.py              # full: 20×Linear(2000,2000) and the LM, W = 1, 2, 4
+
+Every strategy is DDP (Gloo, default buckets) + Adam, differing only in the optimizer:
+``ddp`` (plain Adam), ``torch`` / ``torch_bv`` (torch's ZeroRedundancyOptimizer,
+``parameters_as_bucket_view`` off / on), ``fairscale_oss`` (FairScale's OSS, if
+importable), and zero_lab ``zl_sg`` / ``zl_flat`` (SortedGreedy / Flat, ``_bv`` = bucket
+view on) and ``zl_overlap`` / ``zl_overlap_il`` (``hook_with_zero_step`` /
+``hook_with_zero_step_interleaved``, DdpBucket partition).
+
+How each number is measured, per world (one process per rank, one thread each):
+
+1. **Memory phase** — strategies one at a time: reset the kernel's peak-RSS mark
+   (``/proc/self/clear_refs``), build the strategy, run 2 iterations, read the peak
+   (``VmHWM``). *Peak RSS Δ* = that peak − RSS before building, i.e. everything the
+   strategy added (model copy, DDP buckets, gradients, state, transient buffers). Ranks
+   run with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed tensors go back to the OS and the
+   next strategy starts from the same baseline. *State bytes* sum the real tensors in
+   the local optimizer's ``state``; the planner's prediction is checked against them.
+2. **Timing phase** — the strategies of a *round* are built side by side in the same
+   ranks and stepped round-robin, one iteration each per step, the order rotated every
+   step, after a barrier, so machine noise hits all alike. An iteration is
+   ``forward + backward + optimizer.step()``; per step the slowest rank's time counts.
+   Ratios are **medians of per-step ratios** against the strategy in the same round.
+   *Exchange time* = ``optimizer.step()`` − the local optimizer's own ``step()``
+   (timed with step hooks); with overlap the exchange runs inside backward and is not
+   separable. *Bytes/step* = parameter-exchange payload per rank: zero_lab's
+   ``comm_stats``, and for torch/FairScale the tensors they pass to
+   ``torch.distributed.broadcast`` during ``step()``; the minimum is every
+   trainable element once (the model's bytes).
+
+Rounds hold all strategies when the planner says they fit in memory, else as many as
+fit, always with ``ddp`` and the torch strategy each zero_lab one is compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # zero_lab from this checkout, installed or not
+
+from zero_lab import ZeroRedundancyOptimizer  # noqa: E402
+from zero_lab.comm import CommStats  # noqa: E402
+from zero_lab.partition import Flat, SortedGreedy  # noqa: E402
+from zero_lab.planner import plan_memory, specs_from_module  # noqa: E402
+
+LR = 1e-3
+MIB = 2**20
+
+
+# --------------------------------------------------------------------------- models
+@dataclass(frozen=True)
+class ModelPreset:
+    """A model and its synthetic data; ``batch(step, rank)`` is the same for every strategy."""
+
+    name: str
+    description: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _generator(step: int, rank: int) -> torch.Generator:
+    return torch.Generator().manual_seed(10_000 * step + rank)
+
+
+def _mlp(depth: int) -> Callable[[], nn.Module]:
+    return lambda: nn.Sequential(*[nn.Linear(2000, 2000) for _ in range(depth)])
+
+
+def _mlp_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _generator(step, rank)
+    return torch.randn(20, 2000, generator=g), torch.randn(20, 2000, generator=g)
+
+
+class TiedLM(nn.Module):
+    """zero_lab's TinyLM with the LM head tied to the token embedding (as GPT-2 does)."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layer: int):
+        super().__init__()
+        from zero_lab.app.models import TinyLM
+
+        self.lm = TinyLM(vocab, seq_len, d_model, n_layer, n_head=4)
+        self.lm.head.weight = self.lm.tok_emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm(tokens)
+
+
+def _lm_batch(batch: int, seq_len: int) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    def make(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(0, 32_000, (batch, seq_len + 1), generator=_generator(step, rank))
+        return tokens[:, :-1], tokens[:, 1:]
+
+    return make
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+MODELS: dict[str, ModelPreset] = {
+    "tutorial": ModelPreset(
+        "tutorial", "20×Linear(2000,2000), batch 20, MSE (torch's ZeRO tutorial)", _mlp(20), _mlp_batch, F.mse_loss
+    ),
+    "tutorial-quick": ModelPreset(
+        "tutorial-quick",
+        "4×Linear(2000,2000) (the tutorial, 4 of its 20 layers), batch 20, MSE",
+        _mlp(4),
+        _mlp_batch,
+        F.mse_loss,
+    ),
+    "lm": ModelPreset(
+        "lm",
+        "tied-embedding LM: vocab 32000 × d 256, 4 blocks, 2×64 tokens",
+        lambda: TiedLM(32_000, 64, 256, 4),
+        _lm_batch(2, 64),
+        _lm_loss,
+    ),
+    "lm-quick": ModelPreset(
+        "lm-quick",
+        "tied-embedding LM: vocab 32000 × d 256, 2 blocks, 2×32 tokens",
+        lambda: TiedLM(32_000, 32, 256, 2),
+        _lm_batch(2, 32),
+        _lm_loss,
+    ),
+}
+
+
+# --------------------------------------------------------------------------- strategies
+@dataclass(frozen=True)
+class Strategy:
+    """One optimizer setup; ``reference`` is the torch strategy at equal settings."""
+
+    name: str
+    label: str
+    reference: str | None
+    zero_lab: bool = False
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("ddp", "DDP + Adam", None),
+        Strategy("torch", "torch ZeRO", None),
+        Strategy("torch_bv", "torch ZeRO, bucket view", None),
+        Strategy("fairscale_oss", "FairScale OSS", "torch_bv"),
+        Strategy("zl_sg", "zero_lab sorted_greedy", "torch", True),
+        Strategy("zl_sg_bv", "zero_lab sorted_greedy, bucket view", "torch_bv", True),
+        Strategy("zl_flat", "zero_lab flat", "torch", True),
+        Strategy("zl_flat_bv", "zero_lab flat, bucket view", "torch_bv", True),
+        Strategy("zl_overlap", "zero_lab overlap (hook_with_zero_step)", "torch_bv", True),
+        Strategy("zl_overlap_il", "zero_lab overlap (interleaved hook)", "torch_bv", True),
+    )
+}
+
+
+def fairscale_status() -> tuple[bool, str]:
+    """Whether FairScale's OSS imports with this torch, and its version or the error."""
+    try:
+        import fairscale
+        from fairscale.optim import OSS  # noqa: F401
+    except Exception as error:  # ImportError, or an incompatibility raised at import
+        return False, f"not importable ({type(error).__name__}: {error}); `make bench-deps` installs it"
+    return True, f"fairscale {fairscale.__version__}"
+
+
+# --------------------------------------------------------------------------- collective metering
+_active_meter: CommStats | None = None
+
+
+def _metered(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a ``torch.distributed`` collective so its tensor payload counts on the active meter."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _active_meter is not None:
+            tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+            if tensors:  # broadcast: the tensor; all_gather_into_tensor: the output first
+                _active_meter.bytes += tensors[0].numel() * tensors[0].element_size()
+                _active_meter.calls += 1
+        return fn(*args, **kwargs)
+
+    wrapper.bench_metered = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install_meters() -> None:
+    """Meter ``dist.broadcast`` / ``dist.all_gather_into_tensor`` (torch's and FairScale's exchange)."""
+    for name in ("broadcast", "all_gather_into_tensor"):
+        if not hasattr(getattr(dist, name), "bench_metered"):
+            setattr(dist, name, _metered(getattr(dist, name)))
+
+
+@contextlib.contextmanager
+def metering(stats: CommStats | None) -> Iterator[None]:
+    global _active_meter
+    _active_meter = stats
+    try:
+        yield
+    finally:
+        _active_meter = None
+
+
+# --------------------------------------------------------------------------- runners
+@dataclass
+class StepRecord:
+    """One iteration of one strategy on this rank (seconds, bytes)."""
+
+    iter_s: float
+    step_s: float
+    local_s: float
+    exchange_bytes: int
+    exchange_calls: int
+    metered_s: float
+
+
+class Runner:
+    """A DDP model and its optimizer; :meth:`iteration` times one training step."""
+
+    def __init__(self, name: str, model: nn.Module, ddp: DDP, optimizer: Any, local: torch.optim.Optimizer):
+        self.name = name
+        self.model = model
+        self.ddp = ddp
+        self.optimizer = optimizer
+        self.local = local
+        self.stats_fn: Callable[[], CommStats] = CommStats
+        self.patched_stats: CommStats | None = None
+        self.steps_in_backward = getattr(optimizer, "exchange_mode", "") == "overlap_per_bucket"
+        self._local_s = 0.0
+        self._local_start = 0.0
+        local.register_step_pre_hook(self._pre)
+        local.register_step_post_hook(self._post)
+
+    def _pre(self, *_: Any) -> None:
+        self._local_start = time.perf_counter()
+
+    def _post(self, *_: Any) -> None:
+        self._local_s += time.perf_counter() - self._local_start
+
+    def iteration(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> StepRecord:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._local_s = 0.0
+        before = self.stats_fn().snapshot()
+        dist.barrier()
+        start = time.perf_counter()
+        loss_fn(self.ddp(x), y).backward()
+        middle = time.perf_counter()
+        local_in_backward = self._local_s
+        if not self.steps_in_backward:  # with overlap, step() is a no-op that warns
+            with metering(self.patched_stats):
+                self.optimizer.step()
+        end = time.perf_counter()
+        moved = self.stats_fn().since(before)
+        return StepRecord(
+            iter_s=end - start,
+            step_s=end - middle,
+            local_s=self._local_s - local_in_backward,
+            exchange_bytes=moved.bytes,
+            exchange_calls=moved.calls,
+            metered_s=moved.seconds,
+        )
+
+    def state_bytes(self) -> int:
+        """Bytes of every tensor in the local optimizer's state (this rank's shard for ZeRO)."""
+        return sum(
+            value.numel() * value.element_size()
+            for state in self.local.state.values()
+            for value in state.values()
+            if torch.is_tensor(value)
+        )
+
+    def tensor_bytes(self) -> int:
+        """Parameters + gradients + optimizer state, counted once per distinct storage."""
+        storages: dict[int, int] = {}
+        tensors = [p for p in self.model.parameters()] + [p.grad for p in self.model.parameters()]
+        tensors += [v for s in self.local.state.values() for v in s.values() if torch.is_tensor(v)]
+        for tensor in tensors:
+            if tensor is not None:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    def imbalance(self) -> float | None:
+        """Max / ideal elements per rank of the partition (None: not sharded)."""
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            return self.optimizer.partition.report().imbalance
+        if self.name.startswith("torch"):
+            return _imbalance(
+                [sum(p.numel() for g in groups for p in g["params"]) for groups in _torch_partition(self)]
+            )
+        if self.name == "fairscale_oss":
+            return _imbalance(
+                [
+                    sum(p.numel() for g in groups for p in g["params"])
+                    for groups in self.optimizer.partition_parameters()
+                ]
+            )
+        return None
+
+
+def _torch_partition(runner: Runner) -> list[list[dict[str, Any]]]:
+    return runner.optimizer._partition_parameters()
+
+
+def _imbalance(per_rank: Sequence[int]) -> float:
+    ideal = sum(per_rank) / len(per_rank)
+    return max(per_rank) / ideal if ideal else 1.0
+
+
+def build_runner(name: str, template: nn.Module) -> Runner:
+    """A fresh copy of ``template`` in DDP with strategy ``name``'s optimizer."""
+    model = copy.deepcopy(template)
+    ddp = DDP(model)
+    if name == "ddp":
+        adam = torch.optim.Adam(ddp.parameters(), lr=LR)
+        return Runner(name, model, ddp, adam, adam)
+    if name in ("torch", "torch_bv"):
+        from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
+        zero = TorchZero(ddp.parameters(), torch.optim.Adam, parameters_as_bucket_view=name == "torch_bv", lr=LR)
+        runner = Runner(name, model, ddp, zero, zero.optim)
+        runner.patched_stats = CommStats()
+        runner.stats_fn = lambda: runner.patched_stats
+        return runner
+    if name == "fairscale_oss":
+        from fairscale.optim import OSS
+
+        oss = OSS(ddp.parameters(), optim=torch.optim.Adam, lr=LR)
+        runner = Runner(name, model, ddp, oss, oss.optim)
+        runner.patched_stats = CommStats()
+        runner.stats_fn = lambda: runner.patched_stats
+        return runner
+    return _zero_lab_runner(name, model, ddp)
+
+
+def _zero_lab_runner(name: str, model: nn.Module, ddp: DDP) -> Runner:
+    if name.startswith("zl_overlap"):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved
+
+        zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=LR)
+        make_hook = hook_with_zero_step_interleaved if name == "zl_overlap_il" else hook_with_zero_step
+        hook = make_hook(allreduce_hook, ddp, zero)
+        ddp.register_comm_hook(None, hook)
+        runner = Runner(name, model, ddp, zero, zero.optim)  # after the hook: it rebuilds zero.optim
+        runner.stats_fn = lambda: hook.engine.comm.stats
+        return runner
+    partitioner = Flat() if name.startswith("zl_flat") else SortedGreedy()
+    zero = ZeroRedundancyOptimizer(
+        ddp.parameters(),
+        torch.optim.Adam,
+        parameters_as_bucket_view=name.endswith("_bv"),
+        partitioner=partitioner,
+        lr=LR,
+    )
+    runner = Runner(name, model, ddp, zero, zero.optim)
+    runner.stats_fn = lambda: zero.comm_stats
+    return runner
+
+
+# --------------------------------------------------------------------------- memory probes
+def _proc_status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def rss_bytes() -> int:
+    return _proc_status_kib("VmRSS") * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (``VmHWM``) to the current RSS; False if not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    return _proc_status_kib("VmHWM") * 1024
+
+
+# --------------------------------------------------------------------------- rank program
+@dataclass(frozen=True)
+class RankJob:
+    """What one world runs: per model, the strategies' rounds (lists of names)."""
+
+    phase: str  # "memory" or "timing"
+    models: tuple[str, ...]
+    rounds: dict[str, list[list[str]]]
+    strategies: tuple[str, ...]
+    warmup: int
+    steps: int
+    memory_steps: int = 2
+
+
+def memory_phase(preset: ModelPreset, template: nn.Module, names: Sequence[str], steps: int) -> dict[str, Any]:
+    """Build each strategy alone; its peak RSS over the baseline, state and tensor bytes.
+
+    A throwaway DDP run first pays the one-time costs (lazy imports, thread pools,
+    Gloo buffers) so they are not charged to the first strategy measured.
+    """
+    out: dict[str, Any] = {}
+    _run(build_runner("ddp", template), preset, steps)
+    for name in names:
+        gc.collect()
+        base = rss_bytes()
+        can_reset = reset_peak_rss()
+        runner = build_runner(name, template)
+        _run(runner, preset, steps)
+        out[name] = {
+            "rss_base_bytes": base,
+            "peak_rss_delta_bytes": peak_rss_bytes() - base if can_reset else None,
+            "state_bytes": runner.state_bytes(),
+            "tensor_bytes": runner.tensor_bytes(),
+            "imbalance": runner.imbalance(),
+            "exchange_mode": getattr(runner.optimizer, "exchange_mode", None),
+        }
+        del runner
+        gc.collect()
+    return out
+
+
+def _run(runner: Runner, preset: ModelPreset, steps: int) -> Runner:
+    for step in range(steps):
+        x, y = preset.batch(step, dist.get_rank())
+        runner.iteration(x, y, preset.loss)
+    return runner
+
+
+def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str], job: RankJob) -> dict[str, Any]:
+    """Step the strategies of one round side by side, round-robin; per-step records."""
+    runners = {name: build_runner(name, template) for name in names}
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    rank = dist.get_rank()
+    for step in range(job.warmup + job.steps):
+        x, y = preset.batch(step, rank)
+        shift = step % len(names)
+        for name in [*names[shift:], *names[:shift]]:
+            record = runners[name].iteration(x, y, preset.loss)
+            if step >= job.warmup:
+                records[name].append(asdict(record))
+    reference = runners.get("ddp")
+    diffs = {
+        name: _max_abs_diff(runner.model, reference.model) if reference else None for name, runner in runners.items()
+    }
+    return {"strategies": list(names), "records": records, "max_abs_diff_vs_ddp": diffs}
+
+
+@torch.no_grad()
+def _max_abs_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def bench_rank(job: RankJob) -> dict[str, Any]:
+    """What one rank measures, per model: the memory phase or the timing rounds."""
+    torch.set_num_threads(1)
+    install_meters()
+    out: dict[str, Any] = {}
+    for model_name in job.models:
+        preset = MODELS[model_name]
+        torch.manual_seed(0)
+        template = preset.build()
+        started = time.perf_counter()
+        if job.phase == "memory":
+            out[model_name] = memory_phase(preset, template, job.strategies, job.memory_steps)
+        else:
+            out[model_name] = [timing_round(preset, template, names, job) for names in job.rounds[model_name]]
+        if dist.get_rank() == 0:
+            elapsed = time.perf_counter() - started
+            print(f"  [W={dist.get_world_size()}] {model_name}: {job.phase} phase {elapsed:.1f} s", flush=True)
+        del template
+        gc.collect()
+    return out
+
+
+# --------------------------------------------------------------------------- planning rounds
+def strategy_cost_bytes(model_name: str, name: str, world_size: int) -> int:
+    """Planner estimate of one strategy's bytes on its worst rank.
+
+    Model copy + gradients + DDP buckets + optimizer state, plus one model-sized
+    transient for exchanges that stage through a fresh buffer (flat without bucket
+    view, overlap).
+    """
+    with torch.device("meta"):
+        model = MODELS[model_name].build()
+    specs = specs_from_module(model)
+    partitioner = None if name == "ddp" else Flat() if name.startswith("zl_flat") else SortedGreedy()
+    plan = plan_memory(specs, world_size, partitioner, torch.optim.Adam, lr=LR)
+    worst = max(plan.ranks, key=lambda r: r.total_bytes)
+    transient = worst.param_bytes if name in ("zl_flat", "zl_overlap", "zl_overlap_il") else 0
+    return worst.total_bytes + transient
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 8 * 2**30
+
+
+def plan_rounds(names: Sequence[str], cost: Callable[[str], int], budget: int) -> tuple[list[list[str]], list[str]]:
+    """Group strategies into rounds whose summed ``cost`` fits ``budget``.
+
+    Every round holds ``ddp`` (if selected) and the reference of each strategy in it, so
+    every ratio is paired within a round. Strategies are taken in order, so neighbours
+    (``zl_sg``, ``zl_sg_bv``) share a round when they can. Returns the rounds and the
+    strategies that do not fit even alone with ``ddp`` and their reference.
+    """
+    base = ["ddp"] if "ddp" in names else []
+    pending = [n for n in names if n not in base]
+    rounds: list[list[str]] = []
+    dropped: list[str] = []
+    while pending:
+        current = list(base)
+        for name in list(pending):
+            if name not in pending:  # already added as another strategy's reference
+                continue
+            needed = [n for n in (STRATEGIES[name].reference, name) if n in names and n not in current]
+            if sum(cost(n) for n in current + needed) <= budget:
+                current += needed
+                pending = [n for n in pending if n not in needed]
+        if current == base:
+            dropped.append(pending.pop(0))
+        else:
+            rounds.append(current)
+    if not rounds and base and cost("ddp") <= budget:
+        rounds.append(base)
+    return rounds, dropped
+
+
+# --------------------------------------------------------------------------- summarising
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def merge_ranks(memory_ranks: list[dict[str, Any]], timing_ranks: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    """Per strategy: per-rank memory figures, and per step the slowest rank's record."""
+    out: dict[str, Any] = {}
+    memory = [r[model] for r in memory_ranks]
+    for name in memory[0]:
+        entry = {key: [m[name][key] for m in memory] for key in memory[0][name]}
+        entry["imbalance"] = memory[0][name]["imbalance"]
+        entry["exchange_mode"] = memory[0][name]["exchange_mode"]
+        out[name] = entry
+    for index, round_ in enumerate(timing_ranks[0][model] if timing_ranks else []):
+        for name in round_["strategies"]:
+            steps = zip(*(r[model][index]["records"][name] for r in timing_ranks))
+            out.setdefault(name, {}).update(
+                round=index,
+                steps=[_slowest(step) for step in steps],
+                max_abs_diff_vs_ddp=round_["max_abs_diff_vs_ddp"][name],
+            )
+    return out
+
+
+def _slowest(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One step across ranks: the slowest rank's times; bytes and calls of rank 0 (equal on all)."""
+    return {
+        "iter_s": max(r["iter_s"] for r in records),
+        "step_s": max(r["step_s"] for r in records),
+        "exchange_s": max(r["step_s"] - r["local_s"] for r in records),
+        "metered_s": max(r["metered_s"] for r in records),
+        "exchange_bytes": records[0]["exchange_bytes"],
+        "exchange_calls": records[0]["exchange_calls"],
+    }
+
+
+def paired_ratio(results: dict[str, Any], name: str, ref: str | None, key: str) -> float | None:
+    """Median over steps of ``name[key] / ref[key]`` (both in one round); else ratio of medians."""
+    a, b = results.get(name, {}), results.get(ref or "", {})
+    if "steps" not in a or "steps" not in b:
+        return None
+    if a["round"] == b["round"]:
+        return _median([x[key] / y[key] for x, y in zip(a["steps"], b["steps"]) if y[key] > 0])
+    ma, mb = _median([s[key] for s in a["steps"]]), _median([s[key] for s in b["steps"]])
+    return ma / mb if ma is not None and mb else None
+
+
+def _ms(steps: list[dict[str, Any]], key: str) -> float | None:
+    value = _median([s[key] for s in steps])
+    return None if value is None else 1e3 * value
+
+
+def summarize(results: dict[str, Any], model_bytes: int, planned: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    """The figures of the printed tables, per strategy (memory: the worst rank)."""
+    table = {}
+    ddp_state = max(results["ddp"]["state_bytes"]) if "ddp" in results else None
+    for name, r in results.items():
+        ref = STRATEGIES[name].reference
+        ref_state = max(results[ref]["state_bytes"]) if ref in results else None
+        steps = r.get("steps", [])
+        state = max(r["state_bytes"])
+        peaks = [p for p in r["peak_rss_delta_bytes"] if p is not None]
+        separable = steps and not name.startswith("zl_overlap")
+        table[name] = {
+            "state_mib": state / MIB,
+            "state_vs_ddp": state / ddp_state if ddp_state else None,
+            "state_vs_torch": state / ref_state if ref_state else None,
+            "planned_state_ok": planned[name] == r["state_bytes"] if name in planned else None,
+            "tensor_mib": max(r["tensor_bytes"]) / MIB,
+            "peak_rss_delta_mib": max(peaks) / MIB if peaks else None,
+            "imbalance": r["imbalance"],
+            "iter_ms": _ms(steps, "iter_s"),
+            "iter_vs_torch": paired_ratio(results, name, ref, "iter_s"),
+            "iter_vs_ddp": paired_ratio(results, name, "ddp", "iter_s") if name != "ddp" else None,
+            "exchange_ms": _ms(steps, "exchange_s") if separable else None,
+            "collective_ms": _ms(steps, "metered_s") if separable and STRATEGIES[name].zero_lab else None,
+            "bytes_vs_min": _median([s["exchange_bytes"] for s in steps]) / model_bytes if steps else None,
+            "calls_per_step": _median([s["exchange_calls"] for s in steps]),
+            "max_abs_diff_vs_ddp": r.get("max_abs_diff_vs_ddp"),
+        }
+    return table
+
+
+def planned_state(model_name: str, world_size: int, names: Sequence[str]) -> dict[str, list[int]]:
+    """The planner's per-rank state bytes, for strategies whose partition it knows."""
+    with torch.device("meta"):
+        model = MODELS[model_name].build()
+    specs = specs_from_module(model)
+    greedy = ("torch", "torch_bv", "fairscale_oss", "zl_sg", "zl_sg_bv")
+    partitioners = {"ddp": None} | {n: SortedGreedy() for n in greedy} | {n: Flat() for n in ("zl_flat", "zl_flat_bv")}
+    return {
+        name: [r.state_bytes for r in plan_memory(specs, world_size, part, torch.optim.Adam, lr=LR).ranks]
+        for name, part in partitioners.items()
+        if name in names
+    }
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+MEMORY_COLUMNS = (
+    ("state_mib", "Adam state MiB", ".1f"),
+    ("state_vs_ddp", "÷ DDP", ".3f"),
+    ("state_vs_torch", "÷ torch", ".3f"),
+    ("planned_state_ok", "planner exact", ""),
+    ("tensor_mib", "tensors MiB", ".0f"),
+    ("peak_rss_delta_mib", "peak RSS Δ MiB", ".0f"),
+    ("imbalance", "imbalance", ".3f"),
+)
+SPEED_COLUMNS = (
+    ("iter_ms", "iteration ms", ".1f"),
+    ("iter_vs_torch", "÷ torch", ".3f"),
+    ("iter_vs_ddp", "÷ DDP", ".3f"),
+    ("exchange_ms", "exchange ms", ".1f"),
+    ("collective_ms", "in collectives ms", ".1f"),
+    ("bytes_vs_min", "bytes ÷ min", ".3f"),
+    ("calls_per_step", "calls", ".0f"),
+    ("max_abs_diff_vs_ddp", "max abs Δparam vs DDP", ".1e"),
+)
+
+
+def format_table(table: dict[str, dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A Markdown table, one row per strategy."""
+    head = "| strategy | " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|---|" + "|".join("---:" for _ in columns) + "|"
+    rows = [
+        f"| {name} | " + " | ".join(_fmt(row[key], spec) for key, _, spec in columns) + " |"
+        for name, row in table.items()
+        if any(row[key] is not None for key, _, _ in columns)
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+# --------------------------------------------------------------------------- targets
+def evaluate_targets(runs: list[dict[str, Any]], bucket_model: str) -> list[dict[str, Any]]:
+    """The issue's W=2 targets, each with the measured figure and met / missed."""
+    targets = []
+    for run in (r for r in runs if r["world_size"] == 2):
+        table, results, model = run["table"], run["results"], run["model"]
+        if table.get("zl_flat", {}).get("state_vs_ddp") is not None:
+            value = table["zl_flat"]["state_vs_ddp"]
+            targets.append(_target(model, "zl_flat Adam state ≤ 0.51 × DDP's (worst rank)", value, value <= 0.51))
+        for name in ("zl_sg", "zl_sg_bv"):
+            ref = STRATEGIES[name].reference
+            if name in results and ref in results:
+                equal = results[name]["state_bytes"] == results[ref]["state_bytes"]
+                targets.append(_target(model, f"{name} state bytes == {ref}'s on every rank", float(equal), equal))
+        for name in ("zl_sg", "zl_sg_bv", "zl_flat", "zl_flat_bv"):
+            value = table.get(name, {}).get("iter_vs_torch")
+            if value is not None:
+                ref = STRATEGIES[name].reference
+                targets.append(_target(model, f"{name} iteration time ≤ {ref}'s (median ratio)", value, value <= 1.0))
+        if model == bucket_model:
+            for per_tensor, bucketed in (("zl_sg", "zl_sg_bv"), ("zl_flat", "zl_flat_bv")):
+                value = paired_ratio(results, per_tensor, bucketed, "exchange_s")
+                if value is not None:
+                    what = f"exchange time {per_tensor} ÷ {bucketed} ≥ 1.5 (bucket view faster)"
+                    targets.append(_target(model, what, value, value >= 1.5))
+    return targets
+
+
+def _target(model: str, what: str, value: float, met: bool) -> dict[str, Any]:
+    return {"model": model, "target": what, "measured": value, "met": bool(met)}
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer layers and steps (≈ 2 min on 2 cores)")
+    parser.add_argument("--world-sizes", type=int, nargs="+", help="default: 1 2 (quick) or 1 2 4")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="default: tutorial lm (or -quick)")
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: all available")
+    parser.add_argument("--warmup", type=int, help="untimed iterations per strategy (default 2)")
+    parser.add_argument("--steps", type=int, help="timed iterations per strategy (default 8 quick / 20)")
+    parser.add_argument("--memory-budget", type=float, default=0.7, help="share of MemAvailable a round may use")
+    parser.add_argument("--out", type=Path, help="JSON path (default outputs/bench/bench-<mode>-<time>.json)")
+    parser.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver"])
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per world")
+    args = parser.parse_args(argv)
+    args.world_sizes = args.world_sizes or ([1, 2] if args.quick else [1, 2, 4])
+    args.models = args.models or (["tutorial-quick", "lm-quick"] if args.quick else ["tutorial", "lm"])
+    args.warmup = 2 if args.warmup is None else args.warmup
+    args.steps = args.steps or (8 if args.quick else 20)
+    return args
+
+
+def machine() -> dict[str, Any]:
+    ok, fairscale = fairscale_status()
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        revision = ""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "mem_available_gib": available_bytes() / 2**30,
+        "fairscale": fairscale,
+        "fairscale_ok": ok,
+        "git_revision": revision,
+        "backend": "gloo",
+        "threads_per_rank": 1,
+    }
+
+
+#: Resident memory of one rank before any model (torch, Gloo, DDP imported), measured ≈ 0.4 GiB.
+RANK_RUNTIME_BYTES = 450 * MIB
+
+
+def schedule(args: argparse.Namespace, world_size: int, strategies: list[str]) -> dict[str, Any]:
+    """Per model: the timing rounds that fit in memory, and what was left out and why."""
+    budget = int(args.memory_budget * available_bytes())
+    out = {}
+    for model_name in args.models:
+        template = strategy_cost_bytes(model_name, "ddp", 1) // 5  # one parameter copy
+        room = budget - world_size * (RANK_RUNTIME_BYTES + template)
+        rounds, dropped = plan_rounds(
+            strategies, lambda n, m=model_name: world_size * strategy_cost_bytes(m, n, world_size), room
+        )
+        note = f"left out of timing (memory): {dropped}" if dropped else ""
+        cores = os.cpu_count() or 1
+        if world_size > cores and len(rounds) > 1:
+            note = f"timing skipped: {world_size} ranks on {cores} cores would need {len(rounds)} rounds"
+            rounds = []
+        out[model_name] = {"rounds": rounds, "note": note}
+    return out
+
+
+def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[str]) -> list[dict[str, Any]]:
+    """Two worlds for ``world_size`` (memory, then timing), every model in each."""
+    from zero_lab.launch import run_world
+
+    plan = schedule(args, world_size, strategies)
+    job = RankJob(
+        "memory",
+        tuple(args.models),
+        {m: p["rounds"] for m, p in plan.items()},
+        tuple(strategies),
+        args.warmup,
+        args.steps,
+    )
+    world = {"timeout_s": args.timeout, "start_method": args.start_method}
+    started = time.perf_counter()
+    # Freed tensors go straight back to the OS, so a strategy's peak RSS is not hidden by
+    # memory an earlier one freed into malloc's heap. Only here: timing runs with defaults.
+    with _environment(MALLOC_MMAP_THRESHOLD_="65536"):
+        memory = run_world(bench_rank, world_size, (job,), **world)
+    timing = run_world(bench_rank, world_size, (replace(job, phase="timing"),), **world)
+    elapsed = time.perf_counter() - started
+    runs = []
+    for model_name in args.models:
+        with torch.device("meta"):
+            model = MODELS[model_name].build()
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        results = merge_ranks(memory, timing, model_name)
+        table = summarize(results, model_bytes, planned_state(model_name, world_size, strategies))
+        runs.append(
+            {
+                "model": model_name,
+                "description": MODELS[model_name].description,
+                "world_size": world_size,
+                "model_numel": sum(p.numel() for p in model.parameters()),
+                "model_bytes": model_bytes,
+                "rounds": plan[model_name]["rounds"],
+                "note": plan[model_name]["note"],
+                "world_seconds": elapsed,
+                "results": results,
+                "table": table,
+            }
+        )
+    return runs
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables for the ranks started inside (spawn passes them on)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def print_run(run: dict[str, Any]) -> None:
+    print(f"\n### {run['model']}, W={run['world_size']} — {run['description']}; {run['model_numel']:,} parameters")
+    if run["note"]:
+        print(f"({run['note']})")
+    print("\n" + format_table(run["table"], MEMORY_COLUMNS))
+    if run["rounds"]:
+        print(f"\ntiming rounds: {run['rounds']}\n")
+        print(format_table(run["table"], SPEED_COLUMNS))
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    info = machine()
+    strategies = args.strategies or [n for n in STRATEGIES if n != "fairscale_oss" or info["fairscale_ok"]]
+    command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(
+        f"$ {command}\n# torch {info['torch']}, {info['cpu_count']} CPUs, Gloo, 1 thread per rank; "
+        f"FairScale: {info['fairscale']}",
+        flush=True,
+    )
+    runs = []
+    for world_size in args.world_sizes:
+        for run in run_world_size(args, world_size, strategies):
+            runs.append(run)
+            print_run(run)
+    targets = evaluate_targets(runs, args.models[0])
+    print("\n### Targets (W=2)")
+    for t in targets:
+        print(f"- {'met' if t['met'] else 'MISSED'}: {t['model']}: {t['target']}: {t['measured']:.3f}")
+    report = {
+        "command": command,
+        "mode": "quick" if args.quick else "full",
+        "machine": info,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "strategies": {n: asdict(STRATEGIES[n]) for n in strategies},
+        "runs": runs,
+        "targets": targets,
+    }
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "outputs" / "bench" / f"bench-{report['mode']}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nraw figures: {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
