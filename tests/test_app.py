@@ -22,6 +22,7 @@ from zero_lab.app.validate import overlap_available
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+WANDB = str(Path(sys.executable).with_name("wandb"))
 MARKER = f"ZERO_LAB_TEST_{uuid.uuid4().hex[:12]}"
 SUMMARY_KEYS = {"final_loss", "losses", "world_size", "steps", "param_checksum"}
 
@@ -57,6 +58,14 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wandb_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of the run's offline ``.wandb`` transaction log, as JSON."""
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(log)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
 def assert_no_leftover_processes() -> None:
@@ -251,4 +260,6 @@ def test_a_failing_rank_stops_the_world_with_a_short_message(tmp_path):
     assert "failed:" in result.stderr and "full traceback:" in result.stderr
     assert "Traceback" not in result.stderr
     assert list((tmp_path / "run" / "logs").glob("rank*.error.txt"))
+    exits = [r["exit"] for r in wandb_records(tmp_path / "run") if r["type"] == "exit"]
+    assert [e.get("exit_code") for e in exits] == [1]  # the job still finished the W&B run, as failed
     assert_no_leftover_processes()

@@ -4,8 +4,6 @@ offline W&B run read back from its ``.wandb`` file (``wandb leet inspect --json`
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +11,18 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.test_app import assert_no_leftover_processes, default_run_dir, metrics, summary, sweep_dir
+from tests.test_app import (
+    assert_no_leftover_processes,
+    default_run_dir,
+    metrics,
+    summary,
+    sweep_dir,
+    wandb_records,
+)
 from zero_lab.app.build import optimizer_state_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
 
-WANDB = str(Path(sys.executable).with_name("wandb"))
 PER_RANK = (
     "time/step_s",
     "time/exchange_s",
@@ -27,14 +31,6 @@ PER_RANK = (
     "memory/optim_state_bytes",
     "memory/peak_bytes",
 )
-
-
-def wandb_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every record of the run's offline ``.wandb`` transaction log, as JSON."""
-    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(log)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
 def of_type(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ The run dir (Hydra's output dir) then holds::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import multiprocessing
@@ -39,6 +40,7 @@ from zero_lab.app import torchrun
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import PROJECT_ROOT
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
+from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
 from zero_lab.launch import RankFailure, run_world
 
@@ -57,30 +59,37 @@ def run(cfg: DictConfig) -> float:
     except ConfigError as error:
         fail(error)
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    spec = RunSpec(config=to_container(cfg), run_dir=str(run_dir), meta=run_meta(hydra_cfg, choices))
+    spec = RunSpec(
+        config=to_container(cfg),
+        run_dir=str(run_dir),
+        meta=run_meta(hydra_cfg, choices),
+        logger_on_rank0=torchrun.active(),
+    )
     if torchrun.active():
         return _run_as_torchrun_rank(spec, cfg)
     _write_json(run_dir / "meta.json", spec.meta)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
-    try:
-        results = run_world(
-            train_rank,
-            cfg.dist.world_size,
-            (spec,),
-            backend=enum_str(cfg.dist.backend),
-            timeout_s=cfg.dist.timeout_s,
-            start_method="spawn",
-            threads_per_rank=cfg.dist.threads_per_rank,
-        )
-    except RankFailure as failure:
-        fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
-    except TimeoutError as error:
-        fail(
-            f"{error} after dist.timeout_s={cfg.dist.timeout_s}; raise it for long runs. Run dir: {run_dir}",
-            EXIT_RUN_FAILED,
-        )
+    make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta)
+    with JsonlFollower(run_dir / "metrics.jsonl", make_sink):  # W&B, from this idle process
+        try:
+            results = run_world(
+                train_rank,
+                cfg.dist.world_size,
+                (spec,),
+                backend=enum_str(cfg.dist.backend),
+                timeout_s=cfg.dist.timeout_s,
+                start_method="spawn",
+                threads_per_rank=cfg.dist.threads_per_rank,
+            )
+        except RankFailure as failure:
+            fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
+        except TimeoutError as error:
+            fail(
+                f"{error} after dist.timeout_s={cfg.dist.timeout_s}; raise it for long runs. Run dir: {run_dir}",
+                EXIT_RUN_FAILED,
+            )
     return _report(results, run_dir, time.perf_counter() - started)
 
 

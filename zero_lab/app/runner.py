@@ -39,8 +39,7 @@ from zero_lab.app.checkpoint import checkpoint_path, gather_checkpoint, load_che
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
-from zero_lab.app.sinks import JsonlSink, MetricSink
-from zero_lab.app.validate import is_zero
+from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 
 __all__ = ["RankResult", "RunSpec", "train_rank"]
 
@@ -54,6 +53,7 @@ class RunSpec:
     config: dict[str, Any]
     run_dir: str
     meta: dict[str, Any] = field(default_factory=dict)  # choices, git, argv, W&B group/name
+    logger_on_rank0: bool = False  # True under torchrun; else the job process follows metrics.jsonl
 
 
 @dataclass
@@ -90,7 +90,7 @@ def train_rank(spec: RunSpec) -> RankResult:
     with ExitStack() as stack:
         sinks = _open_sinks(stack, spec, cfg) if rank == 0 else []
         progress = stack.enter_context(Progress(cfg.steps, start, enabled=rank == 0 and cfg.progress))
-        gather.sync()  # rank 0 may have spent a second starting W&B; don't bill it to step 0
+        gather.sync()  # rank 0 may have spent time opening sinks; don't bill it to step 0
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
             per_rank = gather(_train_step(training, data, step, rank, world, device))
@@ -141,18 +141,11 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
 
 
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:
-    """metrics.jsonl plus the configured logger; closed (W&B finished) even on errors."""
+    """metrics.jsonl, plus the configured logger when no job process follows the file
+    (torchrun); each is closed (W&B finished) even on errors."""
     sinks: list[MetricSink] = [JsonlSink(Path(spec.run_dir) / "metrics.jsonl")]
-    logger_cfg = OmegaConf.to_container(cfg.logger)
-    assert isinstance(logger_cfg, dict)
-    logger_cfg["group"] = logger_cfg.get("group") or spec.meta.get("group")
-    logger_cfg["name"] = logger_cfg.get("name") or spec.meta.get("name")
-    if "tags" in logger_cfg:  # the group choices as tags, to filter runs by strategy
-        choices = spec.meta.get("choices", {})
-        groups = ("optim", "partitioner", "model") if is_zero(cfg.optim) else ("optim", "model")
-        auto = [f"{group}:{choices[group]}" for group in groups if choices.get(group)]
-        logger_cfg["tags"] = [*logger_cfg["tags"], *auto, f"world_size:{cfg.dist.world_size}"]
-    sinks.append(instantiate(logger_cfg)(run_dir=spec.run_dir, config=spec.config))
+    if spec.logger_on_rank0:
+        sinks.append(make_logger_sink(cfg, spec.run_dir, spec.config, spec.meta))
     for sink in sinks:
         stack.push(lambda exc_type, *_, sink=sink: sink.close(failed=exc_type is not None))
     return sinks
