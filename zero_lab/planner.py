@@ -150,7 +150,10 @@ class RankMemory:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Per-rank memory of one strategy; ``imbalance`` = max / mean of the owned elements."""
+    """Per-rank memory of one strategy; ``imbalance`` = max / mean of the owned elements.
+
+    ``state_rule`` is the state layout of the first parameter's dtype (for display).
+    """
 
     strategy: str
     world_size: int
@@ -258,5 +261,5 @@ def plan_memory(
         RankMemory(r, param_bytes, grad_bytes, ddp_buffer_bytes, state[r], master[r], numel[r])
         for r in range(world_size)
     )
-    rule = probe_state_rule(optimizer_class, torch.float32, **optimizer_defaults)
+    rule = rule_for(specs[0]) if specs else probe_state_rule(optimizer_class, **optimizer_defaults)
     return MemoryPlan(strategy, world_size, ranks, rule, partition)
