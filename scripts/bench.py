@@ -100,6 +100,15 @@ def _mlp_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(20, 2000, generator=g), torch.randn(20, 2000, generator=g)
 
 
+def _tiny() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 48), nn.Tanh(), nn.Linear(48, 40), nn.Tanh(), nn.Linear(40, 16))
+
+
+def _tiny_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _generator(step, rank)
+    return torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+
+
 class TiedLM(nn.Module):
     """zero_lab's TinyLM with the LM head tied to the token embedding (as GPT-2 does)."""
 
@@ -151,6 +160,7 @@ MODELS: dict[str, ModelPreset] = {
         _lm_batch(2, 32),
         _lm_loss,
     ),
+    "tiny": ModelPreset("tiny", "3 small Linear layers (for tests)", _tiny, _tiny_batch, F.mse_loss),
 }
 
 
@@ -533,33 +543,55 @@ def available_bytes() -> int:
     return 8 * 2**30
 
 
+def _family(name: str) -> str:
+    """Strategies compared with each other: ``zl_sg`` / ``zl_sg_bv``, ``zl_overlap`` / ``zl_overlap_il``."""
+    return name.removesuffix("_bv").removesuffix("_il")
+
+
+def _packing_units(names: Sequence[str]) -> list[list[str]]:
+    """Families of the strategies to compare, zero_lab's first; references come with them."""
+    referenced = {STRATEGIES[n].reference for n in names}
+    compared = [n for n in names if n != "ddp" and n not in referenced]
+    units: dict[str, list[str]] = {}
+    for name in sorted(compared, key=lambda n: not STRATEGIES[n].zero_lab):
+        units.setdefault(_family(name), []).append(name)
+    return list(units.values())
+
+
 def plan_rounds(names: Sequence[str], cost: Callable[[str], int], budget: int) -> tuple[list[list[str]], list[str]]:
     """Group strategies into rounds whose summed ``cost`` fits ``budget``.
 
     Every round holds ``ddp`` (if selected) and the reference of each strategy in it, so
-    every ratio is paired within a round. Strategies are taken in order, so neighbours
-    (``zl_sg``, ``zl_sg_bv``) share a round when they can. Returns the rounds and the
-    strategies that do not fit even alone with ``ddp`` and their reference.
+    every ratio is paired within a round (a reference may run in several rounds); a
+    family (``zl_sg`` with ``zl_sg_bv``) shares a round when it fits in one. First-fit
+    over families, zero_lab's first. Returns the rounds and the strategies that do not
+    fit even alone with ``ddp`` and their reference.
     """
     base = ["ddp"] if "ddp" in names else []
-    pending = [n for n in names if n not in base]
     rounds: list[list[str]] = []
     dropped: list[str] = []
+    pending = _packing_units(names)
     while pending:
-        current = list(base)
-        for name in list(pending):
-            if name not in pending:  # already added as another strategy's reference
-                continue
-            needed = [n for n in (STRATEGIES[name].reference, name) if n in names and n not in current]
-            if sum(cost(n) for n in current + needed) <= budget:
-                current += needed
-                pending = [n for n in pending if n not in needed]
-        if current == base:
-            dropped.append(pending.pop(0))
-        else:
+        current, remaining = list(base), []
+        for unit in pending:
+            wanted = dict.fromkeys(m for n in unit for m in (STRATEGIES[n].reference, n) if m in names)
+            extra = [m for m in wanted if m not in current]
+            if sum(cost(n) for n in current + extra) <= budget:
+                current += extra
+            else:
+                remaining.append(unit)
+        if current != base:
             rounds.append(current)
-    if not rounds and base and cost("ddp") <= budget:
-        rounds.append(base)
+            pending = remaining
+        elif len(pending[0]) > 1:  # the family does not fit together: try its members one by one
+            pending[0:1] = [[n] for n in pending[0]]
+        else:
+            dropped += pending.pop(0)
+        if not pending:  # baselines only their dropped strategies referred to, or ddp alone
+            placed = {n for r in rounds for n in r} | set(dropped)
+            pending = [[n] for n in names if n not in placed and n not in base]
+            if not pending and base and not rounds and cost(base[0]) <= budget:
+                rounds.append(base)
     return rounds, dropped
 
 
@@ -580,12 +612,11 @@ def merge_ranks(memory_ranks: list[dict[str, Any]], timing_ranks: list[dict[str,
         out[name] = entry
     for index, round_ in enumerate(timing_ranks[0][model] if timing_ranks else []):
         for name in round_["strategies"]:
-            steps = zip(*(r[model][index]["records"][name] for r in timing_ranks))
-            out.setdefault(name, {}).update(
-                round=index,
-                steps=[_slowest(step) for step in steps],
-                max_abs_diff_vs_ddp=round_["max_abs_diff_vs_ddp"][name],
-            )
+            steps = [_slowest(step) for step in zip(*(r[model][index]["records"][name] for r in timing_ranks))]
+            entry = out.setdefault(name, {})
+            entry.setdefault("steps_by_round", {})[str(index)] = steps
+            entry["steps"] = entry.get("steps", []) + steps
+            entry["max_abs_diff_vs_ddp"] = round_["max_abs_diff_vs_ddp"][name]
     return out
 
 
@@ -602,12 +633,14 @@ def _slowest(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def paired_ratio(results: dict[str, Any], name: str, ref: str | None, key: str) -> float | None:
-    """Median over steps of ``name[key] / ref[key]`` (both in one round); else ratio of medians."""
+    """Median over steps of ``name[key] / ref[key]`` in a round both ran in; else ratio of medians."""
     a, b = results.get(name, {}), results.get(ref or "", {})
     if "steps" not in a or "steps" not in b:
         return None
-    if a["round"] == b["round"]:
-        return _median([x[key] / y[key] for x, y in zip(a["steps"], b["steps"]) if y[key] > 0])
+    common = sorted(set(a["steps_by_round"]) & set(b["steps_by_round"]))
+    if common:
+        pairs = zip(a["steps_by_round"][common[0]], b["steps_by_round"][common[0]])
+        return _median([x[key] / y[key] for x, y in pairs if y[key] > 0])
     ma, mb = _median([s[key] for s in a["steps"]]), _median([s[key] for s in b["steps"]])
     return ma / mb if ma is not None and mb else None
 
