@@ -183,10 +183,17 @@ def test_joblib_sweep_gives_the_same_trajectory_at_any_world_size(tmp_path):
 
 
 @pytest.mark.skipif(not overlap_available(), reason="zero_lab.overlap has not landed yet")
-def test_overlap_true_matches_the_plain_zero_step(sweep, tmp_path):
-    result = train("optim=zero_adam", "overlap=true", "logger=none", "steps=6", f"hydra.run.dir={tmp_path}")
+@pytest.mark.parametrize(
+    "overrides",
+    [("overlap=true",), ("overlap=true", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
+                         "overlap_hook=interleaved")],
+    ids=["zero_step", "ddp_bucket-interleaved"],
+)  # fmt: skip
+def test_overlap_matches_the_plain_zero_step(overrides, sweep, tmp_path):
+    result = train("optim=zero_adam", *overrides, "logger=none", "steps=6", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_close(summary(tmp_path)["losses"], summary(sweep / "1")["losses"], 1e-6)
+    assert metrics(tmp_path)[-1]["comm/exchange_bytes/max"] > 0  # the hook's exchange is metered
 
 
 # ----------------------------------------------------------------------------- torchrun

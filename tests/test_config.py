@@ -16,7 +16,7 @@ from zero_lab import ZeroRedundancyOptimizer, app
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
-from zero_lab.app.validate import ConfigError, check, overlap_available
+from zero_lab.app.validate import ConfigError, check
 from zero_lab.partition import ParamSpec
 
 app.setup()
@@ -32,7 +32,7 @@ def options(group: str) -> list[str]:
 
 def test_every_group_has_its_required_options():
     assert set(options("optim")) >= {"adam", "adamw", "sgd", "zero_adam", "zero_adamw", "zero_sgd"}
-    assert set(options("partitioner")) >= {"sorted_greedy", "manual", "flat"}
+    assert set(options("partitioner")) >= {"sorted_greedy", "manual", "flat", "ddp_bucket"}
     assert set(options("model")) >= {"mlp", "transformer"}
     assert set(options("logger")) >= {"wandb", "none"}
     assert "tutorial" in options("experiment")
@@ -53,6 +53,8 @@ def _overrides_for(group: str, option: str) -> list[str]:
         overrides.append(f"data={DATA_FOR_MODEL[option]}")
     if group == "data":
         overrides.append(f"model={MODEL_FOR_DATA[option]}")
+    if option == "ddp_bucket":
+        overrides.append("overlap=true")  # its buckets come from the overlap hook
     return overrides
 
 
@@ -133,6 +135,8 @@ BAD_INPUT = [
     (["partitioner=manual", "partitioner.params_per_rank=[[encoder.*],[decoder.*]]"], ["encoder.*", "layers.0.weight"]),
     (["resume=/nonexistent/run"], ["resume=/nonexistent/run", "checkpoint"]),
     (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
+    (["partitioner=ddp_bucket"], ["partitioner=ddp_bucket", "overlap=true"]),
+    (["overlap_hook=sideways"], ["overlap_hook=sideways", "zero_step, interleaved"]),
 ]
 
 
@@ -156,12 +160,6 @@ def test_sweep_checks_every_job():
     with pytest.raises(ConfigError, match=r"dist\.world_size=0"):
         preflight(["optim=adam,zero_adam", "dist.world_size=2,0"], multirun=True)
     preflight(["optim=adam,zero_adam", "dist.world_size=1,2"], multirun=True)
-
-
-@pytest.mark.skipif(overlap_available(), reason="zero_lab.overlap has landed")
-def test_overlap_is_refused_until_the_hooks_land():
-    with pytest.raises(ConfigError, match="overlap=true"):
-        preflight(["overlap=true"])
 
 
 @pytest.mark.parametrize("data", [RegressionData(12, 5, 3, seed=7), TokenData(12, 11, 6, seed=7)])

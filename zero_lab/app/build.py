@@ -8,7 +8,8 @@ three together (the optimizer steps inside DDP's communication hook):
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
    and ``overlap`` passed in for the zero_* options;
-4. with ``overlap=true``, the ZeRO step hook registered on DDP.
+4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it
+   re-partitions along DDP's buckets, which ``partitioner=ddp_bucket`` follows.
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -27,18 +28,26 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from zero_lab.app.validate import is_zero
+from zero_lab.comm import CommStats
 
 __all__ = ["Training", "build_training"]
 
 
 @dataclass
 class Training:
-    """The model (unwrapped), its DDP wrapper and the optimizer of one rank."""
+    """The model (unwrapped), its DDP wrapper and the optimizer of one rank.
+
+    ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
+    exchange: the optimizer's, or with overlap the hook's (its broadcasts run inside
+    backward, asynchronously, so their bytes and calls are counted but not their time);
+    ``None`` for plain optimizers.
+    """
 
     model: nn.Module
     ddp: DDP
     optimizer: Optimizer
     zero: bool
+    exchange_stats: CommStats | None = None
 
 
 def build_training(cfg: DictConfig, device: torch.device) -> Training:
@@ -49,31 +58,32 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
     ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
     zero = is_zero(cfg.optim)
     make_optimizer = instantiate(cfg.optim)
-    if zero:
-        optimizer = make_optimizer(
-            model.named_parameters(),
-            partitioner=instantiate(cfg.partitioner),
-            parameters_as_bucket_view=cfg.bucket_view,
-            overlap_with_ddp=cfg.overlap,
-        )
-        if cfg.overlap:
-            _attach_overlap(ddp, optimizer)
-    else:
-        optimizer = make_optimizer(model.parameters())
-    return Training(model=model, ddp=ddp, optimizer=optimizer, zero=zero)
+    if not zero:
+        return Training(model=model, ddp=ddp, optimizer=make_optimizer(model.parameters()), zero=False)
+    optimizer = make_optimizer(
+        model.named_parameters(),
+        partitioner=instantiate(cfg.partitioner),
+        parameters_as_bucket_view=cfg.bucket_view,
+        overlap_with_ddp=cfg.overlap,
+    )
+    stats = optimizer.comm_stats
+    if cfg.overlap:
+        stats = _attach_overlap(ddp, optimizer, str(getattr(cfg.overlap_hook, "value", cfg.overlap_hook)))
+    return Training(model=model, ddp=ddp, optimizer=optimizer, zero=True, exchange_stats=stats)
 
 
-def _attach_overlap(ddp: DDP, optimizer: Any) -> None:
-    """Run the ZeRO step inside DDP's all-reduce hook (torch's ``hook_with_zero_step`` shape).
-
-    The config check refuses ``overlap=true`` until ``zero_lab.overlap`` exists; wire its
-    final signature here when it lands.
-    """
+def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> CommStats:
+    """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two);
+    returns the hook's exchange counters."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from zero_lab import overlap  # type: ignore[attr-defined]
+    from zero_lab import overlap
 
-    ddp.register_comm_hook(None, overlap.hook_with_zero_step(allreduce_hook, ddp, optimizer))
+    make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
+    shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))
+    comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
+    ddp.register_comm_hook(None, comm_hook)
+    return comm_hook.engine.comm.stats
 
 
 def optimizer_state_bytes(optimizer: Optimizer) -> int:

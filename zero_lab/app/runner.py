@@ -117,7 +117,7 @@ def train_rank(spec: RunSpec) -> RankResult:
 def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:
     """One optimizer step on this rank's slice; returns what it measured."""
     inputs, targets = (t.to(device) for t in data.shard(step, rank, world))
-    comm = getattr(training.optimizer, "comm_stats", None)
+    comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)

@@ -9,8 +9,8 @@ express are checked by :func:`zero_lab.app.validate.check`.
     from zero_lab.app.schema import register_configs
     register_configs()  # before hydra.main / hydra.compose
 
-To add a group option (e.g. the DdpBucket partitioner): add a dataclass here, store it in
-:func:`register_configs`, and write ``conf/partitioner/ddp_bucket.yaml`` that names it.
+To add a group option: add a dataclass here, store it in :func:`register_configs`, and
+write ``conf/<group>/<name>.yaml`` that names it first in its defaults list.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "register_configs"]
+__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "OverlapHook", "register_configs"]
 
 
 class Backend(str, Enum):
@@ -33,6 +33,13 @@ class Backend(str, Enum):
 class Device(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class OverlapHook(str, Enum):
+    """Which ``zero_lab.overlap`` hook steps the optimizer inside DDP's backward."""
+
+    zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
+    interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
 
 
 class LoggerMode(str, Enum):
@@ -108,6 +115,14 @@ class ManualSchema:
 @dataclass
 class FlatSchema:
     _target_: str = "zero_lab.partition.Flat"
+
+
+@dataclass
+class DdpBucketSchema:
+    """Follow DDP's gradient buckets (needs ``overlap=true``, whose hook attaches them)."""
+
+    _target_: str = "zero_lab.partition.DdpBucket"
+    shard_buckets: bool = False
 
 
 # ----------------------------------------------------------------------------- model
@@ -204,6 +219,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     logger: Any = MISSING
     overlap: bool = False
+    overlap_hook: OverlapHook = OverlapHook.zero_step
     bucket_view: bool = False
     seed: int = 0
     steps: int = 20
@@ -215,7 +231,12 @@ class Config:
 
 _GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "optim": {"adam": AdamSchema, "sgd": SGDSchema, "zero_adam": ZeroAdamSchema, "zero_sgd": ZeroSGDSchema},
-    "partitioner": {"sorted_greedy": SortedGreedySchema, "manual": ManualSchema, "flat": FlatSchema},
+    "partitioner": {
+        "sorted_greedy": SortedGreedySchema,
+        "manual": ManualSchema,
+        "flat": FlatSchema,
+        "ddp_bucket": DdpBucketSchema,
+    },
     "model": {"mlp": MLPSchema, "transformer": TinyLMSchema},
     "data": {"regression": RegressionDataSchema, "tokens": TokenDataSchema},
     "logger": {"wandb": WandbSchema, "none": NoLoggerSchema},

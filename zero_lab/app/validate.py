@@ -145,6 +145,13 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             "use overlap=false"
         )
     partitioner = get_class(cfg.partitioner._target_)
+    if zero and partitioner.__name__ == "DdpBucket" and not cfg.overlap:
+        out.append(
+            "partitioner=ddp_bucket: follows DDP's gradient buckets, which only the overlap hooks attach; "
+            "add overlap=true, or pick sorted_greedy, manual or flat"
+        )
+    if cfg.overlap and cfg.bucket_view:
+        out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     if zero and partitioner.__name__ == "Flat" and not issubclass(cls, ELEMENTWISE_OPTIMIZERS):
         out.append(
             f"partitioner=flat: cuts parameters into ranges, which needs an elementwise optimizer; "
