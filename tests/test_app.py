@@ -140,7 +140,10 @@ def test_sweep_jobs_get_their_own_dirs(sweep):
     assert [summary(p)["choices"]["optim"] for p in jobs] == ["adam", "zero_adam"]
     for job in jobs:
         assert len(metrics(job)) == 6
-        assert sorted(c.name for c in (job / "checkpoints").iterdir()) == ["step_000003.pt", "step_000006.pt"]
+    # plain Adam: rank 0 saves the full state; ZeRO: the core's sharded format, one file per rank
+    assert sorted(c.name for c in (sweep / "0" / "checkpoints").iterdir()) == ["step_00000003.pt", "step_00000006.pt"]
+    files = ["manifest.json", "model.pt", "optim-rank00000.pt", "optim-rank00001.pt"]
+    assert sorted(c.name for c in (sweep / "1" / "checkpoints" / "step_00000003").iterdir()) == files
 
 
 def test_zero_adam_matches_plain_adam_through_the_app(sweep):
@@ -149,13 +152,18 @@ def test_zero_adam_matches_plain_adam_through_the_app(sweep):
     assert zero["param_checksum"] == adam["param_checksum"]  # same arithmetic: bitwise equal
 
 
-def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, tmp_path):
-    uninterrupted = sweep / "1"
+@pytest.mark.parametrize(
+    ("job", "checkpoint"),
+    [("1", "step_00000003"), ("0", "step_00000003.pt")],
+    ids=["sharded-zero", "plain-adam-into-zero"],
+)
+def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, tmp_path, job, checkpoint):
+    uninterrupted = sweep / job
     result = train(
         "optim=zero_adam",
         "logger=none",
         "steps=6",
-        f"resume={uninterrupted / 'checkpoints' / 'step_000003.pt'}",
+        f"resume={uninterrupted / 'checkpoints' / checkpoint}",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

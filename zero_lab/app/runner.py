@@ -4,16 +4,18 @@
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
 2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`);
-3. with ``resume=``, load the consolidated checkpoint on every rank;
+3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's slice of the global batch, forward,
    backward (DDP all-reduces gradients), ``optimizer.step()`` (ZeRO: local step +
    parameter exchange), then one all-gather of every rank's measurements;
-5. every ``checkpoint_every`` steps, consolidate and save atomically (rank 0 writes);
+5. every ``checkpoint_every`` steps, save atomically (:mod:`zero_lab.app.checkpoint`:
+   each rank its shard for ZeRO, rank 0 the full state for plain optimizers);
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
    writes ``summary.json``.
 
-Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, checkpoints, W&B).
+Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model and the
+checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.app import checkpoint
 from zero_lab.app.build import Training, build_training, optimizer_state_bytes
-from zero_lab.app.checkpoint import checkpoint_path, gather_checkpoint, load_checkpoint, restore, save_atomic
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
@@ -79,10 +81,8 @@ def train_rank(spec: RunSpec) -> RankResult:
     losses: list[float] = []
     start = 0
     if cfg.resume is not None:
-        state = load_checkpoint(str(cfg.resume))
-        restore(training, state)
-        start, losses = state["step"], list(state["losses"])[: state["step"]]
-        log.info("resumed from %s at step %d", state["path"], start)
+        start, losses, found = checkpoint.restore(training, str(cfg.resume))
+        log.info("resumed from %s at step %d", found, start)
     gather = MetricsGather(device)
     imbalance = training.optimizer.partition.report().imbalance if training.zero else 1.0
     records: list[dict[str, Any]] = []
@@ -103,7 +103,7 @@ def train_rank(spec: RunSpec) -> RankResult:
                     for sink in sinks:
                         sink.log(record)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                _save_checkpoint(training, step + 1, losses, rank, run_dir)
+                log.info("checkpoint %s", checkpoint.save(training, run_dir, step + 1, losses))
         checksum = _agreed_checksum(training.model, gather)
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)
@@ -149,14 +149,6 @@ def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[Metric
     for sink in sinks:
         stack.push(lambda exc_type, *_, sink=sink: sink.close(failed=exc_type is not None))
     return sinks
-
-
-def _save_checkpoint(training: Training, next_step: int, losses: list[float], rank: int, run_dir: Path) -> None:
-    state = gather_checkpoint(training, next_step, losses, rank)  # collective for ZeRO
-    if state is not None:
-        path = checkpoint_path(run_dir, next_step)
-        save_atomic(state, path)
-        log.info("checkpoint %s", path)
 
 
 def param_checksum(model: torch.nn.Module) -> str:

@@ -202,13 +202,20 @@ def _check_partitioner(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
 def _check_resume(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if cfg.resume is None:
         return []
-    from zero_lab.app.checkpoint import find_checkpoint
+    from zero_lab.app.checkpoint import checkpoint_step, find_checkpoint
 
     path = Path(str(cfg.resume)).expanduser()
     if not path.exists():
-        return [f"resume={cfg.resume}: no such file or directory; give a run dir with checkpoints/ or a .pt file"]
-    if find_checkpoint(path) is None:
-        return [f"resume={cfg.resume}: holds no checkpoint; run with checkpoint_every=K to write some"]
+        return [f"resume={cfg.resume}: no such file or directory; give a run dir, or one of its checkpoints/step_*"]
+    found = find_checkpoint(path)
+    if found is None:
+        return [f"resume={cfg.resume}: holds no complete checkpoint; run with checkpoint_every=K to write some"]
+    step = checkpoint_step(found)
+    if step is not None and step >= cfg.steps:
+        return [
+            f"resume={cfg.resume}: its checkpoint {found.name} is at step {step}; steps={cfg.steps} leaves nothing to "
+            f"run (raise steps)"
+        ]
     return []
 
 
