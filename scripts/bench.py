@@ -19,8 +19,9 @@ How each number is measured, per world (one process per rank, one thread each):
    (``/proc/self/clear_refs``), build the strategy, run 2 iterations, read the peak
    (``VmHWM``). *Peak RSS Δ* = that peak − RSS before building, i.e. everything the
    strategy added (model copy, DDP buckets, gradients, state, transient buffers). Ranks
-   run with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed tensors go back to the OS and the
-   next strategy starts from the same baseline. *State bytes* sum the real tensors in
+   set malloc's mmap threshold to 64 KiB (``mallopt``) so freed tensors go back to the
+   OS and the next strategy starts from the same baseline (the timing world keeps
+   malloc's defaults). *State bytes* sum the real tensors in
    the local optimizer's ``state``; the planner's prediction is checked against them.
 2. **Timing phase** — the strategies of a *round* are built side by side in the same
    ranks and stepped round-robin, one iteration each per step, the order rotated every
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import ctypes
 import datetime
 import gc
 import json
@@ -423,6 +425,19 @@ def peak_rss_bytes() -> int:
     return _proc_status_kib("VmHWM") * 1024
 
 
+def return_freed_memory_to_os(threshold: int = 64 * 1024) -> bool:
+    """glibc: serve every allocation ≥ ``threshold`` by mmap, so ``free`` unmaps it at once.
+
+    Without this, malloc's dynamic threshold keeps freed tensors of up to 32 MiB in its
+    heap, and a strategy built after another one reuses them without raising RSS.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 # --------------------------------------------------------------------------- rank program
 @dataclass(frozen=True)
 class RankJob:
@@ -499,6 +514,8 @@ def bench_rank(job: RankJob) -> dict[str, Any]:
     """What one rank measures, per model: the memory phase or the timing rounds."""
     torch.set_num_threads(1)
     install_meters()
+    if job.phase == "memory":
+        return_freed_memory_to_os()
     out: dict[str, Any] = {}
     for model_name in job.models:
         preset = MODELS[model_name]
@@ -779,7 +796,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="timed iterations per strategy (default 8 quick / 20)")
     parser.add_argument("--memory-budget", type=float, default=0.7, help="share of MemAvailable a round may use")
     parser.add_argument("--out", type=Path, help="JSON path (default outputs/bench/bench-<mode>-<time>.json)")
-    parser.add_argument("--start-method", default="spawn", choices=["spawn", "forkserver"])
+    parser.add_argument("--start-method", default="forkserver", choices=["spawn", "forkserver"])
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per world")
     args = parser.parse_args(argv)
     args.world_sizes = args.world_sizes or ([1, 2] if args.quick else [1, 2, 4])
@@ -830,6 +847,8 @@ def schedule(args: argparse.Namespace, world_size: int, strategies: list[str]) -
         if world_size > cores and len(rounds) > 1:
             note = f"timing skipped: {world_size} ranks on {cores} cores would need {len(rounds)} rounds"
             rounds = []
+        elif world_size > cores:
+            note = f"{world_size} ranks share {cores} cores: times are oversubscribed, compare ratios only"
         out[model_name] = {"rounds": rounds, "note": note}
     return out
 
@@ -849,10 +868,7 @@ def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[s
     )
     world = {"timeout_s": args.timeout, "start_method": args.start_method}
     started = time.perf_counter()
-    # Freed tensors go straight back to the OS, so a strategy's peak RSS is not hidden by
-    # memory an earlier one freed into malloc's heap. Only here: timing runs with defaults.
-    with _environment(MALLOC_MMAP_THRESHOLD_="65536"):
-        memory = run_world(bench_rank, world_size, (job,), **world)
+    memory = run_world(bench_rank, world_size, (job,), **world)
     timing = run_world(bench_rank, world_size, (replace(job, phase="timing"),), **world)
     elapsed = time.perf_counter() - started
     runs = []
@@ -877,21 +893,6 @@ def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[s
             }
         )
     return runs
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Set environment variables for the ranks started inside (spawn passes them on)."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def print_run(run: dict[str, Any]) -> None:
