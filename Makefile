@@ -32,3 +32,12 @@ format: setup
 
 clean:
 	rm -rf $(VENV) outputs/*/ multirun .pytest_cache
+
+# Benchmarks (README, "Benchmarks"). FairScale's OSS row needs fairscale 0.4.13, installed
+# with --no-deps so pip leaves this torch alone (it runs with torch 2.13; see FIELD-NOTES).
+.PHONY: bench-deps bench-quick
+bench-deps: setup
+	$(BIN)/pip install -q --no-deps fairscale==0.4.13
+
+bench-quick: setup
+	$(BIN)/python scripts/bench.py --quick
