@@ -55,7 +55,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -441,18 +441,42 @@ def return_freed_memory_to_os(threshold: int = 64 * 1024) -> bool:
 # --------------------------------------------------------------------------- rank program
 @dataclass(frozen=True)
 class RankJob:
-    """What one world runs: per model, the strategies' rounds (lists of names)."""
+    """What one world runs: per model, the strategies (memory) or the rounds (timing).
+
+    ``need`` holds, per model and strategy, the bytes a rank must have free before
+    building it (the guard against pushing the machine out of memory).
+    """
 
     phase: str  # "memory" or "timing"
     models: tuple[str, ...]
-    rounds: dict[str, list[list[str]]]
     strategies: tuple[str, ...]
     warmup: int
     steps: int
+    rounds: dict[str, list[list[str]]] = field(default_factory=dict)
+    need: dict[str, dict[str, int]] = field(default_factory=dict)
     memory_steps: int = 2
 
 
-def memory_phase(preset: ModelPreset, template: nn.Module, names: Sequence[str], steps: int) -> dict[str, Any]:
+#: Memory every rank leaves free for the rest of the machine when deciding to build more.
+FLOOR_BYTES = 2 * 2**30
+
+
+def memory_allows(need_bytes: int) -> bool:
+    """Collective: True on every rank iff every rank has ``need_bytes`` + a floor available.
+
+    ``MemAvailable`` is machine-wide; all ranks of a world share it, so the need is
+    multiplied by the world size. One all-reduce (MIN) keeps the decision identical on
+    all ranks, so no rank builds a model (and its DDP collectives) the others skip.
+    """
+    world = dist.get_world_size()
+    free = torch.tensor([available_bytes() - world * need_bytes - FLOOR_BYTES], dtype=torch.float64)
+    dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    return free.item() >= 0
+
+
+def memory_phase(
+    preset: ModelPreset, template: nn.Module, names: Sequence[str], steps: int, need: dict[str, int]
+) -> dict[str, Any]:
     """Build each strategy alone; its peak RSS over the baseline, state and tensor bytes.
 
     A throwaway DDP run first pays the one-time costs (lazy imports, thread pools,
@@ -462,6 +486,9 @@ def memory_phase(preset: ModelPreset, template: nn.Module, names: Sequence[str],
     _run(build_runner("ddp", template), preset, steps)
     for name in names:
         gc.collect()
+        if not memory_allows(need[name]):
+            out[name] = None
+            continue
         base = rss_bytes()
         can_reset = reset_peak_rss()
         runner = build_runner(name, template)
@@ -487,8 +514,18 @@ def _run(runner: Runner, preset: ModelPreset, steps: int) -> Runner:
 
 
 def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str], job: RankJob) -> dict[str, Any]:
-    """Step the strategies of one round side by side, round-robin; per-step records."""
-    runners = {name: build_runner(name, template) for name in names}
+    """Step the strategies of one round side by side, round-robin; per-step records.
+
+    Strategies are built in order while :func:`memory_allows` them; the rest of the
+    round is left out (listed under ``skipped``).
+    """
+    runners: dict[str, Runner] = {}
+    for name in names:
+        if not memory_allows(job.need[preset.name][name]):
+            break
+        runners[name] = build_runner(name, template)
+    skipped = [n for n in names if n not in runners]
+    names = list(runners)
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     rank = dist.get_rank()
     for step in range(job.warmup + job.steps):
@@ -502,7 +539,7 @@ def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str],
     diffs = {
         name: _max_abs_diff(runner.model, reference.model) if reference else None for name, runner in runners.items()
     }
-    return {"strategies": list(names), "records": records, "max_abs_diff_vs_ddp": diffs}
+    return {"strategies": names, "skipped": skipped, "records": records, "max_abs_diff_vs_ddp": diffs}
 
 
 @torch.no_grad()
@@ -523,7 +560,7 @@ def bench_rank(job: RankJob) -> dict[str, Any]:
         template = preset.build()
         started = time.perf_counter()
         if job.phase == "memory":
-            out[model_name] = memory_phase(preset, template, job.strategies, job.memory_steps)
+            out[model_name] = memory_phase(preset, template, job.strategies, job.memory_steps, job.need[model_name])
         else:
             out[model_name] = [timing_round(preset, template, names, job) for names in job.rounds[model_name]]
         if dist.get_rank() == 0:
@@ -622,7 +659,7 @@ def merge_ranks(memory_ranks: list[dict[str, Any]], timing_ranks: list[dict[str,
     """Per strategy: per-rank memory figures, and per step the slowest rank's record."""
     out: dict[str, Any] = {}
     memory = [r[model] for r in memory_ranks]
-    for name in memory[0]:
+    for name in (n for n in memory[0] if memory[0][n] is not None):
         entry = {key: [m[name][key] for m in memory] for key in memory[0][name]}
         entry["imbalance"] = memory[0][name]["imbalance"]
         entry["exchange_mode"] = memory[0][name]["exchange_mode"]
@@ -670,22 +707,29 @@ def _ms(steps: list[dict[str, Any]], key: str) -> float | None:
 def summarize(results: dict[str, Any], model_bytes: int, planned: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
     """The figures of the printed tables, per strategy (memory: the worst rank)."""
     table = {}
-    ddp_state = max(results["ddp"]["state_bytes"]) if "ddp" in results else None
+
+    def worst(name: str | None, key: str) -> int | None:
+        values = [v for v in results.get(name or "", {}).get(key, []) if v is not None]
+        return max(values) if values else None
+
+    ddp_state = worst("ddp", "state_bytes")
     for name, r in results.items():
         ref = STRATEGIES[name].reference
-        ref_state = max(results[ref]["state_bytes"]) if ref in results else None
+        state, ref_state, peak = (
+            worst(name, "state_bytes"),
+            worst(ref, "state_bytes"),
+            worst(name, "peak_rss_delta_bytes"),
+        )
         steps = r.get("steps", [])
-        state = max(r["state_bytes"])
-        peaks = [p for p in r["peak_rss_delta_bytes"] if p is not None]
-        separable = steps and not name.startswith("zl_overlap")
+        separable = bool(steps) and not name.startswith("zl_overlap")
         table[name] = {
-            "state_mib": state / MIB,
-            "state_vs_ddp": state / ddp_state if ddp_state else None,
-            "state_vs_torch": state / ref_state if ref_state else None,
-            "planned_state_ok": planned[name] == r["state_bytes"] if name in planned else None,
-            "tensor_mib": max(r["tensor_bytes"]) / MIB,
-            "peak_rss_delta_mib": max(peaks) / MIB if peaks else None,
-            "imbalance": r["imbalance"],
+            "state_mib": None if state is None else state / MIB,
+            "state_vs_ddp": state / ddp_state if state is not None and ddp_state else None,
+            "state_vs_torch": state / ref_state if state is not None and ref_state else None,
+            "planned_state_ok": planned[name] == r["state_bytes"] if name in planned and "state_bytes" in r else None,
+            "tensor_mib": None if worst(name, "tensor_bytes") is None else worst(name, "tensor_bytes") / MIB,
+            "peak_rss_delta_mib": None if peak is None else peak / MIB,
+            "imbalance": r.get("imbalance"),
             "iter_ms": _ms(steps, "iter_s"),
             "iter_vs_torch": paired_ratio(results, name, ref, "iter_s"),
             "iter_vs_ddp": paired_ratio(results, name, "ddp", "iter_s") if name != "ddp" else None,
@@ -794,7 +838,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: all available")
     parser.add_argument("--warmup", type=int, help="untimed iterations per strategy (default 2)")
     parser.add_argument("--steps", type=int, help="timed iterations per strategy (default 8 quick / 20)")
-    parser.add_argument("--memory-budget", type=float, default=0.7, help="share of MemAvailable a round may use")
+    parser.add_argument("--memory-budget", type=float, default=0.6, help="share of MemAvailable a round may use")
     parser.add_argument("--out", type=Path, help="JSON path (default outputs/bench/bench-<mode>-<time>.json)")
     parser.add_argument("--start-method", default="forkserver", choices=["spawn", "forkserver"])
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per world")
@@ -828,71 +872,101 @@ def machine() -> dict[str, Any]:
     }
 
 
-#: Resident memory of one rank before any model (torch, Gloo, DDP imported), measured ≈ 0.4 GiB.
-RANK_RUNTIME_BYTES = 450 * MIB
+def planned_need(model_name: str, world_size: int, strategies: Sequence[str]) -> dict[str, int]:
+    """Bytes per rank to have free before the memory phase builds each strategy (planner × 1.5)."""
+    return {n: 3 * strategy_cost_bytes(model_name, n, world_size) // 2 for n in strategies}
 
 
-def schedule(args: argparse.Namespace, world_size: int, strategies: list[str]) -> dict[str, Any]:
-    """Per model: the timing rounds that fit in memory, and what was left out and why."""
-    budget = int(args.memory_budget * available_bytes())
-    out = {}
-    for model_name in args.models:
-        template = strategy_cost_bytes(model_name, "ddp", 1) // 5  # one parameter copy
-        room = budget - world_size * (RANK_RUNTIME_BYTES + template)
-        rounds, dropped = plan_rounds(
-            strategies, lambda n, m=model_name: world_size * strategy_cost_bytes(m, n, world_size), room
+def schedule(
+    args: argparse.Namespace, world_size: int, measured: dict[str, dict[str, Any]]
+) -> tuple[list[list[str]], dict[str, int], str]:
+    """Timing rounds for one model from the *measured* peaks of the memory phase.
+
+    A strategy's cost is the sum over ranks of its peak RSS Δ (everything it added,
+    transients included, so the sum over a round over-counts transients: margin for
+    the allocator). Returns the rounds, each strategy's per-rank need, and a note.
+    """
+    cost = {n: sum(m["peak_rss_delta_bytes"] or 0 for m in ranks) for n, ranks in measured.items() if None not in ranks}
+    names = list(cost)
+    need = {n: max(m["peak_rss_delta_bytes"] or 0 for m in measured[n]) for n in names}
+    resident = max((sum(m["rss_base_bytes"] for m in measured[n]) for n in names), default=0)  # runtime + template
+    rounds, dropped = plan_rounds(names, cost.__getitem__, int(args.memory_budget * available_bytes()) - resident)
+    missing = [n for n in measured if n not in cost]
+    note = "; ".join(
+        text
+        for text in (
+            f"left out (memory): {missing + dropped}" if missing + dropped else "",
+            _oversubscription(world_size, len(rounds)),
         )
-        note = f"left out of timing (memory): {dropped}" if dropped else ""
-        cores = os.cpu_count() or 1
-        if world_size > cores and len(rounds) > 1:
-            note = f"timing skipped: {world_size} ranks on {cores} cores would need {len(rounds)} rounds"
-            rounds = []
-        elif world_size > cores:
-            note = f"{world_size} ranks share {cores} cores: times are oversubscribed, compare ratios only"
-        out[model_name] = {"rounds": rounds, "note": note}
-    return out
+        if text
+    )
+    cores = os.cpu_count() or 1
+    return ([] if world_size > cores and len(rounds) > 1 else rounds), need, note
+
+
+def _oversubscription(world_size: int, rounds: int) -> str:
+    cores = os.cpu_count() or 1
+    if world_size <= cores:
+        return ""
+    if rounds > 1:
+        return f"timing skipped: {world_size} ranks on {cores} cores would need {rounds} rounds"
+    return f"{world_size} ranks share {cores} cores: times are oversubscribed, compare ratios only"
 
 
 def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[str]) -> list[dict[str, Any]]:
-    """Two worlds for ``world_size`` (memory, then timing), every model in each."""
+    """Two worlds for ``world_size``: memory (every model), then timing rounds planned from it."""
     from zero_lab.launch import run_world
 
-    plan = schedule(args, world_size, strategies)
-    job = RankJob(
-        "memory",
-        tuple(args.models),
-        {m: p["rounds"] for m, p in plan.items()},
-        tuple(strategies),
-        args.warmup,
-        args.steps,
-    )
     world = {"timeout_s": args.timeout, "start_method": args.start_method}
+    need = {m: planned_need(m, world_size, strategies) for m in args.models}
+    job = RankJob("memory", tuple(args.models), tuple(strategies), args.warmup, args.steps, need=need)
     started = time.perf_counter()
     memory = run_world(bench_rank, world_size, (job,), **world)
-    timing = run_world(bench_rank, world_size, (replace(job, phase="timing"),), **world)
-    elapsed = time.perf_counter() - started
-    runs = []
+    plans = {}
     for model_name in args.models:
-        with torch.device("meta"):
-            model = MODELS[model_name].build()
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        results = merge_ranks(memory, timing, model_name)
-        table = summarize(results, model_bytes, planned_state(model_name, world_size, strategies))
-        runs.append(
-            {
-                "model": model_name,
-                "description": MODELS[model_name].description,
-                "world_size": world_size,
-                "model_numel": sum(p.numel() for p in model.parameters()),
-                "model_bytes": model_bytes,
-                "rounds": plan[model_name]["rounds"],
-                "note": plan[model_name]["note"],
-                "world_seconds": elapsed,
-                "results": results,
-                "table": table,
-            }
-        )
-    return runs
+        measured = {n: [r[model_name][n] for r in memory] for n in strategies}
+        plans[model_name] = schedule(args, world_size, measured)
+    timing_job = replace(
+        job, phase="timing", rounds={m: p[0] for m, p in plans.items()}, need={m: p[1] for m, p in plans.items()}
+    )
+    timing = run_world(bench_rank, world_size, (timing_job,), **world)
+    elapsed = time.perf_counter() - started
+    return [
+        summarize_run(model_name, world_size, strategies, memory, timing, plans[model_name], elapsed)
+        for model_name in args.models
+    ]
+
+
+def summarize_run(
+    model_name: str,
+    world_size: int,
+    strategies: list[str],
+    memory: list[dict[str, Any]],
+    timing: list[dict[str, Any]],
+    plan: tuple[list[list[str]], dict[str, int], str],
+    elapsed: float,
+) -> dict[str, Any]:
+    """One model at one world size: merged per-strategy results, the table, rounds and notes."""
+    with torch.device("meta"):
+        model = MODELS[model_name].build()
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    results = merge_ranks(memory, timing, model_name)
+    rounds, _, note = plan
+    skipped = sorted({n for r in (timing[0][model_name] if timing else []) for n in r["skipped"]})
+    if skipped:
+        note = "; ".join(filter(None, [note, f"skipped at build time (memory): {skipped}"]))
+    return {
+        "model": model_name,
+        "description": MODELS[model_name].description,
+        "world_size": world_size,
+        "model_numel": sum(p.numel() for p in model.parameters()),
+        "model_bytes": model_bytes,
+        "rounds": [r["strategies"] for r in timing[0][model_name]] if timing else rounds,
+        "note": note,
+        "world_seconds": elapsed,
+        "results": results,
+        "table": summarize(results, model_bytes, planned_state(model_name, world_size, strategies)),
+    }
 
 
 def print_run(run: dict[str, Any]) -> None:
