@@ -60,13 +60,25 @@ def build_on_meta(name: str) -> nn.Module:
 
 
 def plans_for(
-    module: nn.Module, world_size: int, partitioners: Sequence[str], optimizer: str, dtype: torch.dtype
+    module: nn.Module,
+    world_size: int,
+    partitioners: Sequence[str],
+    optimizer: str,
+    dtype: torch.dtype,
+    master_weights: bool = False,
 ) -> list[MemoryPlan]:
-    """DDP + the optimizer, then ZeRO-1 with each partitioner, at ``world_size``."""
+    """DDP + the optimizer, then ZeRO-1 with each partitioner, at ``world_size``.
+
+    ``master_weights`` applies to the ZeRO rows (zero_lab keeps fp32 masters of owned
+    low-precision shards); the DDP row is the plain optimizer on the parameters as they are.
+    """
     optimizer_class, defaults = OPTIMIZERS[optimizer]
     specs = specs_from_module((name, p.to(dtype)) for name, p in module.named_parameters())
-    strategies: list[Partitioner | None] = [None, *(PARTITIONERS[p]() for p in partitioners)]
-    return [plan_memory(specs, world_size, part, optimizer_class, **defaults) for part in strategies]
+    ddp = plan_memory(specs, world_size, None, optimizer_class, **defaults)
+    return [ddp] + [
+        plan_memory(specs, world_size, PARTITIONERS[p](), optimizer_class, master_weights=master_weights, **defaults)
+        for p in partitioners
+    ]
 
 
 def format_plans(plans: Sequence[MemoryPlan]) -> str:
@@ -76,16 +88,18 @@ def format_plans(plans: Sequence[MemoryPlan]) -> str:
         f"W={plans[0].world_size}: every rank holds parameters {first.param_bytes / MIB:,.1f} MiB, "
         f"gradients {first.grad_bytes / MIB:,.1f} MiB, DDP buckets {first.ddp_buffer_bytes / MIB:,.1f} MiB",
         "",
-        "| strategy | state max MiB | state mean MiB | state min MiB | total max MiB | state ÷ DDP | imbalance |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| strategy | state max MiB | state mean MiB | state min MiB | fp32 masters max MiB | total max MiB "
+        "| state ÷ DDP | imbalance |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ddp_state = plans[0].summary()["state_bytes"]["max"]
     for plan in plans:
-        state, total = plan.summary()["state_bytes"], plan.summary()["total_bytes"]
+        summary = plan.summary()
+        state, total, masters = summary["state_bytes"], summary["total_bytes"], summary["master_bytes"]
         ratio = state["max"] / ddp_state if ddp_state else float("nan")
         lines.append(
             f"| {plan.strategy} | {state['max'] / MIB:,.3f} | {state['mean'] / MIB:,.3f} | {state['min'] / MIB:,.3f} "
-            f"| {total['max'] / MIB:,.1f} | {ratio:.4f} | {plan.imbalance:.3f} |"
+            f"| {masters['max'] / MIB:,.1f} | {total['max'] / MIB:,.1f} | {ratio:.4f} | {plan.imbalance:.3f} |"
         )
     return "\n".join(lines)
 
@@ -97,6 +111,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitioner", default="all", choices=[*PARTITIONERS, "all"])
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--master-weights", action="store_true", help="ZeRO rows keep fp32 masters of bf16/fp16")
     parser.add_argument("--json", type=Path, help="also write every plan (per rank) as JSON here")
     return parser.parse_args(argv)
 
@@ -110,8 +125,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     print(f"model {args.model}: {numel:,} parameters ({args.dtype}), optimizer {args.optimizer}")
     out = []
     for world_size in args.world_size:
-        plans = plans_for(module, world_size, partitioners, args.optimizer, dtype)
-        print(f"optimizer state per stepped tensor: {plans[0].state_rule}\n" if not out else "")
+        plans = plans_for(module, world_size, partitioners, args.optimizer, dtype, args.master_weights)
+        if not out:
+            print(f"optimizer state per stepped tensor: {plans[0].state_rule}\n")
         print(format_plans(plans) + "\n")
         out += [plan.as_dict(per_rank=args.json is not None) for plan in plans]
     if args.json:
