@@ -185,6 +185,7 @@ STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
         Strategy("ddp", "DDP + Adam", None),
+        Strategy("ddp_aa", "DDP + Adam again: the A/A control (its ÷ DDP is the noise)", "ddp"),
         Strategy("torch", "torch ZeRO", None),
         Strategy("torch_bv", "torch ZeRO, bucket view", None),
         Strategy("fairscale_oss", "FairScale OSS", "torch_bv"),
@@ -269,6 +270,7 @@ class Runner:
         self.stats_fn: Callable[[], CommStats] = CommStats
         self.patched_stats: CommStats | None = None
         self.steps_in_backward = getattr(optimizer, "exchange_mode", "") == "overlap_per_bucket"
+        self.on_close: list[Callable[[], None]] = []
         self._local_s = 0.0
         self._local_start = 0.0
         local.register_step_pre_hook(self._pre)
@@ -302,6 +304,12 @@ class Runner:
             exchange_calls=moved.calls,
             metered_s=moved.seconds,
         )
+
+    def close(self) -> None:
+        """Break reference cycles that would keep this strategy's tensors alive after ``del``."""
+        for action in self.on_close:
+            action()
+        self.on_close.clear()
 
     def state_bytes(self) -> int:
         """Bytes of every tensor in the local optimizer's state (this rank's shard for ZeRO)."""
@@ -354,7 +362,7 @@ def build_runner(name: str, template: nn.Module) -> Runner:
     """A fresh copy of ``template`` in DDP with strategy ``name``'s optimizer."""
     model = copy.deepcopy(template)
     ddp = DDP(model)
-    if name == "ddp":
+    if name in ("ddp", "ddp_aa"):
         adam = torch.optim.Adam(ddp.parameters(), lr=LR)
         return Runner(name, model, ddp, adam, adam)
     if name in ("torch", "torch_bv"):
@@ -387,7 +395,11 @@ def _zero_lab_runner(name: str, model: nn.Module, ddp: DDP) -> Runner:
         hook = make_hook(allreduce_hook, ddp, zero)
         ddp.register_comm_hook(None, hook)
         runner = Runner(name, model, ddp, zero, zero.optim)  # after the hook: it rebuilds zero.optim
-        runner.stats_fn = lambda: hook.engine.comm.stats
+        comm = hook.engine.comm
+        runner.stats_fn = lambda: comm.stats
+        # DDP's C++ reducer holds the hook, whose engine holds the DDP model: a cycle gc cannot
+        # see, so the whole strategy would outlive ``del`` (see the README's notes).
+        runner.on_close.append(hook.engine.__dict__.clear)
         return runner
     partitioner = Flat() if name.startswith("zl_flat") else SortedGreedy()
     zero = ZeroRedundancyOptimizer(
@@ -512,6 +524,7 @@ def memory_phase(
             "imbalance": runner.imbalance(),
             "exchange_mode": getattr(runner.optimizer, "exchange_mode", None),
         }
+        runner.close()
         del runner
         release_memory()
     return out
@@ -552,6 +565,8 @@ def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str],
     diffs = {
         name: _max_abs_diff(runner.model, reference.model) if reference else None for name, runner in runners.items()
     }
+    for runner in runners.values():
+        runner.close()
     del runners, reference
     release_memory()
     return {"strategies": names, "skipped": skipped, "records": records, "max_abs_diff_vs_ddp": diffs}
@@ -597,7 +612,7 @@ def strategy_cost_bytes(model_name: str, name: str, world_size: int) -> int:
     with torch.device("meta"):
         model = MODELS[model_name].build()
     specs = specs_from_module(model)
-    partitioner = None if name == "ddp" else Flat() if name.startswith("zl_flat") else SortedGreedy()
+    partitioner = None if name.startswith("ddp") else Flat() if name.startswith("zl_flat") else SortedGreedy()
     plan = plan_memory(specs, world_size, partitioner, torch.optim.Adam, lr=LR)
     worst = max(plan.ranks, key=lambda r: r.total_bytes)
     transient = worst.param_bytes if name in ("zl_flat", "zl_overlap", "zl_overlap_il") else 0
@@ -627,40 +642,56 @@ def _packing_units(names: Sequence[str]) -> list[list[str]]:
     return list(units.values())
 
 
+def _with_references(unit: Sequence[str], names: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(m for n in unit for m in (STRATEGIES[n].reference, n) if m in names))
+
+
+def _fill(
+    units: Sequence[list[str]], start: list[str], names: Sequence[str], cost: Callable[[str], int], budget: int
+) -> tuple[list[str], list[list[str]]]:
+    """First-fit: add each unit (with its references) to ``start`` while the round fits."""
+    current, left = list(start), []
+    for unit in units:
+        extra = [m for m in _with_references(unit, names) if m not in current]
+        if sum(cost(n) for n in current + extra) <= budget:
+            current += extra
+        else:
+            left.append(unit)
+    return current, left
+
+
 def plan_rounds(names: Sequence[str], cost: Callable[[str], int], budget: int) -> tuple[list[list[str]], list[str]]:
     """Group strategies into rounds whose summed ``cost`` fits ``budget``.
 
-    Every round holds ``ddp`` (if selected) and the reference of each strategy in it, so
-    every ratio is paired within a round (a reference may run in several rounds); a
-    family (``zl_sg`` with ``zl_sg_bv``) shares a round when it fits in one. First-fit
-    over families, zero_lab's first. Returns the rounds and the strategies that do not
-    fit even alone with ``ddp`` and their reference.
+    Every round holds the reference of each strategy in it (a reference may run in
+    several rounds), so every zero_lab ÷ torch ratio is paired within a round. In order
+    of preference a round also holds ``ddp``, and a whole family (``zl_sg`` with
+    ``zl_sg_bv``); when a family fits only without ``ddp`` it runs without it, and when
+    it does not fit at all its members run one by one. Returns the rounds and the
+    strategies that do not fit even alone with their reference.
     """
     base = ["ddp"] if "ddp" in names else []
     rounds: list[list[str]] = []
     dropped: list[str] = []
     pending = _packing_units(names)
     while pending:
-        current, remaining = list(base), []
-        for unit in pending:
-            wanted = dict.fromkeys(m for n in unit for m in (STRATEGIES[n].reference, n) if m in names)
-            extra = [m for m in wanted if m not in current]
-            if sum(cost(n) for n in current + extra) <= budget:
-                current += extra
-            else:
-                remaining.append(unit)
-        if current != base:
+        current, left = _fill(pending, base, names, cost, budget)
+        if current == base:  # nothing fits beside ddp: the first family alone
+            current, rest = _fill(pending[:1], [], names, cost, budget)
+            left = rest + pending[1:]
+        if current and current != base:
             rounds.append(current)
-            pending = remaining
-        elif len(pending[0]) > 1:  # the family does not fit together: try its members one by one
+            pending = left
+        elif len(pending[0]) > 1:  # the family does not fit together: its members one by one
             pending[0:1] = [[n] for n in pending[0]]
         else:
             dropped += pending.pop(0)
-        if not pending:  # baselines only their dropped strategies referred to, or ddp alone
+        if not pending:  # ddp if no round had room for it; baselines of dropped strategies
             placed = {n for r in rounds for n in r} | set(dropped)
-            pending = [[n] for n in names if n not in placed and n not in base]
-            if not pending and base and not rounds and cost(base[0]) <= budget:
-                rounds.append(base)
+            pending = [[n] for n in names if n not in placed]
+            if pending == [base] and base:
+                rounds.append(base) if cost(base[0]) <= budget else dropped.append(base[0])
+                pending = []
     return rounds, dropped
 
 
@@ -736,7 +767,8 @@ def summarize(results: dict[str, Any], model_bytes: int, planned: dict[str, list
             worst(name, "peak_rss_delta_bytes"),
         )
         steps = r.get("steps", [])
-        separable = bool(steps) and name != "ddp" and not name.startswith("zl_overlap")
+        sharded = bool(steps) and not name.startswith("ddp")
+        separable = sharded and not name.startswith("zl_overlap")
         table[name] = {
             "state_mib": None if state is None else state / MIB,
             "state_vs_ddp": state / ddp_state if state is not None and ddp_state else None,
@@ -746,12 +778,12 @@ def summarize(results: dict[str, Any], model_bytes: int, planned: dict[str, list
             "peak_rss_delta_mib": None if peak is None else peak / MIB,
             "imbalance": r.get("imbalance"),
             "iter_ms": _ms(steps, "iter_s"),
-            "iter_vs_torch": paired_ratio(results, name, ref, "iter_s"),
+            "iter_vs_torch": paired_ratio(results, name, ref, "iter_s") if ref and ref.startswith("torch") else None,
             "iter_vs_ddp": paired_ratio(results, name, "ddp", "iter_s") if name != "ddp" else None,
             "exchange_ms": _ms(steps, "exchange_s") if separable else None,
             "collective_ms": _ms(steps, "metered_s") if separable and STRATEGIES[name].zero_lab else None,
-            "bytes_vs_min": _median([s["exchange_bytes"] for s in steps]) / model_bytes if steps else None,
-            "calls_per_step": _median([s["exchange_calls"] for s in steps]),
+            "bytes_vs_min": _median([s["exchange_bytes"] for s in steps]) / model_bytes if sharded else None,
+            "calls_per_step": _median([s["exchange_calls"] for s in steps]) if sharded else None,
             "max_abs_diff_vs_ddp": r.get("max_abs_diff_vs_ddp"),
         }
     return table
@@ -762,8 +794,9 @@ def planned_state(model_name: str, world_size: int, names: Sequence[str]) -> dic
     with torch.device("meta"):
         model = MODELS[model_name].build()
     specs = specs_from_module(model)
-    greedy = ("torch", "torch_bv", "fairscale_oss", "zl_sg", "zl_sg_bv")
-    partitioners = {"ddp": None} | {n: SortedGreedy() for n in greedy} | {n: Flat() for n in ("zl_flat", "zl_flat_bv")}
+    greedy = ("torch", "torch_bv", "zl_sg", "zl_sg_bv")  # FairScale's OSS assigns in its own order
+    partitioners = {"ddp": None, "ddp_aa": None} | {n: SortedGreedy() for n in greedy}
+    partitioners |= {n: Flat() for n in ("zl_flat", "zl_flat_bv")}
     return {
         name: [r.state_bytes for r in plan_memory(specs, world_size, part, torch.optim.Adam, lr=LR).ranks]
         for name, part in partitioners.items()

@@ -41,10 +41,21 @@ def test_plan_rounds_splits_a_family_that_does_not_fit_together() -> None:
     assert rounds == [["ddp", "torch", "zl_sg"], ["ddp", "torch_bv", "zl_sg_bv"]] and dropped == []
 
 
+def test_plan_rounds_runs_a_family_without_ddp_before_splitting_it() -> None:
+    names = ["ddp", "torch", "torch_bv", "zl_sg", "zl_sg_bv"]
+    rounds, dropped = bench.plan_rounds(names, lambda n: 1, budget=4)
+    assert rounds == [["torch", "zl_sg", "torch_bv", "zl_sg_bv"], ["ddp"]] and dropped == []
+
+
 def test_plan_rounds_drops_what_cannot_fit_even_alone() -> None:
     names = ["ddp", "torch", "zl_sg"]
-    rounds, dropped = bench.plan_rounds(names, lambda n: 5 if n == "zl_sg" else 1, budget=6)
+    rounds, dropped = bench.plan_rounds(names, lambda n: 5 if n == "zl_sg" else 1, budget=5)
     assert rounds == [["ddp", "torch"]] and dropped == ["zl_sg"]
+
+
+def test_the_a_a_control_runs_beside_ddp() -> None:
+    rounds, _ = bench.plan_rounds(["ddp", "ddp_aa", "torch", "zl_sg"], lambda n: 1, budget=3)
+    assert rounds == [["ddp", "torch", "zl_sg"], ["ddp", "ddp_aa"]]
 
 
 def _steps(*iters: float) -> list[dict[str, float]]:
@@ -65,7 +76,7 @@ def test_paired_ratio_is_the_median_of_per_step_ratios() -> None:
 
 def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
-    strategies = ["ddp", "torch", "torch_bv", "zl_sg", "zl_sg_bv", "zl_flat", "zl_overlap_il"]
+    strategies = ["ddp", "ddp_aa", "torch", "torch_bv", "zl_sg", "zl_sg_bv", "zl_flat", "zl_overlap_il"]
     argv = ["--models", "tiny", "--world-sizes", "2", "--warmup", "1", "--steps", "2", "--start-method", "forkserver"]
     report = bench.main([*argv, "--strategies", *strategies, "--out", str(out)])
     printed = capsys.readouterr().out
@@ -82,4 +93,6 @@ def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     assert table["zl_sg_bv"]["calls_per_step"] == 2 and table["torch_bv"]["calls_per_step"] == 2
     assert len(results["zl_sg"]["steps"]) == 2 and all(s["iter_s"] > 0 for s in results["zl_sg"]["steps"])
     assert max(table[n]["max_abs_diff_vs_ddp"] for n in strategies) < 1e-5
+    assert table["ddp_aa"]["iter_vs_ddp"] is not None and table["ddp_aa"]["iter_vs_torch"] is None
+    assert table["ddp"]["bytes_vs_min"] is None and table["zl_overlap_il"]["exchange_ms"] is None
     assert {t["target"] for t in report["targets"]} >= {"zl_flat Adam state ≤ 0.51 × DDP's (worst rank)"}
