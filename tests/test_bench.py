@@ -96,3 +96,6 @@ def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     assert table["ddp_aa"]["iter_vs_ddp"] is not None and table["ddp_aa"]["iter_vs_torch"] is None
     assert table["ddp"]["bytes_vs_min"] is None and table["zl_overlap_il"]["exchange_ms"] is None
     assert {t["target"] for t in report["targets"]} >= {"zl_flat Adam state ≤ 0.51 × DDP's (worst rank)"}
+    again = bench.main(["--report", str(out)])  # re-rendered from the raw figures alone
+    assert again["runs"][0]["table"]["zl_flat"] == table["zl_flat"]
+    assert "re-rendered" in capsys.readouterr().out
