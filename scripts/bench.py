@@ -956,26 +956,16 @@ def schedule(
     need = {n: max(m["peak_rss_delta_bytes"] or 0 for m in measured[n]) for n in names}
     resident = max((sum(m["rss_base_bytes"] for m in measured[n]) for n in names), default=0)  # runtime + template
     rounds, dropped = plan_rounds(names, cost.__getitem__, int(args.memory_budget * available_bytes()) - resident)
-    missing = [n for n in measured if n not in cost]
-    note = "; ".join(
-        text
-        for text in (
-            f"left out (memory): {missing + dropped}" if missing + dropped else "",
-            _oversubscription(world_size, len(rounds)),
-        )
-        if text
-    )
     cores = os.cpu_count() or 1
-    return ([] if world_size > cores and len(rounds) > 1 else rounds), need, note
-
-
-def _oversubscription(world_size: int, rounds: int) -> str:
-    cores = os.cpu_count() or 1
-    if world_size <= cores:
-        return ""
-    if rounds > 1:
-        return f"timing skipped: {world_size} ranks on {cores} cores would need {rounds} rounds"
-    return f"{world_size} ranks share {cores} cores: times are oversubscribed, compare ratios only"
+    notes = [f"not measured (too little free memory then): {[n for n in measured if n not in cost]}"]
+    if world_size > cores and len(rounds) > 1:
+        notes.append(f"timing skipped: {world_size} ranks on {cores} cores would need {len(rounds)} rounds")
+        rounds = []
+    else:
+        notes.append(f"left out of timing (memory): {dropped}")
+        if world_size > cores:
+            notes.append(f"{world_size} ranks share {cores} cores: times are oversubscribed, compare ratios only")
+    return rounds, need, "; ".join(n for n in notes if not n.endswith("[]"))
 
 
 def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[str]) -> list[dict[str, Any]]:
