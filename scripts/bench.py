@@ -893,6 +893,65 @@ def _target(model: str, what: str, value: float, met: bool) -> dict[str, Any]:
     return {"model": model, "target": what, "measured": value, "met": bool(met)}
 
 
+# --------------------------------------------------------------------------- transport check
+def collectives_rank(sizes: list[int], repeats: int) -> dict[str, float]:
+    """Median ms to bring every rank's part of a model-sized fp32 buffer to all ranks, 3 ways.
+
+    The same bytes each time: one ``all_gather_into_tensor`` into the buffer (flat's
+    exchange); one broadcast per rank of its contiguous segment (bucket-view
+    broadcast); one broadcast per parameter from its sorted-greedy owner (per tensor).
+    """
+    torch.set_num_threads(1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    buffer = torch.randn(sum(sizes))
+    chunk = buffer.numel() // world
+    buffer = buffer[: chunk * world]
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    tensors = list(torch.randn(sum(sizes)).split(sizes))
+    owners = SortedGreedy.assign(sizes, [0] * len(sizes), world)
+
+    def broadcast_all(pairs: list[tuple[torch.Tensor, int]]) -> None:
+        for work in [dist.broadcast(t, src=src, async_op=True) for t, src in pairs]:
+            work.wait()
+
+    ways = {
+        "all_gather_into_tensor": lambda: all_gather(buffer, buffer[rank * chunk : (rank + 1) * chunk]),
+        "one broadcast per rank": lambda: broadcast_all(
+            [(buffer[r * chunk : (r + 1) * chunk], r) for r in range(world)]
+        ),
+        "one broadcast per tensor": lambda: broadcast_all(list(zip(tensors, owners))),
+    }
+    out = {}
+    for name, fn in ways.items():
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        out[name] = 1e3 * statistics.median(times)
+    return out
+
+
+def check_collectives(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Print how long Gloo takes to move each model's bytes with each collective pattern."""
+    from zero_lab.launch import run_world
+
+    rows = []
+    print("| model | W | MiB | all_gather_into_tensor ms | one broadcast per rank ms | one broadcast per tensor ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for model_name in args.models:
+        with torch.device("meta"):
+            sizes = [p.numel() for p in MODELS[model_name].build().parameters()]
+        for world_size in args.world_sizes:
+            times = run_world(collectives_rank, world_size, (sizes, args.steps), start_method=args.start_method)
+            worst = {k: max(t[k] for t in times) for k in times[0]}
+            rows.append({"model": model_name, "world_size": world_size, "ms": worst})
+            cells = " | ".join(f"{v:.1f}" for v in worst.values())
+            print(f"| {model_name} ({len(sizes)} tensors) | {world_size} | {4 * sum(sizes) / MIB:.0f} | {cells} |")
+    return rows
+
+
 # --------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -907,6 +966,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--start-method", default="forkserver", choices=["spawn", "forkserver"])
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per world")
     parser.add_argument("--report", type=Path, help="re-print the tables of a saved JSON instead of measuring")
+    parser.add_argument("--collectives", action="store_true", help="only time Gloo's transports on the models' bytes")
     args = parser.parse_args(argv)
     args.world_sizes = args.world_sizes or ([1, 2] if args.quick else [1, 2, 4])
     args.models = args.models or (["tutorial-quick", "lm-quick"] if args.quick else ["tutorial", "lm"])
@@ -1059,6 +1119,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.report:
         return rerender(args.report)
+    if args.collectives:
+        return {"collectives": check_collectives(args)}
     info = machine()
     strategies = args.strategies or [n for n in STRATEGIES if n != "fairscale_oss" or info["fairscale_ok"]]
     command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)

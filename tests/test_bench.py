@@ -99,3 +99,12 @@ def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     again = bench.main(["--report", str(out)])  # re-rendered from the raw figures alone
     assert again["runs"][0]["table"]["zl_flat"] == table["zl_flat"]
     assert "re-rendered" in capsys.readouterr().out
+
+
+def test_collectives_check_times_three_transports(capsys) -> None:
+    out = bench.main(
+        ["--collectives", "--models", "tiny", "--world-sizes", "2", "--steps", "2", "--start-method", "forkserver"]
+    )
+    (row,) = out["collectives"]
+    assert set(row["ms"]) == {"all_gather_into_tensor", "one broadcast per rank", "one broadcast per tensor"}
+    assert "| tiny (6 tensors) | 2 |" in capsys.readouterr().out
