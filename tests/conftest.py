@@ -7,10 +7,12 @@ zero_lab and the rank programs imported once); every later world costs â‰ˆ 0.1â€
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e import run_once
 from zero_lab import launch
 
 launch.preload("tests.rank_programs")
@@ -39,3 +41,17 @@ def single_rank_group() -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory) -> Path:
+    """``python train.py`` with no overrides but the run dir: ZeRO-Adam, 2 ranks, W&B offline."""
+    return run_once(tmp_path_factory.getbasetemp(), "default")
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory) -> Path:
+    """A 2-job basic-launcher sweep, plain Adam vs ZeRO-Adam at W=2, W&B offline, checkpoints every 3 steps."""
+    return run_once(
+        tmp_path_factory.getbasetemp(), "sweep", "optim=adam,zero_adam", "steps=6", "checkpoint_every=3", multirun=True
+    )

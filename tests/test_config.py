@@ -13,6 +13,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 
 from zero_lab import ZeroRedundancyOptimizer, app
+from zero_lab.app.build import optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
@@ -69,7 +70,7 @@ def test_every_option_composes_checks_and_instantiates(group, option, one_rank_w
     check(cfg, choices)
     model = instantiate(cfg.model)
     if group == "optim":
-        make = instantiate(cfg.optim)
+        make = optimizer_factory(cfg.optim)
         assert isinstance(make, functools.partial)
         extra = {"partitioner": instantiate(cfg.partitioner)} if option.startswith("zero_") else {}
         params = model.named_parameters() if extra else model.parameters()
@@ -137,6 +138,10 @@ BAD_INPUT = [
     (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
     (["partitioner=ddp_bucket"], ["partitioner=ddp_bucket", "overlap=true"]),
     (["overlap_hook=sideways"], ["overlap_hook=sideways", "zero_step, interleaved"]),
+    (["optim.max_grad_norm=0"], ["optim.max_grad_norm=0", "> 0", "null"]),
+    (["optim.max_grad_norm=1.0", "overlap=true"], ["optim.max_grad_norm", "overlap=false"]),
+    (["param_dtype=bf16"], ["param_dtype=bf16", "float32, bfloat16, float16"]),
+    (["optim=adam", "optim.master_weights=true"], ["optim.master_weights", "no such key"]),
 ]
 
 

@@ -4,21 +4,13 @@ offline W&B run read back from its ``.wandb`` file (``wandb leet inspect --json`
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.test_app import (
-    assert_no_leftover_processes,
-    default_run_dir,
-    metrics,
-    summary,
-    sweep_dir,
-    wandb_records,
-)
+from tests.e2e import assert_no_leftover_processes, metrics, summary, wandb_records
 from zero_lab.app.build import optimizer_state_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
@@ -35,16 +27,6 @@ PER_RANK = (
 
 def of_type(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [r[kind] for r in records if r["type"] == kind]
-
-
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory) -> Path:
-    return default_run_dir(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    return sweep_dir(tmp_path_factory.getbasetemp())
 
 
 # ----------------------------------------------------------------------------- units

@@ -9,9 +9,11 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
     train/loss                      mean over ranks = the global-batch loss
     train/loss/rank{r}
     time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_bytes/...,
-    comm/exchange_calls/..., memory/optim_state_bytes/..., memory/peak_bytes/...
+    comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
+    memory/peak_bytes/...
     memory/imbalance                partition max / ideal (1.0 for plain optimizers)
     train/samples_per_s             global batch / slowest rank's step time
+    train/grad_norm                 global gradient norm before clipping (optim.max_grad_norm set)
 
     gather = MetricsGather(device)
     per_rank = gather(RankStep(loss=..., step_s=..., ...))   # collective, every rank
@@ -42,8 +44,10 @@ class RankStep:
     exchange_bytes: float = 0.0
     exchange_calls: float = 0.0
     optim_state_bytes: float = 0.0
+    master_weight_bytes: float = 0.0
     peak_bytes: float = 0.0
     samples: float = 0.0
+    grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
@@ -55,6 +59,7 @@ _KEYS: dict[str, str] = {
     "exchange_bytes": "comm/exchange_bytes",
     "exchange_calls": "comm/exchange_calls",
     "optim_state_bytes": "memory/optim_state_bytes",
+    "master_weight_bytes": "memory/master_weight_bytes",
     "peak_bytes": "memory/peak_bytes",
 }
 
@@ -94,8 +99,9 @@ def _per_rank(prefix: str, values: list[float]) -> dict[str, float]:
     return out
 
 
-def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0) -> dict[str, Any]:
-    """The namespaced metrics of one step (see the module docstring)."""
+def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, grad_norm: bool = False) -> dict[str, Any]:
+    """The namespaced metrics of one step (see the module docstring); ``grad_norm``: the
+    loop clips, so ``train/grad_norm`` is recorded (rank 0's; every rank has the same)."""
     losses = [r.loss for r in per_rank]
     record: dict[str, Any] = {"step": step, "train/loss": sum(losses) / len(losses)}
     record.update({f"train/loss/rank{r}": loss for r, loss in enumerate(losses)})
@@ -104,4 +110,6 @@ def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0) -> 
     slowest = max(r.step_s for r in per_rank)
     record["train/samples_per_s"] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
     record["memory/imbalance"] = imbalance
+    if grad_norm:
+        record["train/grad_norm"] = per_rank[0].grad_norm
     return record

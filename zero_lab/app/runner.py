@@ -37,7 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import checkpoint
-from zero_lab.app.build import Training, build_training, optimizer_state_bytes
+from zero_lab.app.build import Training, build_training, clip_gradients, master_weight_bytes, optimizer_state_bytes
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
@@ -94,7 +94,7 @@ def train_rank(spec: RunSpec) -> RankResult:
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
             per_rank = gather(_train_step(training, data, step, rank, world, device))
-            record = step_record(step, per_rank, imbalance)
+            record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
             losses.append(record["train/loss"])
             if rank == 0:
                 records.append(record)
@@ -117,12 +117,15 @@ def train_rank(spec: RunSpec) -> RankResult:
 def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:
     """One optimizer step on this rank's slice; returns what it measured."""
     inputs, targets = (t.to(device) for t in data.shard(step, rank, world))
+    if inputs.is_floating_point():
+        inputs = inputs.to(training.param_dtype)  # bf16/fp16 models take inputs in their dtype
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
-    loss = data.loss(training.ddp(inputs), targets)
+    loss = data.loss(training.ddp(inputs).float(), targets)  # the loss in fp32 whatever the params' dtype
     loss.backward()  # DDP all-reduces gradients bucket by bucket during backward
+    grad_norm = clip_gradients(training)  # optim.max_grad_norm: the global norm, before any shard steps
     training.optimizer.step()  # ZeRO: step own shards, then exchange parameters
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -135,8 +138,10 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         exchange_bytes=exchange.bytes if exchange else 0.0,
         exchange_calls=exchange.calls if exchange else 0.0,
         optim_state_bytes=optimizer_state_bytes(training.optimizer),
+        master_weight_bytes=master_weight_bytes(training.optimizer),
         peak_bytes=peak_memory_bytes(device),
         samples=inputs.shape[0],
+        grad_norm=grad_norm if grad_norm is not None else 0.0,
     )
 
 
@@ -212,7 +217,11 @@ def _summary(
         "exchange_mode": getattr(training.optimizer, "exchange_mode", None),
         "model_params": sum(p.numel() for p in training.model.parameters()),
         "global_batch": cfg.data.global_batch,
+        "param_dtype": str(cfg.param_dtype),
+        "master_weights": bool(cfg.optim.get("master_weights", False)),
+        "max_grad_norm": cfg.optim.get("max_grad_norm"),
         "optim_state_bytes": per_rank("memory/optim_state_bytes"),
+        "master_weight_bytes": per_rank("memory/master_weight_bytes"),
         "peak_bytes": per_rank("memory/peak_bytes"),
         "imbalance": last.get("memory/imbalance", 1.0),
         "step_time_s": median("time/step_s/max") if records else None,

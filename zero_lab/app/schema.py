@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "OverlapHook", "register_configs"]
+__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "OverlapHook", "ParamDtype", "register_configs"]
 
 
 class Backend(str, Enum):
@@ -40,6 +40,14 @@ class OverlapHook(str, Enum):
 
     zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
     interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
+
+
+class ParamDtype(str, Enum):
+    """The dtype the model's parameters (and so DDP's gradients and the exchange) live in."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
 
 
 class LoggerMode(str, Enum):
@@ -69,6 +77,7 @@ class AdamSchema:
     eps: float = 1e-8
     weight_decay: float = 0.0
     amsgrad: bool = False
+    max_grad_norm: float | None = None  # clip the global 2-norm before every step (app key, not passed on)
 
 
 @dataclass
@@ -81,6 +90,7 @@ class SGDSchema:
     dampening: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
+    max_grad_norm: float | None = None  # clip the global 2-norm before every step (app key, not passed on)
 
 
 @dataclass
@@ -89,12 +99,14 @@ class ZeroAdamSchema(AdamSchema):
 
     _target_: str = "zero_lab.ZeroRedundancyOptimizer"
     optimizer_class: ClassRef = field(default_factory=ClassRef)
+    master_weights: bool = False  # fp32 shards of bf16/fp16 params and their state (param_dtype)
 
 
 @dataclass
 class ZeroSGDSchema(SGDSchema):
     _target_: str = "zero_lab.ZeroRedundancyOptimizer"
     optimizer_class: ClassRef = field(default_factory=lambda: ClassRef(path="torch.optim.SGD"))
+    master_weights: bool = False  # fp32 shards of bf16/fp16 params and their state (param_dtype)
 
 
 # ----------------------------------------------------------------------------- partitioner
@@ -221,6 +233,7 @@ class Config:
     overlap: bool = False
     overlap_hook: OverlapHook = OverlapHook.zero_step
     bucket_view: bool = False
+    param_dtype: ParamDtype = ParamDtype.float32
     seed: int = 0
     steps: int = 20
     log_every: int = 1

@@ -160,6 +160,20 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _check_clipping_and_precision(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """``optim.max_grad_norm`` needs every gradient before the step; masters need a ZeRO optimizer."""
+    out = []
+    max_norm = cfg.optim.get("max_grad_norm")
+    if max_norm is not None and max_norm <= 0:
+        out.append(f"optim.max_grad_norm={max_norm}: must be > 0, or null to not clip")
+    elif max_norm is not None and cfg.overlap:
+        out.append(
+            "optim.max_grad_norm: clipping needs the global norm of every gradient before the step, but "
+            "overlap=true steps each bucket inside backward; use overlap=false or optim.max_grad_norm=null"
+        )
+    return out
+
+
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The model built on the meta device: its parameter names and sizes, no memory."""
     with torch.device("meta"):
@@ -237,6 +251,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_devices,
     _check_model_data,
     _check_optim,
+    _check_clipping_and_precision,
     _check_model,
     _check_partitioner,
     _check_resume,

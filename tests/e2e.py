@@ -1,0 +1,84 @@
+"""Helpers for end-to-end tests: run the real ``python train.py`` and read what it wrote.
+
+Every subprocess carries a marker in its environment, so a test can prove no process it
+started outlived it (:func:`assert_no_leftover_processes`). The default run and a small
+sweep are made once per session (:func:`run_once`; fixtures in ``conftest.py``) and read
+by several test modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+WANDB = str(Path(sys.executable).with_name("wandb"))
+MARKER = f"ZERO_LAB_TEST_{uuid.uuid4().hex[:12]}"
+SUMMARY_KEYS = {"final_loss", "losses", "world_size", "steps", "param_checksum"}
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "RANK", "WORLD_SIZE")}
+    env[MARKER] = "1"
+    return env
+
+
+def train(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python train.py *args`` from the repo root."""
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_once(base: Path, name: str, *args: str, multirun: bool = False) -> Path:
+    """Run ``train.py`` into ``base/name`` once per session; later calls reuse the result."""
+    out = base / "app_runs" / name
+    done = out / ".done"
+    if not done.exists():
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        result = train(*(["-m"] if multirun else []), *args, f"{key}={out}")
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        done.write_text(result.stdout)
+    return out
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wandb_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of the run's offline ``.wandb`` transaction log, as JSON."""
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(log)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def assert_no_leftover_processes() -> None:
+    """No live process carries this session's marker (ranks, wandb-core, torchrun agents)."""
+    mine = str(os.getpid())
+    leftovers = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or proc.name == mine:
+            continue
+        try:
+            if MARKER.encode() in (proc / "environ").read_bytes():
+                leftovers.append((proc / "cmdline").read_bytes().replace(b"\0", b" ")[:120])
+        except OSError:
+            continue
+    assert not leftovers, leftovers
+
+
+def assert_close(a: list[float], b: list[float], tol: float = 1e-6) -> None:
+    assert len(a) == len(b)
+    assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
