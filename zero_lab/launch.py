@@ -12,16 +12,26 @@ inside the ranks use the same timeout. Each rank ends with
 ``destroy_process_group()``, a flush and ``os._exit`` — ranks that returned through
 the interpreter's normal shutdown sometimes crashed after their work was done.
 
+Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
+forwarded to every rank as SIGTERM (a rank that handles it — the app's loop does, see
+:mod:`zero_lab.app.signals` — finishes its step, checkpoints and returns normally), and
+the ranks get ``stop_grace_s`` to finish; a second signal kills them at once and raises
+:class:`Interrupted`. On Linux every rank also dies with its parent
+(``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the parent leaves no rank running.
+
     results = run_world(train_one_rank, world_size=2, args=(cfg,))
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -31,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["RankFailure", "run_world"]
+__all__ = ["Interrupted", "RankFailure", "run_world"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
 
@@ -49,6 +59,14 @@ class RankFailure(RuntimeError):
         self.others = others or {}
         also = "".join(f"\n(rank {r} failed too: {_last_line(d)})" for r, d in sorted(self.others.items()))
         super().__init__(f"rank {rank} failed:\n{details}{also}")
+
+
+class Interrupted(RuntimeError):
+    """A second SIGTERM/SIGINT reached the parent: the ranks were killed without a clean stop."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"{signal.Signals(signum).name} received twice: the ranks were killed")
 
 
 _ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "before reporting")
@@ -85,6 +103,7 @@ def _rank_main(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    _die_with_parent()
     torch.set_num_threads(threads)
     code = 0
     try:
@@ -104,6 +123,51 @@ def _rank_main(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphaned ranks)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+class _ForwardSignals:
+    """In the parent, while a world runs: forward the first SIGTERM/SIGINT to the ranks as
+    SIGTERM and give them ``grace_s`` to stop; a second signal raises :class:`Interrupted`.
+
+    Installed only in the main thread (elsewhere Python allows no handlers: signals then
+    act as before). ``deadline`` is when the grace period ends (``inf`` before a signal).
+    """
+
+    def __init__(self, procs: list[Any], grace_s: float):
+        self.procs = procs
+        self.grace_s = grace_s
+        self.signum = 0
+        self.deadline = float("inf")
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _ForwardSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signum:
+            raise Interrupted(signum)
+        self.signum = signum
+        self.deadline = time.monotonic() + self.grace_s
+        for proc in self.procs:
+            if proc.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(proc.pid, signal.SIGTERM)
 
 
 def _context(start_method: str):
@@ -130,8 +194,12 @@ def run_world(
     timeout_s: float = 120.0,
     start_method: str = "spawn",
     threads_per_rank: int = 1,
+    stop_grace_s: float = 120.0,
 ) -> list[Any]:
-    """Run ``fn(*args)`` on ``world_size`` fresh ranks; return the results by rank."""
+    """Run ``fn(*args)`` on ``world_size`` fresh ranks; return the results by rank.
+
+    ``stop_grace_s``: after a SIGTERM/SIGINT, how long the ranks may take to stop cleanly.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context(start_method)
@@ -149,7 +217,8 @@ def run_world(
     for proc in procs:
         proc.start()
     try:
-        return _collect(procs, results, time.monotonic() + timeout_s + 30.0)
+        with _ForwardSignals(procs, stop_grace_s) as forwarding:
+            return _collect(procs, results, time.monotonic() + timeout_s + 30.0, forwarding)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -159,7 +228,7 @@ def run_world(
         del store
 
 
-def _collect(procs: list[Any], results: Any, deadline: float) -> list[Any]:
+def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _ForwardSignals) -> list[Any]:
     """Wait for one result per rank; fail fast on the first error or death."""
     out: dict[int, Any] = {}
     failures: dict[int, str] = {}
@@ -178,8 +247,13 @@ def _collect(procs: list[Any], results: Any, deadline: float) -> list[Any]:
         if failures:
             _gather_more_failures(procs, results, failures, out)
             raise _root_cause(failures)
-        if time.monotonic() > deadline:
+        if time.monotonic() > min(deadline, forwarding.deadline):
             missing = sorted(set(range(len(procs))) - set(out))
+            if time.monotonic() > forwarding.deadline:
+                raise TimeoutError(
+                    f"ranks {missing} did not stop within {forwarding.grace_s:g} s of "
+                    f"{signal.Signals(forwarding.signum).name}; the world was killed"
+                )
             raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
         time.sleep(0.005)
     return [out[rank] for rank in range(len(procs))]

@@ -40,9 +40,10 @@ from zero_lab.app import torchrun
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import PROJECT_ROOT
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
+from zero_lab.app.signals import signal_name
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
-from zero_lab.launch import RankFailure, run_world
+from zero_lab.launch import Interrupted, RankFailure, run_world
 
 __all__ = ["run"]
 
@@ -82,15 +83,18 @@ def run(cfg: DictConfig) -> float:
                 timeout_s=cfg.dist.timeout_s,
                 start_method="spawn",
                 threads_per_rank=cfg.dist.threads_per_rank,
+                stop_grace_s=cfg.dist.stop_grace_s,
             )
         except RankFailure as failure:
             fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
+        except Interrupted as interrupted:
+            fail(f"{interrupted} mid-step; {_resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
         except TimeoutError as error:
             fail(
                 f"{error} after dist.timeout_s={cfg.dist.timeout_s}; raise it for long runs. Run dir: {run_dir}",
                 EXIT_RUN_FAILED,
             )
-    return _report(results, run_dir, time.perf_counter() - started)
+    return _report(results, run_dir, time.perf_counter() - started, spec.meta)
 
 
 def _standard_start_method() -> None:
@@ -110,16 +114,37 @@ def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> float:
         result = train_rank(spec)
     finally:
         dist.destroy_process_group()
-    if result.rank == 0:
-        _report([result], Path(spec.run_dir), time.perf_counter() - started)
+    if result.rank == 0 or result.stopped_by:
+        return _report([result], Path(spec.run_dir), time.perf_counter() - started, spec.meta)
     return result.losses[-1]
 
 
-def _report(results: list[RankResult], run_dir: Path, seconds: float) -> float:
+def _report(results: list[RankResult], run_dir: Path, seconds: float, meta: dict[str, Any]) -> float:
+    """Print where the run went; a run stopped by a signal exits ``128 + signum`` after saying
+    how far it got and how to continue."""
+    if results[0].stopped_by:
+        stopped = results[0]
+        saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
+        fail(
+            f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "
+            f"{_resume_hint(run_dir, meta)}",
+            128 + stopped.stopped_by,
+        )
     final = results[0].losses[-1]
     log.info("finished in %.1f s: final loss %.6g, param checksum %s", seconds, final, results[0].param_checksum[:16])
     print(f"zero_lab: final loss {final:.6g} after {len(results[0].losses)} steps; run dir: {run_dir}", flush=True)
     return final
+
+
+def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
+    """``continue with: python train.py <the same overrides> resume=<run dir>``."""
+    from zero_lab.app.checkpoint import find_checkpoint
+
+    found = find_checkpoint(run_dir)
+    if found is None:
+        return "no complete checkpoint to resume from"
+    kept = [o for o in meta.get("overrides", []) if not o.startswith(("resume=", "hydra."))]
+    return "continue with: " + " ".join(["python", "train.py", *kept, f"resume={run_dir}"])
 
 
 def _describe_failure(failure: RankFailure, run_dir: Path) -> str:

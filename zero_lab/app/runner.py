@@ -11,6 +11,8 @@
    parameter exchange), then one all-gather of every rank's measurements;
 5. every ``checkpoint_every`` steps, save atomically (:mod:`zero_lab.app.checkpoint`:
    each rank its shard for ZeRO, rank 0 the full state for plain optimizers);
+   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.app.signals`), every rank finishes
+   the step, saves (with ``checkpoint_every`` > 0) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
    writes ``summary.json``.
 
@@ -41,6 +43,7 @@ from zero_lab.app.build import Training, build_training, clip_gradients, master_
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
+from zero_lab.app.signals import StopRequest, signal_name
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 
 __all__ = ["RankResult", "RunSpec", "train_rank"]
@@ -64,10 +67,17 @@ class RankResult:
     losses: list[float]
     param_checksum: str
     log_path: str
+    stopped_by: int = 0  # the signal that stopped the loop early (0: ran every step)
+    checkpoint: str | None = None  # the last checkpoint this run wrote
 
 
 def train_rank(spec: RunSpec) -> RankResult:
     """Train on this rank of the current process group; see the module docstring."""
+    with StopRequest() as stop:  # SIGTERM/SIGINT from here on: finish the step, checkpoint, leave
+        return _train(spec, stop)
+
+
+def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(spec.run_dir)
     log_path = _log_to_file(run_dir, rank)
@@ -87,13 +97,17 @@ def train_rank(spec: RunSpec) -> RankResult:
     imbalance = training.optimizer.partition.report().imbalance if training.zero else 1.0
     records: list[dict[str, Any]] = []
 
+    saved: Path | None = None
+    stopped_by = 0
     with ExitStack() as stack:
         sinks = _open_sinks(stack, spec, cfg) if rank == 0 else []
         progress = stack.enter_context(Progress(cfg.steps, start, enabled=rank == 0 and cfg.progress))
         gather.sync()  # rank 0 may have spent time opening sinks; don't bill it to step 0
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
-            per_rank = gather(_train_step(training, data, step, rank, world, device))
+            measured = _train_step(training, data, step, rank, world, device)
+            measured.stop_signal = stop.signum  # travels with the metrics: every rank sees every request
+            per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
             losses.append(record["train/loss"])
             if rank == 0:
@@ -102,16 +116,31 @@ def train_rank(spec: RunSpec) -> RankResult:
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     for sink in sinks:
                         sink.log(record)
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                log.info("checkpoint %s", checkpoint.save(training, run_dir, step + 1, losses))
+            stopped_by = next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
+            due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+            if due or (stopped_by and cfg.checkpoint_every and step + 1 < cfg.steps):
+                saved = checkpoint.save(training, run_dir, step + 1, losses)
+                log.info("checkpoint %s", saved)
+            if stopped_by and step + 1 < cfg.steps:
+                log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
+                break
+            stopped_by = 0
         checksum = _agreed_checksum(training.model, gather)
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)
+            summary["stopped_by"] = signal_name(stopped_by) if stopped_by else None
             _write_json(run_dir / "summary.json", summary)
             for sink in sinks:
                 sink.summary(summary)
     log.info("done: final loss %.6g, param checksum %s", losses[-1], checksum)
-    return RankResult(rank=rank, losses=losses, param_checksum=checksum, log_path=str(log_path))
+    return RankResult(
+        rank=rank,
+        losses=losses,
+        param_checksum=checksum,
+        log_path=str(log_path),
+        stopped_by=stopped_by,
+        checkpoint=str(saved) if saved is not None else None,
+    )
 
 
 def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:

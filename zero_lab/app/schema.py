@@ -210,12 +210,14 @@ class NoLoggerSchema:
 # ----------------------------------------------------------------------------- top level
 @dataclass
 class DistConfig:
-    """Where the ranks run. ``timeout_s`` bounds collectives *and* the whole world."""
+    """Where the ranks run. ``timeout_s`` bounds collectives *and* the whole world;
+    ``stop_grace_s`` is how long ranks may take to stop cleanly after SIGTERM/SIGINT."""
 
     world_size: int = 2
     backend: Backend = Backend.gloo
     device: Device = Device.cpu
     timeout_s: float = 900.0
+    stop_grace_s: float = 120.0
     threads_per_rank: int = 1
     bucket_cap_mb: float = 25.0
 

@@ -90,7 +90,11 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     for key, value, low, allowed in bounds:
         if value < low:
             out.append(f"{key}={value}: must be >= {low} ({allowed})")
-    for key, value in (("dist.timeout_s", cfg.dist.timeout_s), ("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb)):
+    for key, value in (
+        ("dist.timeout_s", cfg.dist.timeout_s),
+        ("dist.stop_grace_s", cfg.dist.stop_grace_s),
+        ("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb),
+    ):
         if value <= 0:
             out.append(f"{key}={value}: must be > 0")
     if cfg.optim.get("lr", 0) < 0:

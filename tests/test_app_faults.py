@@ -1,0 +1,129 @@
+"""Faults, end to end: SIGTERM mid-run stops cleanly and resumes exactly (also resharded),
+a second signal kills the ranks without losing the last checkpoint, and killing the job
+process with SIGKILL leaves no rank behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tests.e2e import REPO, assert_close, assert_no_leftover_processes, child_env, summary, train
+from zero_lab.app.signals import StopRequest
+from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
+
+FOREVER = "steps=100000"  # never finishes on its own: the signal always lands mid-training
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """``python train.py *args`` in the background, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "train.py", "logger=none", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.05)
+
+
+def wait_until_no_leftover_processes(timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_no_leftover_processes()
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_stop_request_records_the_signal_and_restores_the_handler():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest() as stop:
+        assert stop.signum == 0
+        os.kill(os.getpid(), signal.SIGTERM)  # would end pytest without the handler
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signum == signal.SIGTERM  # the first one counts
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(tmp_path):
+    interrupted = tmp_path / "interrupted"
+    proc = start(interrupted, FOREVER, "checkpoint_every=4")
+    wait_for(interrupted / "checkpoints" / "step_00000004" / "manifest.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stopped = summary(interrupted)
+    done = len(stopped["losses"])
+    assert stopped["stopped_by"] == "SIGTERM" and done >= 4
+    assert f"stopped by SIGTERM after {done} steps; checkpoint {interrupted}/checkpoints/step_{done:08d}" in stderr
+    assert f"resume={interrupted}" in stderr and "Traceback" not in stderr
+    assert not list((interrupted / "checkpoints").glob(".*partial"))  # the stop-time save finished
+    assert_no_leftover_processes()
+
+    total = done + 3
+    resumed, resharded, uninterrupted = tmp_path / "resumed", tmp_path / "resharded", tmp_path / "uninterrupted"
+    for run_dir, extra in (
+        (resumed, ()),
+        (resharded, ("dist.world_size=4", "partitioner=flat")),
+        (uninterrupted, ()),
+    ):
+        args = (f"resume={interrupted}",) if run_dir != uninterrupted else ()
+        result = train("logger=none", f"steps={total}", *args, *extra, f"hydra.run.dir={run_dir}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    reference = summary(uninterrupted)
+    assert stopped["losses"] == reference["losses"][:done]
+    exact = summary(resumed)
+    assert exact["start_step"] == done
+    assert exact["losses"] == reference["losses"]  # every later step equal, bit for bit
+    assert exact["param_checksum"] == reference["param_checksum"]
+    other = summary(resharded)
+    assert (other["world_size"], other["start_step"], other["partition"]["imbalance"]) == (4, done, 1.0)
+    assert_close(other["losses"], reference["losses"], 1e-5)  # W=4 sums the same batch in another order
+
+
+def test_a_second_signal_kills_the_ranks_and_the_last_checkpoint_still_loads(tmp_path):
+    run_dir = tmp_path / "run"
+    big = ("model.hidden=1024", "model.depth=6")  # steps + saves of ~100 ms: the second signal lands mid-stop
+    proc = start(run_dir, FOREVER, "checkpoint_every=1", *big)
+    wait_for(run_dir / "checkpoints" / "step_00000002" / "manifest.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "SIGTERM received twice: the ranks were killed" in stderr and "Traceback" not in stderr
+    wait_until_no_leftover_processes()
+
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    assert latest is not None and int(latest.name.removeprefix("step_")) >= 2
+    plain = torch.load(export_plain_state_dict(latest, tmp_path / "adam.pt"), weights_only=True)  # checksums verified
+    model_state = torch.load(latest / "model.pt", weights_only=True)
+    params = [torch.nn.Parameter(t.clone()) for t in model_state.values()]
+    adam = torch.optim.Adam(params)
+    adam.load_state_dict(plain)
+    assert [adam.state[p]["exp_avg"].shape for p in params] == [p.shape for p in params]
+
+
+def test_killing_the_job_process_leaves_no_rank_running(tmp_path):
+    proc = start(tmp_path / "run", FOREVER)
+    wait_for(tmp_path / "run" / "metrics.jsonl", proc)
+    proc.kill()  # SIGKILL: nothing in the job can react; the ranks die with their parent
+    proc.communicate(timeout=30)
+    wait_until_no_leftover_processes()
