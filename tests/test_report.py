@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tests.test_app import REPO, default_run_dir, summary, sweep_dir
+from tests.e2e import REPO, summary
 
 PLOTS = ("memory.png", "time.png", "loss.png")
 
@@ -25,8 +25,7 @@ def report(path: Path, out: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def sweep_report(tmp_path_factory) -> tuple[Path, Path]:
-    sweep = sweep_dir(tmp_path_factory.getbasetemp())
+def sweep_report(sweep, tmp_path_factory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("report")
     result = report(sweep, out)
     assert result.returncode == 0, result.stderr
@@ -60,9 +59,8 @@ def test_html_page_is_self_contained(sweep_report):
     assert "<table>" in page and "zero_adam/sorted_greedy" in page
 
 
-def test_report_on_a_single_run_dir(tmp_path_factory, tmp_path):
-    run = default_run_dir(tmp_path_factory.getbasetemp())
-    result = report(run, tmp_path)
+def test_report_on_a_single_run_dir(default_run, tmp_path):
+    result = report(default_run, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "report: 1 run(s)" in result.stdout
     assert all((tmp_path / name).is_file() for name in (*PLOTS, "report.md", "report.html"))
