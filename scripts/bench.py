@@ -1032,7 +1032,7 @@ def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[s
     """Two worlds for ``world_size``: memory (every model), then timing rounds planned from it."""
     from zero_lab.launch import run_world
 
-    world = {"timeout_s": args.timeout, "start_method": args.start_method}
+    world = {"timeout_s": args.timeout, "deadline_s": args.timeout + 30, "start_method": args.start_method}
     need = {m: planned_need(m, world_size, strategies) for m in args.models}
     job = RankJob("memory", tuple(args.models), tuple(strategies), args.warmup, args.steps, need=need)
     started = time.perf_counter()

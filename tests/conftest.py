@@ -18,9 +18,19 @@ from zero_lab import launch
 launch.preload("tests.rank_programs")
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, stop_grace_s: float = 120.0
+) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` Gloo ranks; results by rank."""
-    return launch.run_world(fn, world_size, args, start_method="forkserver", timeout_s=timeout_s)
+    return launch.run_world(
+        fn,
+        world_size,
+        args,
+        start_method="forkserver",
+        timeout_s=timeout_s,
+        deadline_s=timeout_s + 30,
+        stop_grace_s=stop_grace_s,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -628,3 +628,17 @@ def raise_on_rank(bad_rank: int, pid_dir: str) -> str:
         raise ValueError(f"injected failure on rank {bad_rank}")
     dist.barrier()  # blocks until the launcher kills this rank
     return "unreachable"
+
+
+def wait_for_stop(ignore_sigterm: bool, pid_dir: str, seconds: float = 60.0) -> str:
+    """Write this rank's pid, then sleep: a rank that dies of SIGTERM, or ignores it."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(pid_dir, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return "slept"

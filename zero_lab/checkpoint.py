@@ -82,6 +82,19 @@ def _write_atomic(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+def _swap_into_place(partial: Path, final: Path) -> None:
+    """Rename the finished ``partial`` directory to ``final``. An older ``final`` (a run
+    re-saving a step) is first renamed aside and deleted only after the swap, so at every
+    instant one complete copy carries the name or sits beside it."""
+    stale = final.with_name(f".{final.name}.old")
+    if final.exists():
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+    os.replace(partial, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def _digest(path: Path) -> dict[str, Any]:
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -190,10 +203,7 @@ def save_checkpoint(
         }
         _write_atomic(partial / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, default=str).encode()))
         _fsync_dir(partial)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        _fsync_dir(final.parent)
+        _swap_into_place(partial, final)
     comm.barrier()
     return final
 

@@ -6,18 +6,20 @@ rank order. The rendezvous is a ``TCPStore`` the *parent* hosts on a port the OS
 picks, so concurrent worlds (a joblib sweep, parallel tests) never collide on a port.
 
 Failure is bounded: if a rank raises or dies, the others are killed at once and
-:class:`RankFailure` names the rank and carries its traceback; if the world outlives
-``timeout_s``, every rank is killed and :class:`TimeoutError` is raised. Collectives
-inside the ranks use the same timeout. Each rank ends with
+:class:`RankFailure` names the rank and carries its traceback. Every collective inside
+the ranks times out after ``timeout_s`` (a hung peer becomes an error on the waiting
+rank, so a failure); with ``deadline_s`` the whole world is also killed, and
+:class:`TimeoutError` raised, once it has run that long. Each rank ends with
 ``destroy_process_group()``, a flush and ``os._exit`` — ranks that returned through
 the interpreter's normal shutdown sometimes crashed after their work was done.
 
 Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
 forwarded to every rank as SIGTERM (a rank that handles it — the app's loop does, see
 :mod:`zero_lab.app.signals` — finishes its step, checkpoints and returns normally), and
-the ranks get ``stop_grace_s`` to finish; a second signal kills them at once and raises
-:class:`Interrupted`. On Linux every rank also dies with its parent
-(``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the parent leaves no rank running.
+the ranks get ``stop_grace_s`` to finish; a second signal, a rank dying after the
+signal or the grace running out kills them at once and raises :class:`Interrupted`.
+On Linux every rank also dies with its parent (``PR_SET_PDEATHSIG``), so even a
+``kill -9`` of the parent leaves no rank running.
 
     results = run_world(train_one_rank, world_size=2, args=(cfg,))
 """
@@ -62,11 +64,12 @@ class RankFailure(RuntimeError):
 
 
 class Interrupted(RuntimeError):
-    """A second SIGTERM/SIGINT reached the parent: the ranks were killed without a clean stop."""
+    """A SIGTERM/SIGINT ended the world without a clean stop: a second signal came, or a
+    rank died of the first (e.g. one that does not handle it, or still starting up)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, why: str):
         self.signum = signum
-        super().__init__(f"{signal.Signals(signum).name} received twice: the ranks were killed")
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {why}")
 
 
 _ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "before reporting")
@@ -161,7 +164,7 @@ class _ForwardSignals:
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.signum:
-            raise Interrupted(signum)
+            raise Interrupted(signum, f"{signal.Signals(signum).name} came twice, the ranks were killed mid-step")
         self.signum = signum
         self.deadline = time.monotonic() + self.grace_s
         for proc in self.procs:
@@ -195,10 +198,12 @@ def run_world(
     start_method: str = "spawn",
     threads_per_rank: int = 1,
     stop_grace_s: float = 120.0,
+    deadline_s: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` fresh ranks; return the results by rank.
 
-    ``stop_grace_s``: after a SIGTERM/SIGINT, how long the ranks may take to stop cleanly.
+    ``timeout_s`` bounds every collective; ``deadline_s`` (``None``: no limit) the whole
+    world; ``stop_grace_s`` how long the ranks may take to stop after SIGTERM/SIGINT.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -218,7 +223,8 @@ def run_world(
         proc.start()
     try:
         with _ForwardSignals(procs, stop_grace_s) as forwarding:
-            return _collect(procs, results, time.monotonic() + timeout_s + 30.0, forwarding)
+            deadline = float("inf") if deadline_s is None else time.monotonic() + deadline_s
+            return _collect(procs, results, deadline, forwarding)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -246,14 +252,15 @@ def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _Forwa
                     failures[rank] = f"process exited with code {proc.exitcode} before reporting"
         if failures:
             _gather_more_failures(procs, results, failures, out)
-            raise _root_cause(failures)
+            cause = _root_cause(failures)
+            if forwarding.signum:
+                raise Interrupted(forwarding.signum, f"rank {cause.rank} ended without stopping cleanly") from cause
+            raise cause
         if time.monotonic() > min(deadline, forwarding.deadline):
             missing = sorted(set(range(len(procs))) - set(out))
             if time.monotonic() > forwarding.deadline:
-                raise TimeoutError(
-                    f"ranks {missing} did not stop within {forwarding.grace_s:g} s of "
-                    f"{signal.Signals(forwarding.signum).name}; the world was killed"
-                )
+                why = f"ranks {missing} did not stop within {forwarding.grace_s:g} s; the world was killed"
+                raise Interrupted(forwarding.signum, why)
             raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
         time.sleep(0.005)
     return [out[rank] for rank in range(len(procs))]

@@ -88,12 +88,7 @@ def run(cfg: DictConfig) -> float:
         except RankFailure as failure:
             fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
         except Interrupted as interrupted:
-            fail(f"{interrupted} mid-step; {_resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
-        except TimeoutError as error:
-            fail(
-                f"{error} after dist.timeout_s={cfg.dist.timeout_s}; raise it for long runs. Run dir: {run_dir}",
-                EXIT_RUN_FAILED,
-            )
+            fail(f"{interrupted}; {_resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
     return _report(results, run_dir, time.perf_counter() - started, spec.meta)
 
 

@@ -1,0 +1,52 @@
+"""``run_world`` under signals: the parent forwards its first SIGTERM to the ranks, and a
+world that cannot stop cleanly is killed and reported as :class:`Interrupted`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import rank_programs as rp
+from tests.conftest import run_ranks
+from tests.test_checkpoint import _alive
+from zero_lab.launch import Interrupted
+
+
+def signal_me_when_ranks_are_up(pid_dir: Path, world_size: int) -> threading.Thread:
+    """SIGTERM this (the parent) process once every rank has written its pid."""
+
+    def wait_then_signal() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.glob("rank*.pid"))) < world_size and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=wait_then_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("ignore_sigterm", "why"),
+    [(False, "ended without stopping cleanly"), (True, "did not stop within 1 s")],
+    ids=["ranks-die-of-it", "ranks-ignore-it"],
+)
+def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, ignore_sigterm, why):
+    signal_me_when_ranks_are_up(tmp_path, 2)
+    start = time.monotonic()
+    with pytest.raises(Interrupted, match=why) as caught:
+        run_ranks(rp.wait_for_stop, 2, ignore_sigterm, str(tmp_path), stop_grace_s=1.0)
+    assert caught.value.signum == signal.SIGTERM
+    assert time.monotonic() - start < 30  # not the ranks' 60 s sleep
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the parent's handler was restored
