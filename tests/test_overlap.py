@@ -58,3 +58,29 @@ def test_three_ranks_both_hooks(world):
 def test_trainability_change_raises_clearly(world):
     for message in world(rp.overlap_trainability_change, 2, timeout_s=60):
         assert "trainability changed while overlap_with_ddp=True" in message
+
+
+def test_a_model_with_an_overlap_hook_is_freed(single_rank_group):
+    """DDP's C++ reducer holds the hook; nothing the hook holds may lead back to DDP, or
+    the cycle (invisible to the garbage collector) keeps model and optimizer alive."""
+    import gc
+    import weakref
+
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from zero_lab import ZeroRedundancyOptimizer
+    from zero_lab.overlap import hook_with_zero_step_interleaved
+
+    def train_one_step() -> list[weakref.ref]:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        ddp = DDP(model)
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=1e-3)
+        ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
+        ddp(torch.randn(3, 4)).sum().backward()
+        return [weakref.ref(model), weakref.ref(ddp), weakref.ref(opt)]
+
+    refs = train_one_step()
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True, True, True]

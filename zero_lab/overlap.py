@@ -88,8 +88,8 @@ class _OverlapEngine:
                 f"got {type(zero).__name__}"
                 + ("" if not isinstance(zero, ZeroRedundancyOptimizer) else " with overlap_with_ddp=False")
             )
-        self.ddp = ddp
-        self.zero = zero
+        self.zero = zero  # no reference to ``ddp``: its reducer holds this engine (via the hook), and a
+        # cycle through the C++ reducer is invisible to the garbage collector (the model would leak)
         self.find_unused = bool(ddp.find_unused_parameters)
         self.interleave = interleave and not self.find_unused
         if isinstance(zero.partitioner, DdpBucket) and zero.partitioner.shard_buckets != shard_buckets:
