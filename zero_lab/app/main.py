@@ -89,7 +89,8 @@ def run(cfg: DictConfig) -> float:
             fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
         except Interrupted as interrupted:
             fail(f"{interrupted}; {_resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
-    return _report(results, run_dir, time.perf_counter() - started, spec.meta)
+        # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
+        return _report(results, run_dir, time.perf_counter() - started, spec.meta)
 
 
 def _standard_start_method() -> None:

@@ -212,7 +212,7 @@ class JsonlFollower:
             if self._error is None:
                 self._forward()
                 summary = self.path.with_name("summary.json")
-                if summary.exists() and not failed:
+                if summary.exists():  # written by rank 0 at the end, also of a run stopped by a signal
                     self._sink.summary(json.loads(summary.read_text()))
         finally:
             self._sink.close(failed=failed or self._error is not None)
