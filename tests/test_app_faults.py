@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e import REPO, assert_close, assert_no_leftover_processes, child_env, summary, train
+from tests.e2e import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
 from zero_lab.app.signals import StopRequest
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 
@@ -126,4 +126,23 @@ def test_killing_the_job_process_leaves_no_rank_running(tmp_path):
     wait_for(tmp_path / "run" / "metrics.jsonl", proc)
     proc.kill()  # SIGKILL: nothing in the job can react; the ranks die with their parent
     proc.communicate(timeout=30)
+    wait_until_no_leftover_processes()
+
+
+def test_sigterm_to_torchrun_stops_its_ranks_after_one_step_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [TORCHRUN, "--standalone", "--nproc_per_node", "2", "train.py", "logger=none", FOREVER, "checkpoint_every=4",
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for(run_dir / "checkpoints" / "step_00000004" / "manifest.json", proc)
+    proc.send_signal(signal.SIGTERM)  # torchrun's agent sends SIGTERM on to every rank
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0  # torchrun reports its own SignalException
+    stopped = summary(run_dir)
+    done = len(stopped["losses"])
+    assert stopped["stopped_by"] == "SIGTERM"
+    assert f"zero_lab: stopped by SIGTERM after {done} steps" in output
+    assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()
     wait_until_no_leftover_processes()
