@@ -47,6 +47,20 @@ def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
 
 
+def max_diff(a: Any, b: Any) -> float:
+    """Largest absolute elementwise difference between two sequences of tensors."""
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def zero_or_plain(mode: str, params: Any, cls: type = torch.optim.Adam, **kwargs: Any) -> torch.optim.Optimizer:
+    """``ZeroRedundancyOptimizer(params, cls, **kwargs)`` for mode "zero", else ``cls(params, ...)``
+    (``partitioner`` only goes to ZeRO)."""
+    if mode == "zero":
+        return ZeroRedundancyOptimizer(params, cls, **kwargs)
+    kwargs.pop("partitioner", None)
+    return cls(params, **kwargs)
+
+
 def param_groups(model: nn.Module, layout: str) -> Any:
     if layout == "tensors":
         return list(model.parameters())
@@ -153,7 +167,7 @@ def parity(cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         zero_model, zero_losses, zero_opt = _train(case, zero=True)
         ref_model, ref_losses, ref_opt = _train(case, zero=False)
-        diff = max((a - b).abs().max().item() for a, b in zip(zero_model.parameters(), ref_model.parameters()))
+        diff = max_diff(zero_model.parameters(), ref_model.parameters())
         out.append(
             {
                 "max_diff": diff,
@@ -191,7 +205,7 @@ def versus_torch(bucket_view: bool, steps: int = 8) -> dict[str, Any]:
     torch_order = [p for group in results["torch"].param_groups for p in group["params"]]
     return {
         "owners_equal": results["zero_lab"].partition.owners() == [torch_owner[p] for p in torch_order],
-        "max_diff": max((a - b).abs().max().item() for a, b in zip(params, models["torch"].parameters())),
+        "max_diff": max_diff(params, models["torch"].parameters()),
     }
 
 
@@ -243,7 +257,7 @@ def checkpoint_round_trip(partitioner: Partitioner | None = None, steps: int = 6
             opt2 = fresh(True, model2)
             opt2.load_state_dict(plain_state)
         run(ddp2, opt2, steps, 2 * steps)
-        diffs[mode] = max((a - b).abs().max().item() for a, b in zip(model2.parameters(), target))
+        diffs[mode] = max_diff(model2.parameters(), target)
     return {"diffs": diffs, "state_keys": sorted(saved["optim"]["state"].keys())}
 
 
@@ -254,13 +268,8 @@ def uneven_join(steps_per_rank: list[int]) -> dict[str, Any]:
     for mode in ("zero", "plain"):
         model = make_model()
         ddp = DDP(model)
-        if mode == "zero":
-            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
-            joinables = [ddp, opt]
-        else:
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            joinables = [ddp]
-        with Join(joinables):
+        opt = zero_or_plain(mode, model.parameters(), lr=1e-2)
+        with Join([ddp, opt] if mode == "zero" else [ddp]):
             for step in range(steps_per_rank[rank]):
                 opt.zero_grad()
                 loss_of(ddp, batch(step, rank)).backward()
@@ -271,7 +280,7 @@ def uneven_join(steps_per_rank: list[int]) -> dict[str, Any]:
     reference = [p.detach().clone() for p in models["plain"].parameters()]
     for tensor in reference:
         dist.broadcast(tensor, src=longest)
-    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), reference))}
+    return {"max_diff": max_diff(models["zero"].parameters(), reference)}
 
 
 def add_group_mid_run(steps: int = 8, add_at: int = 3) -> dict[str, Any]:
@@ -283,11 +292,9 @@ def add_group_mid_run(steps: int = 8, add_at: int = 3) -> dict[str, Any]:
         ddp = DDP(model)
         weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
         biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        opt = zero_or_plain(mode, weights, lr=1e-2)
         if mode == "zero":
-            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(weights, torch.optim.Adam, lr=1e-2)
             owners_before = opt.partition.owners()
-        else:
-            opt = torch.optim.Adam(weights, lr=1e-2)
         for step in range(steps):
             if step == add_at:
                 opt.add_param_group({"params": biases, "lr": 3e-3})
@@ -299,9 +306,7 @@ def add_group_mid_run(steps: int = 8, add_at: int = 3) -> dict[str, Any]:
             local_groups = len(opt.optim.param_groups)
         models[mode] = model
     return {
-        "max_diff": max(
-            (a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), models["plain"].parameters())
-        ),
+        "max_diff": max_diff(models["zero"].parameters(), models["plain"].parameters()),
         "owners_before": owners_before,
         "owners_after": owners_after,
         "local_groups": local_groups,
@@ -464,13 +469,9 @@ def embedding_heavy(partitioner: Partitioner | None, steps: int = 10) -> dict[st
     for mode in ("zero", "plain"):
         model = EmbeddingHeavy()
         ddp = DDP(model)
+        opt = zero_or_plain(mode, model.parameters(), partitioner=partitioner, lr=1e-2)
         if mode == "zero":
-            opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
-                model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2
-            )
             zero_opt = opt
-        else:
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         for step in range(steps):
             g = torch.Generator().manual_seed(1000 * step + rank)
             tokens = torch.randint(0, 1000, (8, 5), generator=g)
@@ -481,9 +482,7 @@ def embedding_heavy(partitioner: Partitioner | None, steps: int = 10) -> dict[st
     return {
         "imbalance": zero_opt.partition.report().imbalance,
         "state_bytes": zero_opt.local_state_bytes(),
-        "max_diff": max(
-            (a - b).abs().max().item() for a, b in zip(models["zero"].parameters(), models["plain"].parameters())
-        ),
+        "max_diff": max_diff(models["zero"].parameters(), models["plain"].parameters()),
     }
 
 
@@ -535,7 +534,7 @@ def mixed_precision(partitioner: Partitioner | None, steps: int = 30, lr: float 
     scale = max(u.abs().max().item() for u in reference)
 
     def drift(mode: str) -> float:
-        return max((a - b).abs().max().item() for a, b in zip(update(mode), reference)) / scale
+        return max_diff(update(mode), reference) / scale
 
     return {
         "drift_master": drift("bf16-master"),
