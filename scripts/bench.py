@@ -395,11 +395,7 @@ def _zero_lab_runner(name: str, model: nn.Module, ddp: DDP) -> Runner:
         hook = make_hook(allreduce_hook, ddp, zero)
         ddp.register_comm_hook(None, hook)
         runner = Runner(name, model, ddp, zero, zero.optim)  # after the hook: it rebuilds zero.optim
-        comm = hook.engine.comm
-        runner.stats_fn = lambda: comm.stats
-        # DDP's C++ reducer holds the hook, whose engine holds the DDP model: a cycle gc cannot
-        # see, so the whole strategy would outlive ``del`` (see the README's notes).
-        runner.on_close.append(hook.engine.__dict__.clear)
+        runner.stats_fn = lambda: zero.comm_stats  # the hook meters its exchange there
         return runner
     partitioner = Flat() if name.startswith("zl_flat") else SortedGreedy()
     zero = ZeroRedundancyOptimizer(

@@ -137,6 +137,7 @@ def test_max_grad_norm_clips_flat_zero_exactly_like_plain_adam(tmp_path):
     norms = {job: [row["train/grad_norm"] for row in metrics(tmp_path / job)] for job in ("0", "1")}
     assert_close(norms["1"], norms["0"], 1e-6)  # the sharded norm is the full model's
     assert min(norms["0"]) > 0.05  # every step was really clipped
+    assert {row["comm/exchange_calls/max"] for row in metrics(tmp_path / "1")} == {1}  # the all-gather, not the norm
 
 
 def test_bf16_with_fp32_master_shards_tracks_the_fp32_run(default_run, tmp_path):

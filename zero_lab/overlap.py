@@ -102,6 +102,7 @@ class _OverlapEngine:
         ranks = [zero._comm.global_rank(r) for r in range(zero.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces.
         self.comm = Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group)))
+        self.comm.stats = zero.comm_stats  # the hook's exchange is metered where the optimizer's is
         self.trainable = [p.requires_grad for p in zero._all_params]
         self.index_of = {id(p): i for i, p in enumerate(zero._all_params)}
         self.plans: dict[tuple[int, tuple[int, ...]], _BucketPlan] = {}

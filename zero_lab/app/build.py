@@ -52,9 +52,9 @@ class Training:
     """The model (unwrapped), its DDP wrapper and the optimizer of one rank.
 
     ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
-    exchange: the optimizer's, or with overlap the hook's (its broadcasts run inside
-    backward, asynchronously, so their bytes and calls are counted but not their time);
-    ``None`` for plain optimizers.
+    exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
+    broadcasts run inside backward, asynchronously, so their bytes and calls are counted
+    but not their time); ``None`` for plain optimizers.
     """
 
     model: nn.Module
@@ -87,11 +87,15 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
     )
-    stats = optimizer.comm_stats
     if cfg.overlap:
-        stats = _attach_overlap(ddp, optimizer, str(getattr(cfg.overlap_hook, "value", cfg.overlap_hook)))
+        _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))
     return Training(
-        model=model, ddp=ddp, optimizer=optimizer, zero=True, exchange_stats=stats, max_grad_norm=max_grad_norm
+        model=model,
+        ddp=ddp,
+        optimizer=optimizer,
+        zero=True,
+        exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
+        max_grad_norm=max_grad_norm,
     )
 
 
@@ -118,9 +122,8 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
     return instantiate(kept)
 
 
-def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> CommStats:
-    """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two);
-    returns the hook's exchange counters."""
+def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
+    """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from zero_lab import overlap
@@ -129,7 +132,6 @@ def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> CommStats:
     shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))
     comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
     ddp.register_comm_hook(None, comm_hook)
-    return comm_hook.engine.comm.stats
 
 
 def master_weight_bytes(optimizer: Optimizer) -> int:

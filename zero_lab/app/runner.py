@@ -155,6 +155,8 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
     loss = data.loss(training.ddp(inputs).float(), targets)  # the loss in fp32 whatever the params' dtype
     loss.backward()  # DDP all-reduces gradients bucket by bucket during backward
     grad_norm = clip_gradients(training)  # optim.max_grad_norm: the global norm, before any shard steps
+    if grad_norm is not None and comm is not None:
+        before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
     training.optimizer.step()  # ZeRO: step own shards, then exchange parameters
     if device.type == "cuda":
         torch.cuda.synchronize(device)
