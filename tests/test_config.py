@@ -141,6 +141,10 @@ BAD_INPUT = [
     (["optim.max_grad_norm=0"], ["optim.max_grad_norm=0", "> 0", "null"]),
     (["optim.max_grad_norm=1.0", "overlap=true"], ["optim.max_grad_norm", "overlap=false"]),
     (["param_dtype=bf16"], ["param_dtype=bf16", "float32, bfloat16, float16"]),
+    (
+        ["partitioner=flat", "optim.optimizer_class.path=torch.optim.LBFGS"],
+        ["partitioner=flat", "elementwise", "LBFGS", "partitioner=sorted_greedy"],
+    ),
     (["optim=adam", "optim.master_weights=true"], ["optim.master_weights", "no such key"]),
 ]
 

@@ -159,7 +159,8 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if zero and partitioner.__name__ == "Flat" and not issubclass(cls, ELEMENTWISE_OPTIMIZERS):
         out.append(
             f"partitioner=flat: cuts parameters into ranges, which needs an elementwise optimizer; "
-            f"{cls.__name__} is not one of {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}"
+            f"{cls.__name__} is not one of {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}; use a whole-parameter "
+            "partitioner (partitioner=sorted_greedy or manual)"
         )
     return out
 
