@@ -82,3 +82,12 @@ def assert_no_leftover_processes() -> None:
 def assert_close(a: list[float], b: list[float], tol: float = 1e-6) -> None:
     assert len(a) == len(b)
     assert max(abs(x - y) for x, y in zip(a, b)) <= tol, (a, b)
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, waiting for its parent to reap it, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests import rank_programs as rp
+from tests.e2e import process_alive
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint, read_manifest
 from zero_lab.launch import RankFailure
 from zero_lab.partition import Flat
@@ -110,12 +111,4 @@ def test_a_raising_rank_ends_the_world_named_and_leaves_no_process(world, tmp_pa
     assert time.monotonic() - start < 30  # bounded: well under the 60 s collective timeout
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 3
-    assert [pid for pid in pids if _alive(pid)] == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert [pid for pid in pids if process_alive(pid)] == []

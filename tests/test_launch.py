@@ -13,7 +13,7 @@ import pytest
 
 from tests import rank_programs as rp
 from tests.conftest import run_ranks
-from tests.test_checkpoint import _alive
+from tests.e2e import process_alive
 from zero_lab.launch import Interrupted
 
 
@@ -46,7 +46,7 @@ def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, i
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 2
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if process_alive(pid)] == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the parent's handler was restored

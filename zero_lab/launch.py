@@ -15,7 +15,7 @@ the interpreter's normal shutdown sometimes crashed after their work was done.
 
 Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
 forwarded to every rank as SIGTERM (a rank that handles it — the app's loop does, see
-:mod:`zero_lab.app.signals` — finishes its step, checkpoints and returns normally), and
+:mod:`zero_lab.signals` — finishes its step, checkpoints and returns normally), and
 the ranks get ``stop_grace_s`` to finish; a second signal, a rank dying after the
 signal or the grace running out kills them at once and raises :class:`Interrupted`.
 On Linux every rank also dies with its parent (``PR_SET_PDEATHSIG``), so even a
@@ -33,7 +33,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -42,6 +41,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zero_lab.signals import handling_stop_signals, signal_name
 
 __all__ = ["Interrupted", "RankFailure", "run_world"]
 
@@ -69,7 +70,7 @@ class Interrupted(RuntimeError):
 
     def __init__(self, signum: int, why: str):
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}: {why}")
+        super().__init__(f"stopped by {signal_name(signum)}: {why}")
 
 
 _ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "before reporting")
@@ -140,9 +141,9 @@ def _die_with_parent() -> None:
 class _ForwardSignals:
     """In the parent, while a world runs: forward the first SIGTERM/SIGINT to the ranks as
     SIGTERM and give them ``grace_s`` to stop; a second signal raises :class:`Interrupted`.
+    ``deadline`` is when the grace period ends (``inf`` before a signal).
 
-    Installed only in the main thread (elsewhere Python allows no handlers: signals then
-    act as before). ``deadline`` is when the grace period ends (``inf`` before a signal).
+        with handling_stop_signals(forwarding.handle): ...
     """
 
     def __init__(self, procs: list[Any], grace_s: float):
@@ -150,21 +151,10 @@ class _ForwardSignals:
         self.grace_s = grace_s
         self.signum = 0
         self.deadline = float("inf")
-        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _ForwardSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def handle(self, signum: int, _frame: Any) -> None:
         if self.signum:
-            raise Interrupted(signum, f"{signal.Signals(signum).name} came twice, the ranks were killed mid-step")
+            raise Interrupted(signum, f"{signal_name(signum)} came twice, the ranks were killed mid-step")
         self.signum = signum
         self.deadline = time.monotonic() + self.grace_s
         for proc in self.procs:
@@ -222,7 +212,8 @@ def run_world(
     for proc in procs:
         proc.start()
     try:
-        with _ForwardSignals(procs, stop_grace_s) as forwarding:
+        forwarding = _ForwardSignals(procs, stop_grace_s)
+        with handling_stop_signals(forwarding.handle):
             deadline = float("inf") if deadline_s is None else time.monotonic() + deadline_s
             return _collect(procs, results, deadline, forwarding)
     finally:

@@ -37,13 +37,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import torchrun
+from zero_lab.app.checkpoint import find_checkpoint
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import PROJECT_ROOT
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
-from zero_lab.app.signals import signal_name
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
 from zero_lab.launch import Interrupted, RankFailure, run_world
+from zero_lab.signals import signal_name
 
 __all__ = ["run"]
 
@@ -134,8 +135,6 @@ def _report(results: list[RankResult], run_dir: Path, seconds: float, meta: dict
 
 def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
     """``continue with: python train.py <the same overrides> resume=<run dir>``."""
-    from zero_lab.app.checkpoint import find_checkpoint
-
     found = find_checkpoint(run_dir)
     if found is None:
         return "no complete checkpoint to resume from"

@@ -11,7 +11,7 @@
    parameter exchange), then one all-gather of every rank's measurements;
 5. every ``checkpoint_every`` steps, save atomically (:mod:`zero_lab.app.checkpoint`:
    each rank its shard for ZeRO, rank 0 the full state for plain optimizers);
-   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.app.signals`), every rank finishes
+   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.signals`), every rank finishes
    the step, saves (with ``checkpoint_every`` > 0) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
    writes ``summary.json``.
@@ -43,8 +43,8 @@ from zero_lab.app.build import Training, build_training, clip_gradients, master_
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
-from zero_lab.app.signals import StopRequest, signal_name
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
+from zero_lab.signals import StopRequest, signal_name
 
 __all__ = ["RankResult", "RunSpec", "train_rank"]
 
@@ -116,15 +116,14 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 if step % cfg.log_every == 0 or step == cfg.steps - 1:
                     for sink in sinks:
                         sink.log(record)
-            stopped_by = next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
-            due = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
-            if due or (stopped_by and cfg.checkpoint_every and step + 1 < cfg.steps):
+            last = step + 1 == cfg.steps  # a signal during the last step changes nothing
+            stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
+            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or stopped_by):
                 saved = checkpoint.save(training, run_dir, step + 1, losses)
                 log.info("checkpoint %s", saved)
-            if stopped_by and step + 1 < cfg.steps:
+            if stopped_by:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
                 break
-            stopped_by = 0
         checksum = _agreed_checksum(training.model, gather)
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)

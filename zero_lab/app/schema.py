@@ -210,8 +210,8 @@ class NoLoggerSchema:
 # ----------------------------------------------------------------------------- top level
 @dataclass
 class DistConfig:
-    """Where the ranks run. ``timeout_s`` bounds collectives *and* the whole world;
-    ``stop_grace_s`` is how long ranks may take to stop cleanly after SIGTERM/SIGINT."""
+    """Where the ranks run. ``timeout_s`` bounds every collective (the run itself has no
+    time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT."""
 
     world_size: int = 2
     backend: Backend = Backend.gloo

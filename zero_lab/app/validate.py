@@ -165,8 +165,8 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_clipping_and_precision(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
-    """``optim.max_grad_norm`` needs every gradient before the step; masters need a ZeRO optimizer."""
+def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """``optim.max_grad_norm``: positive, and every gradient must exist before the step."""
     out = []
     max_norm = cfg.optim.get("max_grad_norm")
     if max_norm is not None and max_norm <= 0:
@@ -256,7 +256,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_devices,
     _check_model_data,
     _check_optim,
-    _check_clipping_and_precision,
+    _check_clipping,
     _check_model,
     _check_partitioner,
     _check_resume,
