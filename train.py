@@ -5,26 +5,12 @@
     python train.py -m optim=adam,zero_adam dist.world_size=1,2
     torchrun --nproc_per_node 2 train.py optim=zero_adam
 
-The loop lives in ``zero_lab.app`` (importable, testable); this file only hands Hydra's
-composed config over. Ranks start inside the Hydra job (one run dir per job); under
-torchrun each process is one rank.
+The same job is ``zero-lab-train`` once the package is installed. The loop lives in
+``zero_lab.app`` (importable, testable); this file only calls its entry point. Ranks start
+inside the Hydra job (one run dir per job); under torchrun each process is one rank.
 """
 
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
-from zero_lab import app
-
-app.setup()
-
-
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    return app.run(cfg)
-
+from zero_lab.app.entry import main
 
 if __name__ == "__main__":
-    sys.argv = app.prepare(sys.argv)  # bad config: one message, exit 2; torchrun: one run dir
     main()

@@ -931,7 +931,7 @@ def collectives_rank(sizes: list[int], repeats: int) -> dict[str, float]:
 
 def check_collectives(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Print how long Gloo takes to move each model's bytes with each collective pattern."""
-    from zero_lab.launch import run_world
+    from zero_lab.runtime.launch import run_world
 
     rows = []
     print("| model | W | MiB | all_gather_into_tensor ms | one broadcast per rank ms | one broadcast per tensor ms |")
@@ -1026,7 +1026,7 @@ def schedule(
 
 def run_world_size(args: argparse.Namespace, world_size: int, strategies: list[str]) -> list[dict[str, Any]]:
     """Two worlds for ``world_size``: memory (every model), then timing rounds planned from it."""
-    from zero_lab.launch import run_world
+    from zero_lab.runtime.launch import run_world
 
     world = {"timeout_s": args.timeout, "deadline_s": args.timeout + 30, "start_method": args.start_method}
     need = {m: planned_need(m, world_size, strategies) for m in args.models}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import run_once
-from zero_lab import launch
+from zero_lab.runtime import launch
 
 launch.preload("tests.rank_programs")
 

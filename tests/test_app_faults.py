@@ -15,7 +15,7 @@ import torch
 
 from tests.e2e import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
-from zero_lab.signals import StopRequest
+from zero_lab.runtime.signals import StopRequest
 
 FOREVER = "steps=100000"  # never finishes on its own: the signal always lands mid-training
 

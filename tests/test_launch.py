@@ -14,7 +14,7 @@ import pytest
 from tests import rank_programs as rp
 from tests.conftest import run_ranks
 from tests.e2e import process_alive
-from zero_lab.launch import Interrupted
+from zero_lab.runtime.launch import Interrupted
 
 
 def signal_me_when_ranks_are_up(pid_dir: Path, world_size: int) -> threading.Thread:

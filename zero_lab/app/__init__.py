@@ -20,12 +20,10 @@ __all__ = ["prepare", "run", "setup"]
 
 
 def setup() -> None:
-    """Register the config schemas and the ``${zero_lab.root:}`` resolver (idempotent)."""
-    from zero_lab.app.paths import register_resolvers
+    """Register the config schemas (idempotent)."""
     from zero_lab.app.schema import register_configs
 
     register_configs()
-    register_resolvers()
 
 
 def prepare(argv: list[str]) -> list[str]:

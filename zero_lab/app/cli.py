@@ -3,7 +3,7 @@
 :func:`prepare` reads the command line with Hydra's own argument parser, checks every
 job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun, joins the
 world and adds the overrides that give all ranks one run dir
-(:mod:`zero_lab.app.torchrun`). A bad config ends here with one message and exit code 2,
+(:mod:`zero_lab.runtime.torchrun`). A bad config ends here with one message and exit code 2,
 before any process starts.
 
     sys.argv = prepare(sys.argv)
@@ -19,9 +19,9 @@ import torch
 from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig
 
-from zero_lab.app import torchrun
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.validate import ConfigError, enum_str
+from zero_lab.runtime import torchrun
 
 __all__ = ["fail", "prepare"]
 

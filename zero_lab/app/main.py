@@ -2,7 +2,7 @@
 
 :func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a
 ``-m`` sweep, under any launcher). The ranks start here, from this one resolved config,
-via :func:`zero_lab.launch.run_world` (own rendezvous port per job, so concurrent sweep
+via :func:`zero_lab.runtime.launch.run_world` (own rendezvous port per job, so concurrent sweep
 jobs never collide); under torchrun this process *is* a rank and trains directly.
 
 The run dir (Hydra's output dir) then holds::
@@ -36,15 +36,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app import torchrun
 from zero_lab.app.checkpoint import find_checkpoint
 from zero_lab.app.cli import fail
-from zero_lab.app.paths import PROJECT_ROOT
+from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
-from zero_lab.launch import Interrupted, RankFailure, run_world
-from zero_lab.signals import signal_name
+from zero_lab.runtime import torchrun
+from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
+from zero_lab.runtime.signals import signal_name
 
 __all__ = ["run"]
 
@@ -180,10 +180,10 @@ def git_revision() -> dict[str, Any]:
     """HEAD of the project's git checkout and whether the tree had local changes."""
     try:
         head = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ["git", "-C", str(SOURCE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
         )
         status = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(SOURCE_DIR), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             timeout=10,

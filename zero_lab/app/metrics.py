@@ -48,7 +48,7 @@ class RankStep:
     peak_bytes: float = 0.0
     samples: float = 0.0
     grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
-    stop_signal: float = 0.0  # a SIGTERM/SIGINT this rank received (zero_lab.signals); 0 = none
+    stop_signal: float = 0.0  # a SIGTERM/SIGINT this rank received (zero_lab.runtime.signals); 0 = none
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))

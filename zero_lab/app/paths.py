@@ -1,23 +1,17 @@
-"""Where the project lives, and the ``${zero_lab.root:}`` resolver the run dirs use.
+"""Where the app's files live: the packaged Hydra configs and the source tree (for the git revision).
 
-Runs land under ``<project>/outputs/`` whatever the working directory, so
-``python ~/zero_lab/train.py`` and a test started from elsewhere both write to the place
-the README describes (override ``hydra.run.dir=...`` / ``hydra.sweep.dir=...`` to move them).
+The configs ship inside the package (``zero_lab/conf``), so ``train.py`` in a checkout and
+``zero-lab-train`` from an installed wheel compose the same tree. Runs land under
+``outputs/`` of the working directory (Hydra's convention); override
+``hydra.run.dir=...`` / ``hydra.sweep.dir=...`` to move them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
+__all__ = ["CONF_DIR", "CONF_PACKAGE", "SOURCE_DIR"]
 
-__all__ = ["CONF_DIR", "PROJECT_ROOT", "register_resolvers"]
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
-
-
-def register_resolvers() -> None:
-    """Register ``${zero_lab.root:}`` (idempotent)."""
-    if not OmegaConf.has_resolver("zero_lab.root"):
-        OmegaConf.register_new_resolver("zero_lab.root", lambda: str(PROJECT_ROOT))
+SOURCE_DIR = Path(__file__).resolve().parents[1]  # the zero_lab package (inside a checkout: its git tree)
+CONF_DIR = SOURCE_DIR / "conf"
+CONF_PACKAGE = "pkg://zero_lab.conf"

@@ -11,7 +11,7 @@
    parameter exchange), then one all-gather of every rank's measurements;
 5. every ``checkpoint_every`` steps, save atomically (:mod:`zero_lab.app.checkpoint`:
    each rank its shard for ZeRO, rank 0 the full state for plain optimizers);
-   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.signals`), every rank finishes
+   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.runtime.signals`), every rank finishes
    the step, saves (with ``checkpoint_every`` > 0) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
    writes ``summary.json``.
@@ -44,7 +44,7 @@ from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
-from zero_lab.signals import StopRequest, signal_name
+from zero_lab.runtime.signals import StopRequest, signal_name
 
 __all__ = ["RankResult", "RunSpec", "train_rank"]
 

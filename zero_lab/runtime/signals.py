@@ -8,7 +8,7 @@ or a Ctrl-C should not kill a rank in the middle of a collective or of a checkpo
   anyway), so every rank learns *in the same step* that some rank was asked to stop,
   saves the checkpoint together and leaves the loop together; a checkpoint being
   written when the signal arrives is finished first.
-* :func:`handling_stop_signals` (used by :func:`zero_lab.launch.run_world` in the
+* :func:`handling_stop_signals` (used by :func:`zero_lab.runtime.launch.run_world` in the
   parent): route both signals to any handler for the duration of a block.
 
 Handlers are installed only in the main thread (Python allows no other; elsewhere the

@@ -15,7 +15,7 @@ the interpreter's normal shutdown sometimes crashed after their work was done.
 
 Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
 forwarded to every rank as SIGTERM (a rank that handles it — the app's loop does, see
-:mod:`zero_lab.signals` — finishes its step, checkpoints and returns normally), and
+:mod:`zero_lab.runtime.signals` — finishes its step, checkpoints and returns normally), and
 the ranks get ``stop_grace_s`` to finish; a second signal, a rank dying after the
 signal or the grace running out kills them at once and raises :class:`Interrupted`.
 On Linux every rank also dies with its parent (``PR_SET_PDEATHSIG``), so even a
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zero_lab.signals import handling_stop_signals, signal_name
+from zero_lab.runtime.signals import handling_stop_signals, signal_name
 
 __all__ = ["Interrupted", "RankFailure", "run_world"]
 

@@ -1,0 +1,6 @@
+"""Process plumbing, apart from the algorithm: start a world of ranks and stop it cleanly.
+
+``launch`` (spawn ranks, forward signals, name the failed rank), ``signals`` (stop after the
+current step on SIGTERM/SIGINT), ``torchrun`` (one run dir and one config under torchrun).
+Depends on torch and the core only; the Hydra app builds on it.
+"""
