@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.e2e import assert_no_leftover_processes, metrics, summary, wandb_records
+from tests.e2e.runs import assert_no_leftover_processes, metrics, summary, wandb_records
 from zero_lab.app.build import optimizer_state_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
