@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import select
+import struct
+import termios
 
 import pytest
 import torch
@@ -57,9 +61,17 @@ def test_progress_bar_stays_quiet_without_a_terminal(capsys):
 
 def test_progress_bar_draws_steps_and_loss_on_a_terminal():
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a 120-column terminal
     with os.fdopen(follower, "w") as terminal, Progress(total=3, enabled=True, stream=terminal) as bar:
         bar.update({"train/loss": 0.25})
-        terminal.flush()
-        drawn = os.read(leader, 4096).decode(errors="replace")
+        drawn = _read_available(leader)
     os.close(leader)
     assert "1/3" in drawn and "loss=0.25" in drawn
+
+
+def _read_available(fd: int) -> str:
+    """Everything written to a pty so far; never blocks (0.5 s of silence ends the read)."""
+    chunks = []
+    while select.select([fd], [], [], 0.5)[0]:
+        chunks.append(os.read(fd, 4096))
+    return b"".join(chunks).decode(errors="replace")

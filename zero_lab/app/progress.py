@@ -26,8 +26,8 @@ class Progress:
 
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is not None:
-            self._bar.set_postfix(loss=f"{record['train/loss']:.4g}", refresh=False)
             self._bar.update(1)
+            self._bar.set_postfix(loss=f"{record['train/loss']:.4g}")  # redraws: step and loss agree
 
     def __enter__(self) -> Progress:
         return self
