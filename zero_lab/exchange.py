@@ -94,6 +94,7 @@ class InFlight:
         self.pending = pending
         self._finish = finish
         self.done = False
+        self.param_indices: frozenset[int] = frozenset()  # global indices of the parameters it writes
 
     def wait(self) -> None:
         if self.done:
@@ -342,6 +343,10 @@ class ParamExchange:
             return
         for unit in self._units(self.collective):
             self._inflight.append((unit.param_indices, unit.issue(self.comm, self.collective)))
+
+    def track(self, params: frozenset[int], inflight: InFlight) -> None:
+        """Count collectives issued elsewhere (the overlap hooks' sends) as this exchange's in-flight work."""
+        self._inflight.append((params, inflight))
 
     @property
     def in_flight(self) -> bool:

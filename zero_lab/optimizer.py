@@ -46,7 +46,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from zero_lab.comm import CommStats, Communicator
-from zero_lab.exchange import ExchangeReport, ParamExchange, share_grads_with_joined
+from zero_lab.exchange import ExchangeReport, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
 
@@ -277,6 +277,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """Finish an exchange in flight (``prefetch_exchange``): the units holding the
         parameters with these global indices, or all of it."""
         self._exchange.wait(params)
+
+    def track_in_flight(self, params: frozenset[int], inflight: InFlight) -> None:
+        """Make :meth:`wait_for_exchange` also wait for ``inflight`` (collectives writing
+        the parameters with global indices ``params``, e.g. the overlap hooks' sends)."""
+        self._exchange.track(params, inflight)
 
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first

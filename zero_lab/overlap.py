@@ -30,6 +30,26 @@ What torch's version cannot do and this one does:
   (their gradient stays ``None`` in plain DDP); this needs all buckets, so such
   models step after the last bucket even with the interleaved hook;
 * ``no_sync()`` accumulation works because DDP calls no hook inside it.
+
+Prefetch (Megatron's ``overlap_param_gather``): :func:`prefetch_exchange` makes
+``opt.step()`` only *issue* the parameter exchange; a forward pre-hook on every module
+that owns parameters waits only for the exchange units (buffers, or single shards in
+the per-shard broadcast layout) holding that module's own parameters, so the
+exchange of later layers runs while earlier layers compute. Units are issued in a
+fixed order every rank shares (buffer order; per shard: registration order, which is
+roughly first-use order); modules wait in whatever order the forward calls them.
+With ``overlap=true`` the hooks' per-bucket sends are likewise left in flight at the
+end of backward and waited for by the next forward. Everything on the optimizer that
+reads parameters or optimizer state waits first (``step``, ``state_dict``,
+``consolidate_state_dict``, ``load_state_dict``, ``clip_grad_norm_``,
+``add_param_group``, Join, checkpoint save); ``zero_grad`` does not need to, because
+the exchange never touches gradients. A module must own the parameters its forward
+reads (tied weights are: both modules register the same parameter)::
+
+    handle = prefetch_exchange(model, opt)   # model: the module DDP wraps, or any module
+    for x in data:
+        opt.zero_grad(); ddp(x).sum().backward(); opt.step()   # step returns with the exchange in flight
+    handle.remove()                          # waits, then steps exchange synchronously again
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations
@@ -47,7 +67,7 @@ from zero_lab.exchange import InFlight, issue_owner_broadcast
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import DdpBucket, approximate_ddp_buckets
 
-__all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
+__all__ = ["PrefetchHandle", "hook_with_zero_step", "hook_with_zero_step_interleaved", "prefetch_exchange"]
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -166,6 +186,7 @@ class _OverlapEngine:
                 "parameter trainability changed while overlap_with_ddp=True; the DDP comm hook cannot follow. "
                 "Rebuild DDP, the optimizer and the hook after changing requires_grad."
             )
+        self.zero.wait_for_exchange()  # prefetch: what the forward did not wait for (unused parameters)
         self._reset()
         self.started = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -209,7 +230,9 @@ class _OverlapEngine:
         for owner, shards in plan.by_owner:
             live = [(p, a, b) for p, a, b in shards if self.index_of[id(p)] not in self.unused]
             if live:
-                self.inflight.append(issue_owner_broadcast(self.comm, owner, live))
+                sent = issue_owner_broadcast(self.comm, owner, live)
+                sent.param_indices = frozenset(self.index_of[id(p)] for p, _, _ in live)
+                self.inflight.append(sent)
 
     def _finish(self) -> None:
         """End of backward: every bucket stepped, every broadcast landed.
@@ -223,7 +246,10 @@ class _OverlapEngine:
             self._drain(all_ready=True)
             inflight, self.inflight = self.inflight, []
         for sent in inflight:
-            sent.wait()
+            if self.zero.async_exchange:  # prefetch: the next forward waits, per module
+                self.zero.track_in_flight(sent.param_indices, sent)
+            else:
+                sent.wait()
         self.locally_used.clear()
         self.started = False
 
@@ -252,3 +278,40 @@ def hook_with_zero_step_interleaved(
     """Wrap ``hook``: step each bucket's shards as soon as that bucket is reduced and
     start its exchange, overlapping optimizer work with the rest of backward."""
     return _make_hook(hook, ddp, zero, interleave=True, shard=shard_buckets)
+
+
+class PrefetchHandle:
+    """What :func:`prefetch_exchange` installed; :meth:`remove` undoes it."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer, hooks: list[Any]):
+        self.zero = zero
+        self.hooks = hooks
+
+    def remove(self) -> None:
+        """Wait for an exchange in flight, drop the hooks, exchange synchronously again."""
+        self.zero.wait_for_exchange()
+        self.zero.async_exchange = False
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+
+def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> PrefetchHandle:
+    """Hide the parameter exchange behind the next forward (see the module docstring)."""
+    if not isinstance(zero, ZeroRedundancyOptimizer):
+        raise TypeError(f"prefetch_exchange needs a zero_lab.ZeroRedundancyOptimizer, got {type(zero).__name__}")
+    index_of = {id(p): i for i, p in enumerate(zero.all_params)}
+    hooks = []
+    for module in model.modules():
+        indices = tuple(sorted({index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of}))
+        if indices:
+            hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
+    zero.async_exchange = True
+    return PrefetchHandle(zero, hooks)
+
+
+def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable[..., None]:
+    def wait(module: torch.nn.Module, args: Any) -> None:
+        zero.wait_for_exchange(indices)
+
+    return wait
