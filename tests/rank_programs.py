@@ -321,12 +321,17 @@ def local_group_shapes() -> list[int]:
     return [len(group["params"]) for group in opt.optim.param_groups]
 
 
-def exchange_bytes(partitioner: Partitioner | None, bucket_view: bool) -> dict[str, Any]:
+def exchange_bytes(partitioner: Partitioner | None, bucket_view: bool, exchange: str = "auto") -> dict[str, Any]:
     """Bytes and calls of one step's exchange, against the model's trainable bytes."""
     model = make_model()
     ddp = DDP(model)
     opt = ZeroRedundancyOptimizer(
-        model.parameters(), torch.optim.Adam, parameters_as_bucket_view=bucket_view, partitioner=partitioner, lr=1e-3
+        model.parameters(),
+        torch.optim.Adam,
+        parameters_as_bucket_view=bucket_view,
+        partitioner=partitioner,
+        exchange=exchange,
+        lr=1e-3,
     )
     loss_of(ddp, batch(0, dist.get_rank())).backward()
     before = opt.comm_stats.snapshot()
@@ -338,6 +343,7 @@ def exchange_bytes(partitioner: Partitioner | None, bucket_view: bool) -> dict[s
         "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "num_params": len(list(model.parameters())),
         "mode": opt.exchange_mode,
+        "rank_bytes": list(opt.partition.report().bytes_per_rank),
     }
 
 

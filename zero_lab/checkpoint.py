@@ -174,20 +174,21 @@ def save_checkpoint(
     """
     final = Path(directory)
     partial = final.with_name(f".{final.name}.partial")
-    comm, rank = optimizer._comm, optimizer.rank
+    optimizer.wait_for_exchange()  # model.state_dict() below reads the parameters
+    comm, rank = optimizer.communicator, optimizer.rank
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     comm.barrier()
 
     mine = f"optim-rank{rank:05d}.pt"
-    shards = optimizer._local_shard_states()
+    shards = optimizer.local_shard_states()
     _write_atomic(partial / mine, lambda f: torch.save({"shards": shards}, f))
     written = {mine: {**_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
     if rank == 0 and model is not None:
         _write_atomic(partial / "model.pt", lambda f: torch.save(model.state_dict(), f))
         written["model.pt"] = _digest(partial / "model.pt")
-    everyone = comm.gather_objects(written, to=0, device=optimizer._default_device)
+    everyone = comm.gather_objects(written, to=0, device=optimizer.join_device)
 
     if rank == 0:
         assert everyone is not None
@@ -241,7 +242,7 @@ def load_checkpoint(
     if model is not None:
         model.load_state_dict(_verified_load(directory, "model.pt", manifest))
 
-    params = optimizer._all_params
+    params = optimizer.all_params
     wanted = {s.param: (s.start, s.stop) for s in optimizer.partition.shards_of(optimizer.rank)}
     pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
     for name, ranges in _optimizer_files(manifest):
@@ -257,7 +258,7 @@ def load_checkpoint(
     def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
         return reslice(pieces[index], params[index].shape, (start, stop)) if index in pieces else None
 
-    optimizer._load_shard_states(state_of, manifest["param_groups"])
+    optimizer.load_shard_states(state_of, manifest["param_groups"])
     return manifest["extra"]
 
 

@@ -1,21 +1,32 @@
 """The one module that calls ``torch.distributed`` collectives.
 
-Every collective zero_lab issues goes through :class:`Communicator`, which labels it
-with ``torch.profiler.record_function`` (``zero_lab::<op>``), counts its payload
-bytes and calls, and times it, so communication is easy to find, profile and meter.
-Collectives run on the process group's timeout (set at ``init_process_group``), so a
-lost peer raises instead of hanging.
+Every collective zero_lab issues — the parameter exchange in all its forms
+(:mod:`zero_lab.exchange`), the overlap hooks' per-bucket sends, the Join gradient
+broadcast, checkpoint gathers, gradient-norm and metric reductions — goes through a
+:class:`Communicator`, which labels it with ``torch.profiler.record_function``
+(``zero_lab::<op>``, and ``zero_lab::<op>/wait`` for the wait of an asynchronous one),
+counts its payload bytes and calls, and times it. Collectives run on the process
+group's timeout (set at ``init_process_group``), so a lost peer raises instead of hanging.
 
-Byte accounting: ``bytes`` is the payload this rank contributed to or received from
-each collective — a broadcast of ``n`` bytes counts ``n`` on every rank, an all-gather
-into an ``n``-byte output counts ``n``.
+Blocking collectives (``broadcast_many``, ``all_gather_into``, ``all_reduce``, ...)
+return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``) return
+a :class:`Pending`; its ``wait()`` finishes them. Accounting, in :class:`CommStats`:
+
+* ``bytes``/``calls`` — counted at issue. ``bytes`` is the payload this rank
+  contributed to or received from each collective: a broadcast of ``n`` bytes counts
+  ``n`` on every rank, an all-gather into an ``n``-byte output counts ``n``;
+* ``exposed_seconds`` — time the caller was blocked: issuing plus waiting;
+* ``seconds`` — from issue until the wait returned. For a blocking collective this
+  equals the exposed time; for an asynchronous one the difference is work the caller
+  did meanwhile, i.e. communication hidden behind computation (an upper bound: the
+  collective may have finished before the wait).
 """
 
 from __future__ import annotations
 
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-__all__ = ["CommStats", "Communicator"]
+__all__ = ["CommStats", "Communicator", "Pending"]
 
 # torch >= 2.13 renamed all_gather_into_tensor; keep working on older releases.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -37,16 +48,45 @@ class CommStats:
     calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    exposed_seconds: float = 0.0
 
     def snapshot(self) -> CommStats:
-        return CommStats(self.calls, self.bytes, self.seconds)
+        return CommStats(self.calls, self.bytes, self.seconds, self.exposed_seconds)
 
     def since(self, earlier: CommStats) -> CommStats:
-        return CommStats(self.calls - earlier.calls, self.bytes - earlier.bytes, self.seconds - earlier.seconds)
+        return CommStats(
+            self.calls - earlier.calls,
+            self.bytes - earlier.bytes,
+            self.seconds - earlier.seconds,
+            self.exposed_seconds - earlier.exposed_seconds,
+        )
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+class Pending:
+    """Asynchronous collectives in flight; :meth:`wait` (idempotent) finishes and meters them."""
+
+    def __init__(self, comm: Communicator, op: str, works: list[Any], issued_at: float):
+        self.comm = comm
+        self.op = op
+        self._works = works
+        self._issued_at = issued_at
+        self.done = not works
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        start = time.perf_counter()
+        with record_function(f"zero_lab::{self.op}/wait"):
+            for work in self._works:
+                work.wait()
+        end = time.perf_counter()
+        self.comm.stats.exposed_seconds += end - start
+        self.comm.stats.seconds += end - self._issued_at
+        self.done = True
 
 
 class Communicator:
@@ -66,25 +106,44 @@ class Communicator:
         start = time.perf_counter()
         with record_function(f"zero_lab::{op}"):
             yield
-        self.stats.seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.stats.seconds += elapsed
+        self.stats.exposed_seconds += elapsed
         self.stats.bytes += nbytes
         self.stats.calls += calls
 
+    def _issue(self, op: str, nbytes: int, calls: int, launch: Callable[[], list[Any]]) -> Pending:
+        start = time.perf_counter()
+        with record_function(f"zero_lab::{op}"):
+            works = launch()
+        self.stats.exposed_seconds += time.perf_counter() - start
+        self.stats.bytes += nbytes
+        self.stats.calls += calls
+        return Pending(self, op, works, start)
+
+    def issue_broadcasts(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> Pending:
+        """Start broadcasting each ``(tensor, src_rank)`` in place; ``wait()`` the result."""
+        return self._issue(
+            op,
+            sum(_nbytes(t) for t, _ in tensors),
+            len(tensors),
+            lambda: [dist.broadcast(t, src=self.global_rank(s), group=self.group, async_op=True) for t, s in tensors],
+        )
+
+    def issue_all_gather(self, output: torch.Tensor, local: torch.Tensor, op: str = "all_gather") -> Pending:
+        """Start filling ``output`` (W equal chunks) with every rank's ``local`` chunk, in rank order."""
+        return self._issue(
+            op, _nbytes(output), 1, lambda: [_all_gather_single(output, local, group=self.group, async_op=True)]
+        )
+
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
         """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""
-        if not tensors:
-            return
-        with self._metered(op, sum(_nbytes(t) for t, _ in tensors), len(tensors)):
-            works = [
-                dist.broadcast(t, src=self.global_rank(src), group=self.group, async_op=True) for t, src in tensors
-            ]
-            for work in works:
-                work.wait()
+        if tensors:
+            self.issue_broadcasts(tensors, op).wait()
 
     def all_gather_into(self, output: torch.Tensor, local: torch.Tensor, op: str = "all_gather") -> None:
         """Fill ``output`` (W equal chunks) with every rank's ``local`` chunk, in rank order."""
-        with self._metered(op, _nbytes(output)):
-            _all_gather_single(output, local, group=self.group)
+        self.issue_all_gather(output, local, op).wait()
 
     def all_reduce(self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"):
         with self._metered(op, _nbytes(tensor)):

@@ -11,7 +11,17 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
 3. The local optimizer steps; shards whose gradient is ``None`` are skipped by every
    ``torch.optim`` optimizer, which is also how a subset is stepped.
 4. :class:`~zero_lab.exchange.ParamExchange` brings every rank's updated shards to all
-   ranks (broadcasts or all-gathers), so the replicas are identical again.
+   ranks (broadcasts or all-gathers, ``exchange=``; ``auto`` measures both at the first
+   step), so the replicas are identical again. With
+   :func:`zero_lab.overlap.prefetch_exchange` the exchange is only issued here and
+   the next forward waits for it module by module; every method below that reads
+   parameters or optimizer state waits for it first.
+
+The shard API other modules use (overlap hooks, checkpoints): :attr:`all_params`,
+:meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
+:meth:`load_shard_states`, :attr:`communicator`, :meth:`repartition` (the one way to
+change the partitioner, which rebuilds the local optimizer *and* the exchange) and
+:meth:`wait_for_exchange`.
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,11 +46,11 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from zero_lab.comm import CommStats, Communicator
-from zero_lab.exchange import ParamExchange
+from zero_lab.exchange import ExchangeReport, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "ZeroRedundancyOptimizer"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +118,19 @@ def _check_same_dense_type(params: list[torch.Tensor]) -> None:
             )
 
 
+@dataclass(frozen=True)
+class LocalShard:
+    """A shard this rank steps: elements ``[start, stop)`` of flattened ``param`` (global
+    index ``index``); ``tensor`` is what the local optimizer holds for it (``param`` itself,
+    or a proxy: a slice view, a detached alias with overlap, or an fp32 master)."""
+
+    index: int
+    param: torch.Tensor
+    start: int
+    stop: int
+    tensor: torch.Tensor
+
+
 class _ZeroJoinHook(JoinHook):
     """On a rank that ran out of inputs: take part in the step of the ranks still training."""
 
@@ -136,6 +160,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             as fp32 masters: the optimizer and its state work in fp32, each step writes
             the rounded result back into the parameter, and the low-precision copy is
             what the ranks exchange (the DeepSpeed/Megatron mixed-precision recipe).
+        exchange: ``"broadcast"`` (one broadcast per rank's range), ``"all_gather"``
+            (``all_gather_into_tensor``) or ``"auto"`` (time both at the first step, all
+            ranks agree; see :meth:`exchange_report`).
     """
 
     def __init__(
@@ -147,6 +174,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         overlap_with_ddp: bool = False,
         partitioner: Partitioner | None = None,
         master_weights: bool = False,
+        exchange: str = "auto",
         **defaults: Any,
     ):
         groups = _normalize_params(params)
@@ -155,10 +183,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._initialized = False
         Optimizer.__init__(self, groups, defaults)
         Joinable.__init__(self)
-        _check_same_dense_type(self._all_params)
+        _check_same_dense_type(self.all_params)
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self._comm = Communicator(self.process_group)
+        self._exchange_choice = exchange
         self.world_size: int = self._comm.world_size
         self.rank: int = self._comm.rank
         self.global_rank: int = self._comm.global_rank(self.rank)
@@ -168,27 +197,100 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             parameters_as_bucket_view = False
         self.parameters_as_bucket_view = parameters_as_bucket_view
         default = DdpBucket() if overlap_with_ddp else SortedGreedy()
-        self.partitioner: Partitioner = partitioner if partitioner is not None else default
+        self._partitioner: Partitioner = partitioner if partitioner is not None else default
         self._ddp_buckets: dict[int, int] = {}  # id(param) -> DDP bucket, once attached to DDP
         self.master_weights = master_weights
         self._optimizer_class = optimizer_class
         self._optim_defaults = defaults
-        self._default_device = self._all_params[0].device
+        self._default_device = self.all_params[0].device
         self._join_active = False
         self._state_touched = False  # a step or load_state_dict happened (overlap must attach before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
-        self.partition = self._compute_partition()
-        self._trainable = [p.requires_grad for p in self._all_params]
-        self._exchange = ParamExchange(self._all_params, self.partition, self._comm, parameters_as_bucket_view)
-        self.optim: Optimizer = optimizer_class(self._local_param_groups(), **defaults)
-        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        self.async_exchange = False  # set by zero_lab.overlap.prefetch_exchange
+        self._build_shards()
         self._initialized = True
 
-    # ------------------------------------------------------------------ partition
+    def _build_shards(self) -> None:
+        """Partition, exchange and local optimizer, always rebuilt together."""
+        self.partition = self._compute_partition()
+        self._trainable = [p.requires_grad for p in self.all_params]
+        self._exchange = ParamExchange(
+            self.all_params, self.partition, self._comm, self.parameters_as_bucket_view, self._exchange_choice
+        )
+        self._optim: Optimizer = self._optimizer_class(self._local_param_groups(), **self._optim_defaults)
+        self._sync_param_groups(self._optim.param_groups, self.param_groups)
+
+    # ------------------------------------------------------------------ shard API
     @property
-    def _all_params(self) -> list[torch.Tensor]:
+    def optim(self) -> Optimizer:
+        """The local optimizer over this rank's shards (replace it only via :meth:`repartition`)."""
+        return self._optim
+
+    @property
+    def partitioner(self) -> Partitioner:
+        """The partitioner (change it only via :meth:`repartition`)."""
+        return self._partitioner
+
+    @property
+    def overlap_with_ddp(self) -> bool:
+        return self._overlap_with_ddp
+
+    @property
+    def communicator(self) -> Communicator:
+        """The metered collectives on ``process_group`` this optimizer uses."""
+        return self._comm
+
+    @property
+    def all_params(self) -> list[torch.Tensor]:
+        """Every parameter, by global index (param groups in order)."""
         return [p for group in self.param_groups for p in group["params"]]
+
+    def local_shards(self) -> list[LocalShard]:
+        """The shards this rank steps, with the tensor its local optimizer holds for each."""
+        params = self.all_params
+        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._proxies}
+        return [
+            LocalShard(
+                s.param, params[s.param], s.start, s.stop, proxies.get((id(params[s.param]), s.start), params[s.param])
+            )
+            for s in self.partition.shards_of(self.rank)
+        ]
+
+    def repartition(self, partitioner: Partitioner | None = None, ddp_buckets: dict[int, int] | None = None) -> None:
+        """Re-partition (a new ``partitioner`` and/or DDP's buckets, ``{id(param): bucket}``),
+        rebuilding the local optimizer and the exchange. Only before the first step and
+        before ``load_state_dict``; collective in effect (call on every rank)."""
+        if self._state_touched:
+            raise RuntimeError(
+                "repartition (and creating the overlap hook) must happen before the first step and "
+                "before load_state_dict()"
+            )
+        self._exchange.wait()
+        if partitioner is not None:
+            self._partitioner = partitioner
+        if ddp_buckets is not None:
+            self._ddp_buckets = dict(ddp_buckets)
+        self._build_shards()
+
+    def wait_for_exchange(self, params: Iterable[int] | None = None) -> None:
+        """Finish an exchange in flight (``prefetch_exchange``): the units holding the
+        parameters with these global indices, or all of it."""
+        self._exchange.wait(params)
+
+    def track_in_flight(self, params: frozenset[int], inflight: InFlight) -> None:
+        """Make :meth:`wait_for_exchange` also wait for ``inflight`` (collectives writing
+        the parameters with global indices ``params``, e.g. the overlap hooks' sends)."""
+        self._exchange.track(params, inflight)
+
+    def exchange_report(self) -> ExchangeReport:
+        """The exchange's layout and collective; with ``exchange="auto"`` after the first
+        step also the measured time of each candidate (max over ranks)."""
+        if self._overlap_with_ddp:
+            return ExchangeReport("overlap_per_bucket", "overlap", "broadcast", self._exchange_choice)
+        return self._exchange.report()
+
+    # ------------------------------------------------------------------ partition
 
     def _param_specs(self) -> list[ParamSpec]:
         specs = []
@@ -210,7 +312,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return specs
 
     def _compute_partition(self) -> Partition:
-        partition = self.partitioner(self._param_specs(), self.world_size)
+        partition = self._partitioner(self._param_specs(), self.world_size)
         element_granular = bool(partition.layouts) or not partition.is_whole
         if element_granular and not issubclass(self._optimizer_class, ELEMENTWISE_OPTIMIZERS):
             raise ValueError(
@@ -233,7 +335,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             self._local_index: list[int] = []
             self._proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (proxy, param, start, stop)
             self._masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # fp32 proxies to write back
-        params = self._all_params
+        params = self.all_params
         local = [
             {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} | {"params": []}
             for g in self.param_groups[first_group:]
@@ -288,7 +390,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 param.data.reshape(-1)[start:stop].copy_(master.reshape(-1))
 
     def _refresh_trainability(self) -> None:
-        trainable = [p.requires_grad for p in self._all_params]
+        trainable = [p.requires_grad for p in self.all_params]
         if trainable != self._trainable:
             logger.info("zero_lab: trainable parameters changed; rebuilding the parameter exchange")
             self._trainable = trainable
@@ -327,24 +429,23 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 logger.warning("step() does nothing with overlap_with_ddp=True: the DDP comm hook steps")
                 self._warned_overlap_step = True
             return None
+        self._exchange.wait()
         Join.notify_join_context(self)
         if self._join_active:
-            self._share_grads_with_joined(active=True)
+            share_grads_with_joined(self._comm, self.all_params, self.partition, active=True)
         loss = self._local_step(closure, **kwargs)
-        self._exchange.run()
+        self._exchange_params()
         return loss
 
-    def _attach_ddp(self, bucket_of_param: dict[int, int]) -> None:
-        """Re-partition along DDP's buckets (overlap mode; before the first step)."""
-        if self._state_touched:
-            raise RuntimeError("create the overlap hook before the first step and before load_state_dict()")
-        self._ddp_buckets = dict(bucket_of_param)
-        self.partition = self._compute_partition()
-        self.optim = self._optimizer_class(self._local_param_groups(), **self._optim_defaults)
-        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+    def _exchange_params(self) -> None:
+        if self.async_exchange:
+            self._exchange.start()
+        else:
+            self._exchange.run()
 
-    def _step_subset(self, proxy_grads: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Step only the given proxies, each with the given gradient (overlap mode).
+    def step_shards(self, proxy_grads: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Step only the given local tensors (:attr:`LocalShard.tensor`), each with the given
+        gradient (used by the overlap hooks). No exchange.
 
         Every other proxy has ``grad=None``, which every ``torch.optim`` optimizer skips.
         """
@@ -372,13 +473,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         and every gradient is scaled as ``torch.nn.utils.clip_grad_norm_`` would.
         Returns the total norm. Call it between ``backward()`` and ``step()``.
         """
+        self._exchange.wait()
         if self._overlap_with_ddp:
             raise RuntimeError(
                 "clip_grad_norm_ needs every gradient before the step, but with overlap_with_ddp=True the step "
                 "runs inside backward; clip without overlap (overlap=false)"
             )
         norm_type = float(norm_type)
-        params = self._all_params
+        params = self.all_params
         pieces = [
             params[s.param].grad.reshape(-1)[s.start : s.stop]
             for s in self.partition.shards_of(self.rank)
@@ -424,7 +526,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     @property
     def exchange_mode(self) -> str:
-        return "overlap_per_bucket" if self._overlap_with_ddp else self._exchange.mode
+        """``<layout>_<collective>`` (e.g. ``flat_broadcast``), or ``overlap_per_bucket``."""
+        return self.exchange_report().mode
 
     # ------------------------------------------------------------------ param groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -435,6 +538,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         super().add_param_group(param_group)
         if not self._initialized:
             return
+        self._exchange.wait()
         before = self.partition
         after = self._compute_partition()
         old_params = len(before.specs)
@@ -445,16 +549,17 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 "zero_lab needs partitioners that are stable under appended groups"
             )
         self.partition = after
-        self._trainable = [p.requires_grad for p in self._all_params]
-        self._exchange.update(self._all_params, after)
+        self._trainable = [p.requires_grad for p in self.all_params]
+        self._exchange.update(self.all_params, after)
         (new_group,) = self._local_param_groups(first_group=len(self.param_groups) - 1)
         self.optim.add_param_group(new_group)
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
 
     # ------------------------------------------------------------------ state
-    def _local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
+    def local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
         """This rank's state as ``{global index: (start, stop, state on CPU)}``."""
-        params = self._all_params
+        self._exchange.wait()
+        params = self.all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         local_state = self.optim.state_dict()["state"]
         masters = {(id(param), start): master for master, param, start, _ in self._masters}
@@ -476,7 +581,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         returns the full state in plain ``torch.optim`` format.
         """
         self._sync_param_groups(self.param_groups, self.optim.param_groups)
-        mine = self._local_shard_states()
+        mine = self.local_shard_states()
         gathered: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
         for rank in range(self.world_size):
             if rank == self.rank and rank == to:
@@ -489,13 +594,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def state_dict(self) -> dict[str, Any]:
         """The consolidated state (plain ``torch.optim`` format, global indices)."""
+        self._exchange.wait()
         if not self._consolidated:
             raise RuntimeError(
                 "Optimizer state has not been consolidated on this rank. "
                 f"Please call `consolidate_state_dict(to={self.rank})` on all ranks beforehand if you meant to "
                 "save the global state."
             )
-        params = self._all_params
+        params = self.all_params
         pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
         for rank_states in self._consolidated:
             for index, (start, stop, state) in rank_states.items():
@@ -513,14 +619,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards."""
         groups = state_dict["param_groups"]
         self._check_group_sizes([len(g["params"]) for g in groups])
-        params = self._all_params
+        params = self.all_params
         saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
 
         def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
             saved = state_dict["state"].get(saved_keys[index])
             return None if saved is None else slice_state(saved, params[index].shape, start, stop)
 
-        self._load_shard_states(state_of, groups)
+        self.load_shard_states(state_of, groups)
 
     def _check_group_sizes(self, sizes: list[int]) -> None:
         expected = [len(g["params"]) for g in self.param_groups]
@@ -530,14 +636,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                 "load a state saved from the same parameters"
             )
 
-    def _load_shard_states(
+    def load_shard_states(
         self, state_of: Callable[[int, int, int], dict[str, Any] | None], groups: list[dict[str, Any]]
     ) -> None:
         """Load this rank's shards: ``state_of(global index, start, stop)`` gives each one's state.
 
         ``groups`` carries the hyperparameters to restore (one dict per param group).
         """
-        params = self._all_params
+        self._exchange.wait()
+        params = self.all_params
         bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         masters = {(id(param), start): master for master, param, start, _ in self._masters}
         local_state = {}
@@ -588,40 +695,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return self.process_group
 
     def _step_as_joined(self) -> None:
-        self._share_grads_with_joined(active=False)
+        self._exchange.wait()
+        share_grads_with_joined(self._comm, self.all_params, self.partition, active=False)
         self._local_step()
-        self._exchange.run()
-
-    def _share_grads_with_joined(self, active: bool) -> None:
-        """Active ranks send each joined rank the gradients of its shards.
-
-        One all-reduce of an "active" flag per rank tells everyone who joined; then
-        the lowest active rank broadcasts each joined rank's shard gradients.
-        """
-        flags = torch.zeros(self.world_size, device=self._default_device)
-        flags[self.rank] = 1.0 if active else 0.0
-        self._comm.all_reduce(flags, op="join_flags")
-        active_ranks = [r for r in range(self.world_size) if flags[r] > 0]
-        params = self._all_params
-        for joined in (r for r in range(self.world_size) if flags[r] == 0):
-            shards = [s for s in self.partition.shards_of(joined) if params[s.param].requires_grad]
-            if not shards or not active_ranks:
-                continue
-            first = params[shards[0].param]
-            buffer = torch.zeros(sum(s.numel for s in shards), dtype=first.dtype, device=first.device)
-            offset = 0
-            for shard in shards:
-                grad = params[shard.param].grad
-                if self.rank == active_ranks[0] and grad is not None:
-                    buffer[offset : offset + shard.numel].copy_(grad.reshape(-1)[shard.start : shard.stop])
-                offset += shard.numel
-            self._comm.broadcast_many([(buffer, active_ranks[0])], op="join_grads")
-            if self.rank != joined:
-                continue
-            offset = 0
-            for shard in shards:
-                param = params[shard.param]
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                param.grad.reshape(-1)[shard.start : shard.stop].copy_(buffer[offset : offset + shard.numel])
-                offset += shard.numel
+        self._exchange_params()

@@ -30,6 +30,26 @@ What torch's version cannot do and this one does:
   (their gradient stays ``None`` in plain DDP); this needs all buckets, so such
   models step after the last bucket even with the interleaved hook;
 * ``no_sync()`` accumulation works because DDP calls no hook inside it.
+
+Prefetch (Megatron's ``overlap_param_gather``): :func:`prefetch_exchange` makes
+``opt.step()`` only *issue* the parameter exchange; a forward pre-hook on every module
+that owns parameters waits only for the exchange units (buffers, or single shards in
+the per-shard broadcast layout) holding that module's own parameters, so the
+exchange of later layers runs while earlier layers compute. Units are issued in a
+fixed order every rank shares (buffer order; per shard: registration order, which is
+roughly first-use order); modules wait in whatever order the forward calls them.
+With ``overlap=true`` the hooks' per-bucket sends are likewise left in flight at the
+end of backward and waited for by the next forward. Everything on the optimizer that
+reads parameters or optimizer state waits first (``step``, ``state_dict``,
+``consolidate_state_dict``, ``load_state_dict``, ``clip_grad_norm_``,
+``add_param_group``, Join, checkpoint save); ``zero_grad`` does not need to, because
+the exchange never touches gradients. A module must own the parameters its forward
+reads (tied weights are: both modules register the same parameter)::
+
+    handle = prefetch_exchange(model, opt)   # model: the module DDP wraps, or any module
+    for x in data:
+        opt.zero_grad(); ddp(x).sum().backward(); opt.step()   # step returns with the exchange in flight
+    handle.remove()                          # waits, then steps exchange synchronously again
 """
 
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations
@@ -43,10 +63,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab.comm import Communicator
+from zero_lab.exchange import InFlight, issue_owner_broadcast
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import DdpBucket, approximate_ddp_buckets
 
-__all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
+__all__ = ["PrefetchHandle", "hook_with_zero_step", "hook_with_zero_step_interleaved", "prefetch_exchange"]
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -65,7 +86,7 @@ class _BucketPlan:
         position = {g: k for k, g in enumerate(self.global_index)}
         # (proxy, global index, bucket offset, start, stop) for the shards this rank steps
         self.mine: list[tuple[torch.Tensor, int, int, int, int]] = []
-        proxies = {(id(param), start): proxy for proxy, param, start, _ in zero._proxies}
+        proxies = {(shard.index, shard.start): shard.tensor for shard in zero.local_shards()}
         by_owner: dict[int, list[tuple[torch.Tensor, int, int]]] = {}
         for shard in sorted(zero.partition.shards, key=lambda s: (s.rank, s.param)):
             if shard.param not in position:
@@ -74,7 +95,9 @@ class _BucketPlan:
             param = self.params[k]
             by_owner.setdefault(shard.rank, []).append((param, shard.start, shard.stop))
             if shard.rank == zero.rank:
-                self.mine.append((proxies[(id(param), shard.start)], shard.param, offsets[k], shard.start, shard.stop))
+                self.mine.append(
+                    (proxies[(shard.param, shard.start)], shard.param, offsets[k], shard.start, shard.stop)
+                )
         self.by_owner = sorted(by_owner.items())
 
 
@@ -82,7 +105,7 @@ class _OverlapEngine:
     """Per-iteration bookkeeping shared by the hooks of one DDP model."""
 
     def __init__(self, ddp: DDP, zero: ZeroRedundancyOptimizer, interleave: bool, shard_buckets: bool):
-        if not isinstance(zero, ZeroRedundancyOptimizer) or not zero._overlap_with_ddp:
+        if not isinstance(zero, ZeroRedundancyOptimizer) or not zero.overlap_with_ddp:
             raise ValueError(
                 "the overlap hooks need zero_lab.ZeroRedundancyOptimizer(..., overlap_with_ddp=True); "
                 f"got {type(zero).__name__}"
@@ -92,19 +115,20 @@ class _OverlapEngine:
         # cycle through the C++ reducer is invisible to the garbage collector (the model would leak)
         self.find_unused = bool(ddp.find_unused_parameters)
         self.interleave = interleave and not self.find_unused
+        partitioner = None
         if isinstance(zero.partitioner, DdpBucket) and zero.partitioner.shard_buckets != shard_buckets:
-            zero.partitioner = DdpBucket(shard_buckets=shard_buckets)
+            partitioner = DdpBucket(shard_buckets=shard_buckets)
         ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
         first_cap = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", 1024 * 1024)
         sizes = [p.numel() * p.element_size() for p in ddp_params]
         buckets = approximate_ddp_buckets(sizes, ddp.bucket_bytes_cap, min(first_cap, ddp.bucket_bytes_cap))
-        zero._attach_ddp({id(p): b for p, b in zip(ddp_params, buckets)})
-        ranks = [zero._comm.global_rank(r) for r in range(zero.world_size)]
+        zero.repartition(partitioner, ddp_buckets={id(p): b for p, b in zip(ddp_params, buckets)})
+        ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces.
         self.comm = Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group)))
         self.comm.stats = zero.comm_stats  # the hook's exchange is metered where the optimizer's is
-        self.trainable = [p.requires_grad for p in zero._all_params]
-        self.index_of = {id(p): i for i, p in enumerate(zero._all_params)}
+        self.trainable = [p.requires_grad for p in zero.all_params]
+        self.index_of = {id(p): i for i, p in enumerate(zero.all_params)}
         self.plans: dict[tuple[int, tuple[int, ...]], _BucketPlan] = {}
         self.ddp_params = ddp_params
         self.locally_used: set[int] = set()  # ids of params whose gradient arrived this iteration
@@ -123,7 +147,7 @@ class _OverlapEngine:
         self.expected: int | None = None  # known once the last bucket's hook is called
         self.completed = 0  # all-reduces finished (Gloo may finish them out of order)
         self.futures: list[torch.futures.Future] = []
-        self.inflight: list[tuple[Any, torch.Tensor, list[tuple[torch.Tensor, int, int]], int]] = []
+        self.inflight: list[InFlight] = []
         self.unused: set[int] = set()
         self.started = False
 
@@ -156,12 +180,13 @@ class _OverlapEngine:
         return chained
 
     def _begin_iteration(self) -> None:
-        trainable = [p.requires_grad for p in self.zero._all_params]
+        trainable = [p.requires_grad for p in self.zero.all_params]
         if trainable != self.trainable:
             raise RuntimeError(
                 "parameter trainability changed while overlap_with_ddp=True; the DDP comm hook cannot follow. "
                 "Rebuild DDP, the optimizer and the hook after changing requires_grad."
             )
+        self.zero.wait_for_exchange()  # prefetch: what the forward did not wait for (unused parameters)
         self._reset()
         self.started = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -201,22 +226,13 @@ class _OverlapEngine:
             if index not in self.unused
         ]
         if grads:
-            self.zero._step_subset(grads)
+            self.zero.step_shards(grads)
         for owner, shards in plan.by_owner:
             live = [(p, a, b) for p, a, b in shards if self.index_of[id(p)] not in self.unused]
-            if not live:
-                continue
-            first = live[0][0]
-            buffer = torch.empty(sum(b - a for _, a, b in live), dtype=first.dtype, device=first.device)
-            if owner == self.comm.rank:
-                offset = 0
-                for param, a, b in live:
-                    buffer[offset : offset + b - a].copy_(param.data.reshape(-1)[a:b])
-                    offset += b - a
-            work = dist.broadcast(buffer, src=self.comm.global_rank(owner), group=self.comm.group, async_op=True)
-            self.comm.stats.bytes += buffer.numel() * buffer.element_size()
-            self.comm.stats.calls += 1
-            self.inflight.append((work, buffer, live, owner))
+            if live:
+                sent = issue_owner_broadcast(self.comm, owner, live)
+                sent.param_indices = frozenset(self.index_of[id(p)] for p, _, _ in live)
+                self.inflight.append(sent)
 
     def _finish(self) -> None:
         """End of backward: every bucket stepped, every broadcast landed.
@@ -229,13 +245,11 @@ class _OverlapEngine:
         with self.lock:
             self._drain(all_ready=True)
             inflight, self.inflight = self.inflight, []
-        for work, buffer, shards, owner in inflight:
-            work.wait()
-            if owner != self.comm.rank:
-                offset = 0
-                for param, a, b in shards:
-                    param.data.reshape(-1)[a:b].copy_(buffer[offset : offset + b - a])
-                    offset += b - a
+        for sent in inflight:
+            if self.zero.async_exchange:  # prefetch: the next forward waits, per module
+                self.zero.track_in_flight(sent.param_indices, sent)
+            else:
+                sent.wait()
         self.locally_used.clear()
         self.started = False
 
@@ -264,3 +278,40 @@ def hook_with_zero_step_interleaved(
     """Wrap ``hook``: step each bucket's shards as soon as that bucket is reduced and
     start its exchange, overlapping optimizer work with the rest of backward."""
     return _make_hook(hook, ddp, zero, interleave=True, shard=shard_buckets)
+
+
+class PrefetchHandle:
+    """What :func:`prefetch_exchange` installed; :meth:`remove` undoes it."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer, hooks: list[Any]):
+        self.zero = zero
+        self.hooks = hooks
+
+    def remove(self) -> None:
+        """Wait for an exchange in flight, drop the hooks, exchange synchronously again."""
+        self.zero.wait_for_exchange()
+        self.zero.async_exchange = False
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+
+def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> PrefetchHandle:
+    """Hide the parameter exchange behind the next forward (see the module docstring)."""
+    if not isinstance(zero, ZeroRedundancyOptimizer):
+        raise TypeError(f"prefetch_exchange needs a zero_lab.ZeroRedundancyOptimizer, got {type(zero).__name__}")
+    index_of = {id(p): i for i, p in enumerate(zero.all_params)}
+    hooks = []
+    for module in model.modules():
+        indices = tuple(sorted({index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of}))
+        if indices:
+            hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
+    zero.async_exchange = True
+    return PrefetchHandle(zero, hooks)
+
+
+def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable[..., None]:
+    def wait(module: torch.nn.Module, args: Any) -> None:
+        zero.wait_for_exchange(indices)
+
+    return wait

@@ -21,6 +21,7 @@ from tests.e2e.runs import (
     assert_no_leftover_processes,
     child_env,
     metrics,
+    run_once,
     summary,
     train,
     wandb_records,
@@ -235,3 +236,22 @@ def test_a_failing_rank_stops_the_world_with_a_short_message(tmp_path):
     exits = [r["exit"] for r in wandb_records(tmp_path / "run") if r["type"] == "exit"]
     assert [e.get("exit_code") for e in exits] == [1]  # the job still finished the W&B run, as failed
     assert_no_leftover_processes()
+
+
+# ----------------------------------------------------------------------------- exchange
+def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, tmp_path):
+    """exchange=auto (default) records its choice and timings in metrics, summary and W&B config;
+    exchange=broadcast with prefetch=true ends with bitwise the same parameters."""
+    auto = summary(default_run)["exchange"]
+    assert auto["requested"] == "auto" and set(auto["timings_s"]) == {"broadcast", "all_gather"}
+    assert auto["collective"] == min(auto["timings_s"], key=auto["timings_s"].get)
+    rows = metrics(default_run)
+    assert [row.get("comm/exchange_mode") for row in rows] == [auto["mode"]] + [None] * (len(rows) - 1)
+    assert all(row["comm/exchange_exposed_s/max"] <= row["time/exchange_s/max"] + 1e-9 for row in rows)
+    configs = [r for r in wandb_records(default_run) if "exchange_report" in json.dumps(r)]
+    assert configs, "the W&B run's config lacks exchange_report"
+
+    prefetched = run_once(tmp_path, "prefetch", "exchange=broadcast", "prefetch=true", "logger=none")
+    result = summary(prefetched)
+    assert result["prefetch"] is True and result["exchange"]["mode"] == "per_shard_broadcast"
+    assert result["param_checksum"] == summary(default_run)["param_checksum"]

@@ -11,7 +11,9 @@ three together (the optimizer steps inside DDP's communication hook):
    and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
    ``optim.max_grad_norm`` is the loop's, see :func:`clip_gradients`);
 4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it
-   re-partitions along DDP's buckets, which ``partitioner=ddp_bucket`` follows.
+   re-partitions along DDP's buckets, which ``partitioner=ddp_bucket`` follows;
+5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
+   step only issues the exchange (``exchange=``), the next forward waits per module.
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -29,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
+from zero_lab import overlap
 from zero_lab.app.validate import enum_str, is_zero
 from zero_lab.comm import CommStats
 
@@ -53,8 +56,8 @@ class Training:
 
     ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
     exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
-    broadcasts run inside backward, asynchronously, so their bytes and calls are counted
-    but not their time); ``None`` for plain optimizers.
+    broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
+    ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
     """
 
     model: nn.Module
@@ -86,9 +89,12 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         partitioner=instantiate(cfg.partitioner),
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
+        exchange=enum_str(cfg.exchange),
     )
     if cfg.overlap:
         _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))
+    if cfg.prefetch:
+        overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
     return Training(
         model=model,
         ddp=ddp,
@@ -125,8 +131,6 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
     """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    from zero_lab import overlap
 
     make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
     shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))

@@ -8,7 +8,8 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
 
     train/loss                      mean over ranks = the global-batch loss
     train/loss/rank{r}
-    time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_bytes/...,
+    time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_exposed_s/...,
+    comm/exchange_bytes/...,
     comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
     memory/peak_bytes/...
     memory/imbalance                partition max / ideal (1.0 for plain optimizers)
@@ -41,6 +42,7 @@ class RankStep:
     loss: float
     step_s: float
     exchange_s: float = 0.0
+    exchange_exposed_s: float = 0.0  # of exchange_s, the time the loop was blocked (prefetch/overlap hide the rest)
     exchange_bytes: float = 0.0
     exchange_calls: float = 0.0
     optim_state_bytes: float = 0.0
@@ -57,6 +59,7 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
 _KEYS: dict[str, str] = {
     "step_s": "time/step_s",
     "exchange_s": "time/exchange_s",
+    "exchange_exposed_s": "comm/exchange_exposed_s",
     "exchange_bytes": "comm/exchange_bytes",
     "exchange_calls": "comm/exchange_calls",
     "optim_state_bytes": "memory/optim_state_bytes",

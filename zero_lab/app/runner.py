@@ -110,6 +110,8 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
             losses.append(record["train/loss"])
+            if rank == 0 and step == start and training.zero:  # exchange=auto decides in the first step
+                record.update(_exchange_record(training))
             if rank == 0:
                 records.append(record)
                 progress.update(record)
@@ -165,6 +167,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         loss=loss.item(),
         step_s=elapsed,
         exchange_s=exchange.seconds if exchange else 0.0,
+        exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
         exchange_bytes=exchange.bytes if exchange else 0.0,
         exchange_calls=exchange.calls if exchange else 0.0,
         optim_state_bytes=optimizer_state_bytes(training.optimizer),
@@ -245,6 +248,8 @@ def _summary(
         "bucket_view": bool(cfg.bucket_view),
         "overlap": bool(cfg.overlap),
         "exchange_mode": getattr(training.optimizer, "exchange_mode", None),
+        "exchange": training.optimizer.exchange_report().as_dict() if training.zero else None,
+        "prefetch": bool(cfg.get("prefetch", False)),
         "model_params": sum(p.numel() for p in training.model.parameters()),
         "global_batch": cfg.data.global_batch,
         "param_dtype": str(cfg.param_dtype),
@@ -263,6 +268,14 @@ def _summary(
         summary["partition"] = training.optimizer.partition.report().as_dict()
     summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})
     return summary
+
+
+def _exchange_record(training: Training) -> dict[str, Any]:
+    """The exchange's mode and, with ``exchange=auto``, each candidate's measured time (once, first step)."""
+    report = training.optimizer.exchange_report()  # type: ignore[attr-defined]
+    record: dict[str, Any] = {"comm/exchange_mode": report.mode}
+    record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
+    return record
 
 
 def _write_json(path: Path, obj: Any) -> None:

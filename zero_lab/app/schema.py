@@ -22,7 +22,17 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "OverlapHook", "ParamDtype", "register_configs"]
+__all__ = [
+    "Backend",
+    "Config",
+    "Device",
+    "DistConfig",
+    "Exchange",
+    "LoggerMode",
+    "OverlapHook",
+    "ParamDtype",
+    "register_configs",
+]
 
 
 class Backend(str, Enum):
@@ -40,6 +50,14 @@ class OverlapHook(str, Enum):
 
     zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
     interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
+
+
+class Exchange(str, Enum):
+    """``exchange=``: the collective of ZeRO's parameter exchange (``auto`` measures both)."""
+
+    auto = "auto"
+    broadcast = "broadcast"
+    all_gather = "all_gather"
 
 
 class ParamDtype(str, Enum):
@@ -235,6 +253,8 @@ class Config:
     overlap: bool = False
     overlap_hook: OverlapHook = OverlapHook.zero_step
     bucket_view: bool = False
+    exchange: Exchange = Exchange.auto
+    prefetch: bool = False
     param_dtype: ParamDtype = ParamDtype.float32
     seed: int = 0
     steps: int = 20

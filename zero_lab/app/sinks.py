@@ -121,6 +121,8 @@ class WandbSink:
         for key, value in values.items():
             if isinstance(value, (int, float, str, bool)):
                 self.run.summary[key] = value
+        if values.get("exchange"):  # the exchange zero_lab chose (exchange=auto) and its timings
+            self.run.config.update({"exchange_report": values["exchange"]}, allow_val_change=True)
 
     def close(self, failed: bool = False) -> None:
         try:

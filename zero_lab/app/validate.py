@@ -141,6 +141,10 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         out.append(f"optim: {cls!r} is not a torch.optim.Optimizer subclass")
         return out
+    if cfg.get("prefetch") and not zero:
+        out.append(
+            f"prefetch=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}"
+        )
     if cfg.overlap and not zero:
         out.append(f"overlap=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}")
     elif cfg.overlap and not overlap_available():

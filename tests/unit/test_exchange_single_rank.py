@@ -1,0 +1,54 @@
+"""The exchange at world size 1 (in-process Gloo group): no collectives, prefetch is a no-op,
+the optimizer matches plain Adam bitwise; bad ``exchange=`` and swapping the partitioner are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.overlap import prefetch_exchange
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+
+
+@pytest.mark.parametrize("partitioner", [SortedGreedy(), Flat()])
+def test_world_of_one_issues_nothing_and_matches_adam(single_rank_group, partitioner):
+    model, reference = _model(), _model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2)
+    plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    handle = prefetch_exchange(model, opt)
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        for m, o in ((model, opt), (reference, plain)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    handle.remove()
+    assert opt.comm_stats.calls == 0
+    assert opt.exchange_report().collective == "none"
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+
+
+def test_unknown_exchange_is_named(single_rank_group):
+    with pytest.raises(ValueError, match=r"exchange='ring' is not one of \['auto', 'broadcast', 'all_gather'\]"):
+        ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, exchange="ring", lr=1e-2)
+
+
+def test_partitioner_and_optim_change_only_through_repartition(single_rank_group):
+    model = _model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    with pytest.raises(AttributeError):
+        opt.partitioner = Flat()
+    with pytest.raises(AttributeError):
+        opt.optim = torch.optim.SGD(model.parameters(), lr=1.0)
+    opt.repartition(Flat())
+    assert opt.exchange_report().layout == "flat" and repr(opt.partitioner) == "Flat()"
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    opt.step()
+    with pytest.raises(RuntimeError, match="before the first step"):
+        opt.repartition(SortedGreedy())
