@@ -22,7 +22,17 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["Backend", "Config", "Device", "DistConfig", "LoggerMode", "OverlapHook", "ParamDtype", "register_configs"]
+__all__ = [
+    "Backend",
+    "Config",
+    "Device",
+    "DistConfig",
+    "LoggerMode",
+    "OverlapHook",
+    "ParamDtype",
+    "ResumeOptimizer",
+    "register_configs",
+]
 
 
 class Backend(str, Enum):
@@ -48,6 +58,14 @@ class ParamDtype(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+
+
+class ResumeOptimizer(str, Enum):
+    """``resume_optimizer``: what a resume does with the checkpoint's optimizer (zero_lab.app.checkpoint.POLICIES)."""
+
+    strict = "strict"  # load it; class and hyper-parameters must equal this run's
+    override = "override"  # load it; this run's hyper-parameters win (recorded in summary.json)
+    reset = "reset"  # weights and step only; a fresh optimizer
 
 
 class LoggerMode(str, Enum):
@@ -240,7 +258,9 @@ class Config:
     steps: int = 20
     log_every: int = 1
     checkpoint_every: int = 0
+    keep_checkpoints: int | None = None  # after each save keep the N newest checkpoints; None/0: all
     resume: str | None = None
+    resume_optimizer: ResumeOptimizer = ResumeOptimizer.strict
     progress: bool = True
 
 
