@@ -217,6 +217,7 @@ class WandbSchema:
     job_type: str = "train"
     tags: list[str] = field(default_factory=list)
     notes: str | None = None
+    init_timeout_s: float = 30.0  # online: give up on the server after this long and log offline instead
 
 
 @dataclass
