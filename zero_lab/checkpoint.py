@@ -63,6 +63,7 @@ __all__ = [
     "checkpoint_step",
     "checkpoints",
     "export_plain_state_dict",
+    "find_checkpoint",
     "is_complete",
     "latest_checkpoint",
     "load_checkpoint",
@@ -193,6 +194,15 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     """The complete checkpoint with the highest step under ``root``, or ``None``."""
     found = checkpoints(root)
     return found[-1] if found else None
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names: itself (a complete directory or a file), else the latest
+    complete one in ``<path>/checkpoints/`` (a run dir) or in ``<path>`` (a checkpoints folder)."""
+    path = Path(path)
+    if path.is_file() or (path / MANIFEST).is_file():
+        return path
+    return latest_checkpoint(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
 
 
 def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:

@@ -34,10 +34,10 @@ import torch
 
 from zero_lab import checkpoint as sharded
 from zero_lab.app.build import Training
-from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, latest_checkpoint, load_file
+from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
 from zero_lab.files import write_atomic
 
-__all__ = ["POLICIES", "Restored", "ResumeMismatch", "find_checkpoint", "restore", "save"]
+__all__ = ["POLICIES", "Restored", "ResumeMismatch", "restore", "save"]
 
 FORMAT = 1
 
@@ -56,14 +56,6 @@ class ResumeMismatch(CheckpointError):
 def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
     """``<run_dir>/checkpoints/step_<step>`` (a directory for ZeRO, ``.pt`` otherwise)."""
     return Path(run_dir) / "checkpoints" / (f"step_{step:08d}" + ("" if zero else ".pt"))
-
-
-def find_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint ``path`` names: itself, or the latest complete one in ``<path>/checkpoints/``."""
-    path = Path(path)
-    if path.is_file() or (path / sharded.MANIFEST).is_file():
-        return path
-    return latest_checkpoint(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
 
 
 def save(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None = None) -> Path:

@@ -36,12 +36,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.checkpoint import find_checkpoint
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
+from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import torchrun
 from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, run_world
