@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import math
 import os
@@ -62,16 +63,19 @@ __all__ = [
     "CheckpointError",
     "checkpoint_step",
     "checkpoints",
+    "digest_path",
     "export_plain_state_dict",
     "find_checkpoint",
     "is_complete",
     "latest_checkpoint",
+    "load_checked_file",
     "load_checkpoint",
     "load_file",
     "load_verified",
     "prune_checkpoints",
     "read_manifest",
     "save_checkpoint",
+    "save_file",
 ]
 
 FORMAT = "zero_lab.sharded/1"
@@ -136,6 +140,43 @@ def load_file(path: str | Path, mmap: bool = False) -> Any:
         raise CheckpointError(
             f"{path}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
         ) from error
+
+
+def digest_path(path: str | Path) -> Path:
+    """The size + sha256 record beside a single-file checkpoint: ``step_N.pt.sha256.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256.json")
+
+
+def save_file(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically, its size and sha256 recorded first in
+    :func:`digest_path` (so whenever the file carries its name, its record exists)."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getbuffer()
+    write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    return write_atomic(path, lambda f: f.write(data))
+
+
+def load_checked_file(path: str | Path) -> Any:
+    """Load a file written by :func:`save_file` after checking its size and sha256."""
+    path = Path(path)
+    record = digest_path(path)
+    try:
+        expected = json.loads(record.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{path}: its size/sha256 record {record.name} is missing or unreadable ({error}); copy it with the "
+            "checkpoint (zero_lab loads no unchecked checkpoint)"
+        ) from error
+    found = _digest(path)
+    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
+        raise CheckpointError(
+            f"{path} is corrupt: {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), {record.name} says "
+            f"{expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
+        )
+    return load_file(path)
 
 
 def load_verified(directory: str | Path, name: str, manifest: dict[str, Any], mmap: bool = False) -> Any:
@@ -218,6 +259,7 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
             shutil.rmtree(hidden, ignore_errors=True)
         else:
             hidden.unlink(missing_ok=True)
+            digest_path(path).unlink(missing_ok=True)
     return doomed
 
 

@@ -17,12 +17,15 @@ from zero_lab.app.rundir import claim
 from zero_lab.checkpoint import (
     CheckpointError,
     checkpoints,
+    digest_path,
     find_checkpoint,
     latest_checkpoint,
+    load_checked_file,
     load_checkpoint,
     load_file,
     prune_checkpoints,
     save_checkpoint,
+    save_file,
 )
 from zero_lab.files import write_json
 
@@ -66,6 +69,20 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
     assert [p.name for p in checkpoints(tmp_path)] == ["step_00000002", "step_00000003.pt"]
     assert not list(tmp_path.glob(".*pruned*"))
     assert prune_checkpoints(tmp_path, keep=0) == []  # 0: keep all
+
+
+def test_a_single_file_checkpoint_is_checked_against_its_digest(tmp_path):
+    path = tmp_path / "step_00000001.pt"
+    save_file({"w": torch.arange(100.0)}, path)
+    assert torch.equal(load_checked_file(path)["w"], torch.arange(100.0))
+    data = bytearray(path.read_bytes())
+    data[-200] ^= 0x01  # one flipped bit that torch.load alone would not notice
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"is corrupt: .* step_00000001\.pt\.sha256\.json says"):
+        load_checked_file(path)
+    digest_path(path).unlink()
+    with pytest.raises(CheckpointError, match=r"record step_00000001\.pt\.sha256\.json is missing"):
+        load_checked_file(path)
 
 
 def test_a_refused_pickle_global_is_named_with_the_file(tmp_path):

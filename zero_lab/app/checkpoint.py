@@ -8,7 +8,8 @@ Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   when complete. ``extra`` holds the app's ``step``, ``losses`` and ``world_size``.
 * ``step_NNNNNNNN.pt`` — plain optimizers (every rank holds the full state): one
   ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "optimizer_class",
-  "losses", "rng", "world_size", "zero"}``, written atomically (:func:`zero_lab.files.write_atomic`).
+  "losses", "rng", "world_size", "zero"}``, written atomically with its size and sha256 in
+  ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
 
 Either loads into either kind of optimizer at any world size: the sharded format reshards
 by element ranges (plain optimizers get it through ``export_plain_state_dict``), and a
@@ -35,7 +36,6 @@ import torch
 from zero_lab import checkpoint as sharded
 from zero_lab.app.build import Training
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
-from zero_lab.files import write_atomic
 
 __all__ = ["POLICIES", "Restored", "ResumeMismatch", "restore", "save"]
 
@@ -81,7 +81,7 @@ def save(training: Training, run_dir: str | Path, next_step: int, losses: list[f
             "world_size": world,
             "zero": False,
         }
-        write_atomic(path, lambda f: torch.save(state, f))
+        sharded.save_file(state, path)
     if rank == 0 and keep:
         sharded.prune_checkpoints(path.parent, keep)
     return path
@@ -110,7 +110,7 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
         step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
         saved_class, saved_groups = manifest.get("optimizer_class"), manifest["param_groups"]
     else:
-        state = load_file(found)
+        state = sharded.load_checked_file(found)
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
         step, losses = state["step"], state["losses"]
