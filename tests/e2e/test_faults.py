@@ -5,6 +5,7 @@ between assertions where one run shows several things."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -144,6 +145,13 @@ def test_one_explicit_run_dir_refuses_a_second_job_and_a_sigkilled_rank_is_blame
 
 
 def test_two_default_jobs_started_at_once_get_their_own_run_dirs(tmp_path):
+    # Another job holds every default dir of the next 3 minutes, so the clash is certain (not a
+    # matter of both jobs resolving ${now:} in the same second); then two jobs start at once.
+    now = datetime.datetime.now()
+    taken = [tmp_path / "outputs" / f"{t:%Y-%m-%d}" / f"{t:%H-%M-%S}" for t in
+             (now + datetime.timedelta(seconds=s) for s in range(180))]  # fmt: skip
+    for directory in taken:
+        directory.mkdir(parents=True, exist_ok=True)
     jobs = [
         subprocess.Popen([sys.executable, str(REPO / "train.py"), "logger=none", "steps=2"], cwd=tmp_path,
                          env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -152,9 +160,10 @@ def test_two_default_jobs_started_at_once_get_their_own_run_dirs(tmp_path):
     for job in jobs:
         _, stderr = job.communicate(timeout=240)
         assert job.returncode == 0, stderr[-3000:]
+    assert [d for d in taken if any(d.iterdir())] == []  # nothing written into another job's dir
     run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/*/*/summary.json"))
-    assert len(run_dirs) == 2
+    assert len(run_dirs) == 2 and all(re.search(r"-\d+$", d.name) for d in run_dirs)
     for run_dir in run_dirs:
-        assert [r["step"] for r in metrics(run_dir)] == [0, 1]  # no interleaving
+        assert [r["step"] for r in metrics(run_dir)] == [0, 1]  # one job per dir, no interleaving
         assert summary(run_dir)["steps"] == 2
     assert_no_leftover_processes()
