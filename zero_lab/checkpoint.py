@@ -11,16 +11,22 @@ Layout of one checkpoint (a directory)::
         optim-rank00000.pt     rank r's shard states: {param index: (start, stop, state)}
 
 Writing is atomic: files are written to temporary names, fsynced and renamed inside
-``.step_00000100.partial``; rank 0 writes the manifest last and renames the directory
-into place. A directory without a manifest is never loaded, so a crash, SIGTERM or a
-full disk mid-save leaves the previous checkpoint as the latest complete one.
+``.step_00000100.partial-<token>`` (a token rank 0 draws and broadcasts, so a concurrent
+writer of the same step never shares it); rank 0 writes the manifest last and renames
+the directory into place. A directory without a manifest is never loaded, so a crash,
+SIGTERM or a full disk mid-save leaves the previous checkpoint as the latest complete one.
 
 Loading reshards: the saved shards are element ranges of flattened parameters, so a
 rank at any new world size / partitioner takes, for each of its new shards, the
 intersection with every saved range (:func:`zero_lab.shard_state.reslice`), reading
 only the files that overlap it. Everything is read with ``weights_only=True``; sizes
-and checksums are checked first, so a truncated or corrupt file is a clear
-:class:`CheckpointError`, not a crash deep in ``torch.load``.
+and checksums are checked first, and the manifest must list every rank's file with
+ranges that tile each parameter, so a truncated, corrupt or missing file is a clear
+:class:`CheckpointError`, not a crash deep in ``torch.load`` or silently fresh state.
+
+Both layouts of the app (these directories, and the plain optimizers' ``step_N.pt``
+files) are found by one function, :func:`latest_checkpoint`, and pruned by
+:func:`prune_checkpoints`.
 
 Why not ``torch.distributed.checkpoint``: it reshards DTensor/ShardedTensor state laid
 out on a device mesh; zero_lab's shards are element ranges chosen by pluggable
@@ -30,11 +36,17 @@ flat included) in a few lines, with files a person can open with ``torch.load``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import io
 import json
+import math
 import os
+import pickle
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,21 +54,34 @@ from typing import Any
 import torch
 from torch import nn
 
+from zero_lab.files import fsync_dir, write_atomic, write_json
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.shard_state import reslice, restrict_state
 
 __all__ = [
     "FORMAT",
     "CheckpointError",
+    "checkpoint_step",
+    "checkpoints",
+    "digest_path",
     "export_plain_state_dict",
+    "find_checkpoint",
+    "is_complete",
     "latest_checkpoint",
+    "load_checked_file",
     "load_checkpoint",
+    "load_file",
+    "load_verified",
+    "prune_checkpoints",
+    "read_manifest",
     "save_checkpoint",
+    "save_file",
 ]
 
 FORMAT = "zero_lab.sharded/1"
 MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_NAME = re.compile(r"step_(\d+)(\.pt)?")  # sharded directories; ``.pt``: the app's plain-optimizer files
+_SWAP_TRIES = 10
 
 
 class CheckpointError(RuntimeError):
@@ -64,34 +89,24 @@ class CheckpointError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- files
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    """``write(file)`` into a temporary sibling, fsync, rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _swap_into_place(partial: Path, final: Path) -> None:
+def _swap_into_place(partial: Path, final: Path, token: str) -> None:
     """Rename the finished ``partial`` directory to ``final``. An older ``final`` (a run
-    re-saving a step) is first renamed aside and deleted only after the swap, so at every
-    instant one complete copy carries the name or sits beside it."""
-    stale = final.with_name(f".{final.name}.old")
-    if final.exists():
-        shutil.rmtree(stale, ignore_errors=True)
-        os.replace(final, stale)
-    os.replace(partial, final)
-    _fsync_dir(final.parent)
+    re-saving a step, or a concurrent writer that got there first) is first renamed aside
+    to a name private to this writer and deleted only after the swap, so at every instant
+    one complete copy carries the name or sits beside it."""
+    stale = final.with_name(f".{final.name}.old-{token}")
+    for _ in range(_SWAP_TRIES):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(final, stale)
+        try:
+            os.replace(partial, final)
+            break
+        except OSError as error:  # another writer published in between: move theirs aside too
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    else:
+        raise CheckpointError(f"could not publish {final}: another writer kept replacing it")
+    fsync_dir(final.parent)
     shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -103,7 +118,70 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
-def _verified_load(directory: Path, name: str, manifest: dict[str, Any]) -> Any:
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def load_file(path: str | Path, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on CPU, every failure one :class:`CheckpointError`
+    line naming the file: a refused pickle global is named (torch's own message ends in a
+    documentation link), a truncated or corrupt file says so."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        refused = _REFUSED_GLOBAL.search(str(error))
+        what = f"the global {refused.group(1)}" if refused else "a pickle that is not plain tensors and containers"
+        raise CheckpointError(
+            f"{path}: refused to load {what} (weights_only=True loads tensors and plain containers only; "
+            "a checkpoint that needs more was not written by zero_lab or was tampered with)"
+        ) from error
+    except Exception as error:  # torch raises OSError, RuntimeError, EOFError... for a bad file
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{path}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
+        ) from error
+
+
+def digest_path(path: str | Path) -> Path:
+    """The size + sha256 record beside a single-file checkpoint: ``step_N.pt.sha256.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256.json")
+
+
+def save_file(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically, its size and sha256 recorded first in
+    :func:`digest_path` (so whenever the file carries its name, its record exists)."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getbuffer()
+    write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    return write_atomic(path, lambda f: f.write(data))
+
+
+def load_checked_file(path: str | Path) -> Any:
+    """Load a file written by :func:`save_file` after checking its size and sha256."""
+    path = Path(path)
+    record = digest_path(path)
+    try:
+        expected = json.loads(record.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{path}: its size/sha256 record {record.name} is missing or unreadable ({error}); copy it with the "
+            "checkpoint (zero_lab loads no unchecked checkpoint)"
+        ) from error
+    found = _digest(path)
+    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
+        raise CheckpointError(
+            f"{path} is corrupt: {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), {record.name} says "
+            f"{expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
+        )
+    return load_file(path)
+
+
+def load_verified(directory: str | Path, name: str, manifest: dict[str, Any], mmap: bool = False) -> Any:
+    """Load ``directory/name`` after checking its size and sha256 against the manifest."""
+    directory = Path(directory)
     path = directory / name
     expected = manifest["files"].get(name)
     if expected is None or not path.exists():
@@ -114,10 +192,7 @@ def _verified_load(directory: Path, name: str, manifest: dict[str, Any]) -> Any:
             f"checkpoint {directory} is corrupt: {name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
             f"the manifest says {expected['bytes']} bytes (sha256 {expected['sha256'][:12]}…)"
         )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many types for a bad file
-        raise CheckpointError(f"checkpoint {directory}: cannot read {name}: {error}") from error
+    return load_file(path, mmap=mmap)
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -135,20 +210,73 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete checkpoint (``step_N`` with a manifest) with the highest N under ``root``."""
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step in a checkpoint's name (``step_00000100`` or ``step_00000100.pt``), else ``None``."""
+    match = _STEP_NAME.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path: str | Path) -> bool:
+    """A ``step_N.pt`` file, or a ``step_N`` directory with its manifest (written last)."""
+    path = Path(path)
+    return path.is_file() if path.suffix == ".pt" else (path / MANIFEST).is_file()
+
+
+def checkpoints(root: str | Path) -> list[Path]:
+    """Every complete checkpoint directly under ``root`` (both layouts), oldest step first."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    complete = [
-        (int(match.group(1)), child)
-        for child in root.iterdir()
-        if (match := _STEP_DIR.match(child.name)) and (child / MANIFEST).exists()
-    ]
-    return max(complete)[1] if complete else None
+        return []
+    found = [(step, child) for child in root.iterdir() if (step := checkpoint_step(child)) is not None]
+    return [child for _, child in sorted(found) if is_complete(child)]
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``root``, or ``None``."""
+    found = checkpoints(root)
+    return found[-1] if found else None
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names: itself (a complete directory or a file), else the latest
+    complete one in ``<path>/checkpoints/`` (a run dir) or in ``<path>`` (a checkpoints folder)."""
+    path = Path(path)
+    if path.is_file() or (path / MANIFEST).is_file():
+        return path
+    return latest_checkpoint(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest complete checkpoints under ``root``; returns the deleted.
+
+    Each is first renamed to a hidden name, so it stops counting as complete at once.
+    """
+    doomed = checkpoints(root)[:-keep] if keep > 0 else []
+    for path in doomed:
+        hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
+        os.replace(path, hidden)
+        if hidden.is_dir():
+            shutil.rmtree(hidden, ignore_errors=True)
+        else:
+            hidden.unlink(missing_ok=True)
+            digest_path(path).unlink(missing_ok=True)
+    return doomed
 
 
 # ---------------------------------------------------------------------------- save
+def class_path(cls: type) -> str:
+    """``torch.optim.adam.Adam`` for the class ``torch.optim.Adam``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _agreed_token(optimizer: ZeroRedundancyOptimizer) -> str:
+    """A random hex token drawn on rank 0 and broadcast, the same on every rank."""
+    word = torch.tensor([int.from_bytes(os.urandom(7), "little") if optimizer.rank == 0 else 0], dtype=torch.int64)
+    word = word.to(optimizer.join_device)
+    optimizer.communicator.broadcast_many([(word, 0)], op="checkpoint")
+    return f"{int(word.item()):014x}"
+
+
 def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
     table = []
     for group_index, group in enumerate(optimizer.param_groups):
@@ -173,20 +301,20 @@ def save_checkpoint(
     Collective: call on every rank. Returns the final directory.
     """
     final = Path(directory)
-    partial = final.with_name(f".{final.name}.partial")
     optimizer.wait_for_exchange()  # model.state_dict() below reads the parameters
     comm, rank = optimizer.communicator, optimizer.rank
+    token = _agreed_token(optimizer)  # this save's own partial dir: a concurrent writer never shares it
+    partial = final.with_name(f".{final.name}.partial-{token}")
     if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     comm.barrier()
 
     mine = f"optim-rank{rank:05d}.pt"
     shards = optimizer.local_shard_states()
-    _write_atomic(partial / mine, lambda f: torch.save({"shards": shards}, f))
+    write_atomic(partial / mine, lambda f: torch.save({"shards": shards}, f))
     written = {mine: {**_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
     if rank == 0 and model is not None:
-        _write_atomic(partial / "model.pt", lambda f: torch.save(model.state_dict(), f))
+        write_atomic(partial / "model.pt", lambda f: torch.save(model.state_dict(), f))
         written["model.pt"] = _digest(partial / "model.pt")
     everyone = comm.gather_objects(written, to=0, device=optimizer.join_device)
 
@@ -196,15 +324,16 @@ def save_checkpoint(
         manifest = {
             "format": FORMAT,
             "world_size": optimizer.world_size,
+            "optimizer_class": class_path(type(optimizer.optim)),
             "partitioner": repr(optimizer.partitioner),
             "params": _param_table(optimizer),
             "param_groups": _hyperparameters(optimizer),
             "files": files,
             "extra": extra or {},
         }
-        _write_atomic(partial / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1, default=str).encode()))
-        _fsync_dir(partial)
-        _swap_into_place(partial, final)
+        write_json(partial / MANIFEST, manifest, indent=1)
+        fsync_dir(partial)
+        _swap_into_place(partial, final, token)
     comm.barrier()
     return final
 
@@ -220,6 +349,35 @@ def _check_fits(manifest: dict[str, Any], optimizer: ZeroRedundancyOptimizer, di
             f"{len(ours)}; the first difference is parameter #{first} "
             f"(saved {saved[first] if first < len(saved) else None}, here {ours[first] if first < len(ours) else None})"
         )
+
+
+def _check_coverage(manifest: dict[str, Any], directory: Path) -> None:
+    """Every rank's file is listed, and the saved ranges of each parameter tile it exactly
+    (no gap, no overlap): a shard removed with its manifest entry is an error, not fresh state."""
+    names = {name for name, _ in _optimizer_files(manifest)}
+    missing = [f"optim-rank{r:05d}.pt" for r in range(manifest["world_size"]) if f"optim-rank{r:05d}.pt" not in names]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {directory} is incomplete: saved by {manifest['world_size']} ranks, but the manifest lists "
+            f"no {', '.join(missing)}"
+        )
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for _, saved in _optimizer_files(manifest):
+        for index, start, stop in saved:
+            ranges.setdefault(index, []).append((start, stop))
+    for index, pieces in sorted(ranges.items()):
+        numel = math.prod(manifest["params"][index]["shape"])
+        covered = 0
+        for start, stop in sorted(pieces):
+            if start != covered:
+                break
+            covered = stop
+        if covered != numel:
+            name = manifest["params"][index]["name"] or f"#{index}"
+            raise CheckpointError(
+                f"checkpoint {directory} is incomplete: the saved state of parameter {name} covers elements "
+                f"{sorted(pieces)} of {numel}"
+            )
 
 
 def _optimizer_files(manifest: dict[str, Any]) -> Iterator[tuple[str, list[tuple[int, int, int]]]]:
@@ -239,8 +397,9 @@ def load_checkpoint(
     directory = Path(directory)
     manifest = read_manifest(directory)
     _check_fits(manifest, optimizer, directory)
+    _check_coverage(manifest, directory)
     if model is not None:
-        model.load_state_dict(_verified_load(directory, "model.pt", manifest))
+        model.load_state_dict(load_verified(directory, "model.pt", manifest))
 
     params = optimizer.all_params
     wanted = {s.param: (s.start, s.stop) for s in optimizer.partition.shards_of(optimizer.rank)}
@@ -248,7 +407,7 @@ def load_checkpoint(
     for name, ranges in _optimizer_files(manifest):
         if not any(i in wanted and a < wanted[i][1] and wanted[i][0] < b for i, a, b in ranges):
             continue
-        saved = _verified_load(directory, name, manifest)["shards"]
+        saved = load_verified(directory, name, manifest)["shards"]
         for index, (start, stop, state) in saved.items():
             part = restrict_state(state, (start, stop), params[index].shape, wanted[index]) if index in wanted else None
             if part is not None:
@@ -271,11 +430,11 @@ def export_plain_state_dict(directory: str | Path, out_path: str | Path) -> Path
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
+    _check_coverage(manifest, directory)
     shapes = [p["shape"] for p in manifest["params"]]
     pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
     for name, _ in _optimizer_files(manifest):
-        _verified_load(directory, name, manifest)  # size, checksum and format check
-        saved = torch.load(directory / name, map_location="cpu", weights_only=True, mmap=True)["shards"]
+        saved = load_verified(directory, name, manifest, mmap=True)["shards"]
         for index, (start, stop, state) in saved.items():
             pieces.setdefault(index, []).append(((start, stop), state))
     state = {}
@@ -292,5 +451,5 @@ def export_plain_state_dict(directory: str | Path, out_path: str | Path) -> Path
         groups.append({**hyper, "params": list(range(offset, offset + len(members)))})
         offset += len(members)
     out_path = Path(out_path)
-    _write_atomic(out_path, lambda f: torch.save({"state": state, "param_groups": groups}, f))
+    write_atomic(out_path, lambda f: torch.save({"state": state, "param_groups": groups}, f))
     return out_path

@@ -60,7 +60,8 @@ def test_sweep_jobs_get_their_own_dirs(sweep):
     for job in jobs:
         assert len(metrics(job)) == 6
     # plain Adam: rank 0 saves the full state; ZeRO: the core's sharded format, one file per rank
-    assert sorted(c.name for c in (sweep / "0" / "checkpoints").iterdir()) == ["step_00000003.pt", "step_00000006.pt"]
+    plain = ["step_00000003.pt", "step_00000003.pt.sha256.json", "step_00000006.pt", "step_00000006.pt.sha256.json"]
+    assert sorted(c.name for c in (sweep / "0" / "checkpoints").iterdir()) == plain  # each with its size + sha256
     files = ["manifest.json", "model.pt", "optim-rank00000.pt", "optim-rank00001.pt"]
     assert sorted(c.name for c in (sweep / "1" / "checkpoints" / "step_00000003").iterdir()) == files
 

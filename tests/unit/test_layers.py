@@ -25,6 +25,7 @@ CORE_MODULES = (
     "zero_lab.comm",
     "zero_lab.overlap",
     "zero_lab.checkpoint",
+    "zero_lab.files",
     "zero_lab.planner",
     "zero_lab.shard_state",
     "zero_lab.runtime.launch",

@@ -4,22 +4,29 @@ Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
 
 * ``step_NNNNNNNN/`` — ZeRO optimizers: the core's **sharded** format
   (:mod:`zero_lab.checkpoint`): every rank writes only its own shard, rank 0 the model
-  and a manifest; a directory becomes visible only when complete. ``extra`` holds the
-  app's ``step``, ``losses`` and ``world_size``.
+  and a manifest with every file's size and sha256; a directory becomes visible only
+  when complete. ``extra`` holds the app's ``step``, ``losses`` and ``world_size``.
 * ``step_NNNNNNNN.pt`` — plain optimizers (every rank holds the full state): one
-  ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "losses", "rng",
-  "world_size", "zero"}``, written to ``.tmp``, fsynced, ``os.replace``\\ d into place.
+  ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "optimizer_class",
+  "losses", "rng", "world_size", "zero"}``, written atomically with its size and sha256 in
+  ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
 
 Either loads into either kind of optimizer at any world size: the sharded format reshards
 by element ranges (plain optimizers get it through ``export_plain_state_dict``), and a
-plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``. The loop reseeds from
-``(seed, rank, step)`` every step, so the step number is all the RNG a resume needs.
+plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``. Every file is read
+through the core's checked loaders (sizes and sha256 from the manifest; one clear line for
+a truncated, corrupt or tampered file). The loop reseeds from ``(seed, rank, step)`` every
+step, so the step number is all the RNG a resume needs.
+
+What a resume checks (:func:`restore`): the step recorded inside the checkpoint equals the
+one in its name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``;
+the optimizer class and hyper-parameters equal the checkpoint's, unless ``resume_optimizer``
+says otherwise (:data:`POLICIES`); ``keep_checkpoints=N`` prunes older ones after a save.
 """
 
 from __future__ import annotations
 
-import os
-import re
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,11 +35,22 @@ import torch
 
 from zero_lab import checkpoint as sharded
 from zero_lab.app.build import Training
+from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
 
-__all__ = ["checkpoint_step", "find_checkpoint", "restore", "save", "save_atomic"]
+__all__ = ["POLICIES", "Restored", "ResumeMismatch", "restore", "save"]
 
 FORMAT = 1
-_NAME = re.compile(r"step_(\d+)(\.pt)?")
+
+#: ``resume_optimizer``: what to do with the checkpoint's optimizer.
+POLICIES = {
+    "strict": "load its state; the optimizer class and hyper-parameters must equal this run's",
+    "override": "load its state (same class), then this run's hyper-parameters replace the checkpoint's",
+    "reset": "load the model weights and step only; the optimizer starts fresh from this run's config",
+}
+
+
+class ResumeMismatch(CheckpointError):
+    """The run resumes a checkpoint whose optimizer differs from the configured one."""
 
 
 def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
@@ -40,88 +58,139 @@ def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
     return Path(run_dir) / "checkpoints" / (f"step_{step:08d}" + ("" if zero else ".pt"))
 
 
-def _is_complete(path: Path) -> bool:
-    return path.is_file() if path.suffix == ".pt" else (path / sharded.MANIFEST).is_file()
+def save(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None = None) -> Path:
+    """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
 
-
-def find_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint ``path`` names: itself, or the latest complete one in ``<path>/checkpoints/``."""
-    path = Path(path)
-    if path.is_file() or (path / sharded.MANIFEST).is_file():
-        return path
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    if not folder.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.fullmatch(p.name)) and _is_complete(p)]
-    return max(found)[1] if found else None
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint resumes at, from its name (no loading)."""
-    match = _NAME.fullmatch(path.name)
-    return int(match.group(1)) if match else None
-
-
-def save_atomic(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temp file, fsync, rename over ``path``, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def save(training: Training, run_dir: str | Path, next_step: int, losses: list[float]) -> Path:
-    """Write the checkpoint of ``next_step``. Call on every rank (collective for ZeRO)."""
+    Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete.
+    """
     path = checkpoint_path(run_dir, next_step, training.zero)
     world = torch.distributed.get_world_size()
+    rank = torch.distributed.get_rank()
     if training.zero:
         extra = {"step": next_step, "losses": list(losses), "world_size": world}
-        return sharded.save_checkpoint(path, training.optimizer, training.model, extra=extra)  # type: ignore[arg-type]
-    if torch.distributed.get_rank() == 0:
+        sharded.save_checkpoint(path, training.optimizer, training.model, extra=extra)  # type: ignore[arg-type]
+    elif rank == 0:
         state = {
             "format": FORMAT,
             "step": next_step,
             "model": {k: v.detach().cpu().clone() for k, v in training.model.state_dict().items()},
             "optimizer": training.optimizer.state_dict(),
+            "optimizer_class": optimizer_class(training),
             "losses": list(losses),
             "rng": torch.get_rng_state(),
             "world_size": world,
             "zero": False,
         }
-        save_atomic(state, path)
+        sharded.save_file(state, path)
+    if rank == 0 and keep:
+        sharded.prune_checkpoints(path.parent, keep)
     return path
 
 
-def restore(training: Training, path: str | Path) -> tuple[int, list[float], Path]:
-    """Load the checkpoint ``path`` names into this rank; returns ``(step, losses, file)``."""
+def optimizer_class(training: Training) -> str:
+    """The ``torch.optim`` class doing the steps (the wrapped one for ZeRO), as a dotted path."""
+    return class_path(getattr(training.optimizer, "_optimizer_class", type(training.optimizer)))
+
+
+class Restored:
+    """What :func:`restore` loaded: where, the step to run next, the losses so far, and the
+    hyper-parameters ``resume_optimizer=override`` replaced (``{"group0.lr": [saved, now]}``)."""
+
+    def __init__(self, path: Path, step: int, losses: list[float], overridden: dict[str, list[Any]]):
+        self.path, self.step, self.losses, self.overridden = path, step, losses, overridden
+
+
+def restore(training: Training, path: str | Path, steps: int, policy: str = "strict") -> Restored:
+    """Load the checkpoint ``path`` names into this rank (see the module docstring for the checks)."""
     found = find_checkpoint(path)
     if found is None:
         raise FileNotFoundError(f"no checkpoint found at {path}")
     if found.is_dir():
-        return (*_restore_sharded(training, found), found)
-    state = torch.load(found, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
-    training.model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
-    return state["step"], list(state["losses"])[: state["step"]], found
+        manifest = sharded.read_manifest(found)
+        step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
+        saved_class, saved_groups = manifest.get("optimizer_class"), manifest["param_groups"]
+    else:
+        state = sharded.load_checked_file(found)
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
+        step, losses = state["step"], state["losses"]
+        saved_class, saved_groups = state.get("optimizer_class"), state["optimizer"]["param_groups"]
+    _check_step(found, step, steps)
+    mine = _hyperparameters(training.optimizer.param_groups)
+    if policy != "reset":
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy)
+    if found.is_dir():
+        _load_sharded(training, found, manifest, load_optimizer=policy != "reset")
+    else:
+        training.model.load_state_dict(state["model"])
+        if policy != "reset":
+            training.optimizer.load_state_dict(state["optimizer"])
+    overridden = _override(training, mine) if policy == "override" else {}
+    return Restored(found, step, list(losses)[:step], overridden)
 
 
-def _restore_sharded(training: Training, directory: Path) -> tuple[int, list[float]]:
-    if training.zero:
-        extra = sharded.load_checkpoint(directory, training.optimizer, training.model)  # type: ignore[arg-type]
-    else:  # a plain optimizer takes the whole state, merged from the shards
-        extra = sharded.read_manifest(directory)["extra"]
-        training.model.load_state_dict(torch.load(directory / "model.pt", map_location="cpu", weights_only=True))
+def _check_step(found: Path, step: int, steps: int) -> None:
+    named = checkpoint_step(found)
+    if named is not None and named != step:
+        raise CheckpointError(
+            f"{found}: its name says step {named} but it holds step {step}; rename it back to "
+            f"step_{step:08d}{found.suffix} (a renamed checkpoint would skip or repeat steps)"
+        )
+    if step >= steps:
+        raise CheckpointError(f"{found} is at step {step}; steps={steps} leaves nothing to run (raise steps)")
+
+
+def _hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group's hyper-parameters as JSON would give them back (tuples as lists)."""
+    return json.loads(json.dumps([{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]))
+
+
+def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``{"group0.lr": [saved, mine]}`` for every key whose value differs ("missing": absent)."""
+    out = {}
+    for index, (old, new) in enumerate(zip(_hyperparameters(saved), mine)):
+        for key in sorted(set(old) | set(new)):
+            if old.get(key, "missing") != new.get(key, "missing"):
+                out[f"group{index}.{key}"] = [old.get(key, "missing"), new.get(key, "missing")]
+    return out
+
+
+def _check_optimizer(
+    found: Path, saved_class: str | None, saved: list[dict[str, Any]], mine_class: str, mine: list[dict[str, Any]],
+    policy: str,
+) -> None:  # fmt: skip
+    if saved_class is not None and saved_class != mine_class:
+        raise ResumeMismatch(
+            f"{found} holds the state of {saved_class}; this run builds {mine_class}. "
+            f"Pick the optim it was saved with, or resume_optimizer=reset to keep its weights and start this "
+            f"optimizer fresh"
+        )
+    changed = _differences(saved, mine)
+    if changed and policy == "strict":
+        listed = ", ".join(f"{key}: {old!r} in the checkpoint, {new!r} here" for key, (old, new) in changed.items())
+        raise ResumeMismatch(
+            f"{found} was saved with other optimizer hyper-parameters ({listed}). Set them back, or "
+            f"resume_optimizer=override (keep its state, use this run's values) or resume_optimizer=reset "
+            f"(fresh optimizer state)"
+        )
+
+
+def _override(training: Training, mine: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Put this run's hyper-parameters back after loading the checkpoint's; returns what changed."""
+    groups = training.optimizer.param_groups
+    changed = _differences(groups, mine)
+    for group, values in zip(groups, mine):
+        for key, value in values.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    return changed
+
+
+def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any], load_optimizer: bool) -> None:
+    if training.zero and load_optimizer:
+        sharded.load_checkpoint(directory, training.optimizer, training.model)  # type: ignore[arg-type]
+        return
+    training.model.load_state_dict(sharded.load_verified(directory, "model.pt", manifest))
+    if load_optimizer:  # a plain optimizer takes the whole state, merged from the (verified) shards
         with tempfile.TemporaryDirectory() as tmp:
             plain = sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt")
-            training.optimizer.load_state_dict(torch.load(plain, map_location="cpu", weights_only=True))
-    return extra["step"], list(extra["losses"])[: extra["step"]]
+            training.optimizer.load_state_dict(load_file(plain))

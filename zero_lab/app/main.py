@@ -20,9 +20,9 @@ The run dir (Hydra's output dir) then holds::
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import multiprocessing
+import shlex
 import socket
 import subprocess
 import sys
@@ -36,14 +36,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.checkpoint import find_checkpoint
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, enum_str, to_container
+from zero_lab.checkpoint import find_checkpoint
+from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import torchrun
-from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
+from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, run_world
 from zero_lab.runtime.signals import signal_name
 
 __all__ = ["run"]
@@ -69,7 +70,7 @@ def run(cfg: DictConfig) -> float:
     )
     if torchrun.active():
         return _run_as_torchrun_rank(spec, cfg)
-    _write_json(run_dir / "meta.json", spec.meta)
+    write_json(run_dir / "meta.json", spec.meta)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
@@ -105,7 +106,7 @@ def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> float:
     """Under torchrun this process is one rank of the world ``cli.prepare`` joined."""
     torchrun.init_process_group(enum_str(cfg.dist.backend), cfg.dist.timeout_s)
     if dist.get_rank() == 0:
-        _write_json(Path(spec.run_dir) / "meta.json", spec.meta)
+        write_json(Path(spec.run_dir) / "meta.json", spec.meta)
     started = time.perf_counter()
     try:
         result = train_rank(spec)
@@ -134,21 +135,37 @@ def _report(results: list[RankResult], run_dir: Path, seconds: float, meta: dict
 
 
 def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
-    """``continue with: python train.py <the same overrides> resume=<run dir>``."""
+    """``continue with: python train.py <the same overrides> resume=<run dir>``, shell-quoted
+    so it can be pasted as is (paths with spaces, overrides with brackets)."""
     found = find_checkpoint(run_dir)
     if found is None:
         return "no complete checkpoint to resume from"
     kept = [o for o in meta.get("overrides", []) if not o.startswith(("resume=", "hydra."))]
-    return "continue with: " + " ".join(["python", "train.py", *kept, f"resume={run_dir}"])
+    return "continue with: " + shlex.join(["python", "train.py", *kept, f"resume={run_dir}"])
 
 
 def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
-    """The failing rank's last traceback line, with its full traceback saved in the run dir."""
+    """Which rank failed and how (its error's last line, or the signal / exit code it died
+    of), where its log is, and its full traceback saved in the run dir."""
     path = run_dir / "logs" / f"rank{failure.rank}.error.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(failure.details, encoding="utf-8")
-    lines = [line for line in failure.details.strip().splitlines() if line.strip()]
-    return f"rank {failure.rank} failed: {lines[-1] if lines else 'no details'}\n  full traceback: {path}"
+    write_atomic(path, lambda f: f.write(failure.details.encode("utf-8")))
+    if failure.exitcode is not None:
+        what = (
+            f"its process was {describe_exit(failure.exitcode)}"
+            if failure.exitcode < 0
+            else (f"its process ended with {describe_exit(failure.exitcode)} before reporting")
+        )
+    else:
+        lines = [line for line in failure.details.strip().splitlines() if line.strip()]
+        what = lines[-1] if lines else "no details"
+    echoes = "".join(f"\n  (rank {r} failed after it: {_last_line(d)})" for r, d in sorted(failure.others.items()))
+    log_path = run_dir / "logs" / f"rank{failure.rank}.log"
+    return f"rank {failure.rank} failed: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
+
+
+def _last_line(details: str) -> str:
+    lines = [line for line in details.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "no details"
 
 
 def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
@@ -193,8 +210,3 @@ def git_revision() -> dict[str, Any]:
     if head.returncode != 0:
         return {"rev": None, "dirty": None}
     return {"rev": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")

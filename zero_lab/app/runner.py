@@ -9,8 +9,10 @@
    uninterrupted one drew), take this rank's slice of the global batch, forward,
    backward (DDP all-reduces gradients), ``optimizer.step()`` (ZeRO: local step +
    parameter exchange), then one all-gather of every rank's measurements;
-5. every ``checkpoint_every`` steps, save atomically (:mod:`zero_lab.app.checkpoint`:
-   each rank its shard for ZeRO, rank 0 the full state for plain optimizers);
+5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`,
+   before any checkpoint of the diverged state); every ``checkpoint_every`` steps, save
+   atomically (:mod:`zero_lab.app.checkpoint`: each rank its shard for ZeRO, rank 0 the
+   full state for plain optimizers), keeping the ``keep_checkpoints`` newest;
    after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.runtime.signals`), every rank finishes
    the step, saves (with ``checkpoint_every`` > 0) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
@@ -23,8 +25,8 @@ checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -44,9 +46,10 @@ from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
+from zero_lab.files import write_json
 from zero_lab.runtime.signals import StopRequest, signal_name
 
-__all__ = ["RankResult", "RunSpec", "train_rank"]
+__all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
 
 log = logging.getLogger("zero_lab.app")
 
@@ -71,6 +74,17 @@ class RankResult:
     checkpoint: str | None = None  # the last checkpoint this run wrote
 
 
+class NonFiniteLoss(FloatingPointError):
+    """A rank's loss was NaN or ±Inf: the run stops (no checkpoint of the diverged state)."""
+
+    def __init__(self, step: int, per_rank: list[RankStep], saved: Path | None):
+        bad = ", ".join(f"rank {r}: {s.loss}" for r, s in enumerate(per_rank) if not math.isfinite(s.loss))
+        kept = f"last good checkpoint: {saved}" if saved else "no checkpoint was written (checkpoint_every=0)"
+        super().__init__(
+            f"non-finite loss at step {step} ({bad}); stopped, {kept}. Lower optim.lr or set optim.max_grad_norm"
+        )
+
+
 def train_rank(spec: RunSpec) -> RankResult:
     """Train on this rank of the current process group; see the module docstring."""
     with StopRequest() as stop:  # SIGTERM/SIGINT from here on: finish the step, checkpoint, leave
@@ -90,9 +104,11 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     data = instantiate(cfg.data)
     losses: list[float] = []
     start = 0
+    resumed: checkpoint.Restored | None = None
     if cfg.resume is not None:
-        start, losses, found = checkpoint.restore(training, str(cfg.resume))
-        log.info("resumed from %s at step %d", found, start)
+        resumed = checkpoint.restore(training, str(cfg.resume), cfg.steps, str(cfg.resume_optimizer))
+        start, losses = resumed.step, resumed.losses
+        log.info("resumed from %s at step %d (resume_optimizer=%s)", resumed.path, start, cfg.resume_optimizer)
     gather = MetricsGather(device)
     imbalance = training.optimizer.partition.report().imbalance if training.zero else 1.0
     records: list[dict[str, Any]] = []
@@ -110,18 +126,21 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
             losses.append(record["train/loss"])
+            diverged = not all(math.isfinite(r.loss) for r in per_rank)  # every rank sees every loss: all stop
             if rank == 0 and step == start and training.zero:  # exchange=auto decides in the first step
                 record.update(_exchange_record(training))
             if rank == 0:
                 records.append(record)
                 progress.update(record)
-                if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                if diverged or step % cfg.log_every == 0 or step == cfg.steps - 1:
                     for sink in sinks:
                         sink.log(record)
+            if diverged:
+                raise NonFiniteLoss(step, per_rank, saved)
             last = step + 1 == cfg.steps  # a signal during the last step changes nothing
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or stopped_by):
-                saved = checkpoint.save(training, run_dir, step + 1, losses)
+                saved = checkpoint.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
                 log.info("checkpoint %s", saved)
             if stopped_by:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
@@ -130,7 +149,10 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)
             summary["stopped_by"] = signal_name(stopped_by) if stopped_by else None
-            _write_json(run_dir / "summary.json", summary)
+            if resumed is not None:
+                summary["resume_optimizer"] = str(cfg.resume_optimizer)
+                summary["resume_overridden"] = resumed.overridden
+            write_json(run_dir / "summary.json", summary)
             for sink in sinks:
                 sink.summary(summary)
     log.info("done: final loss %.6g, param checksum %s", losses[-1], checksum)
@@ -276,12 +298,6 @@ def _exchange_record(training: Training) -> dict[str, Any]:
     record: dict[str, Any] = {"comm/exchange_mode": report.mode}
     record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
     return record
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _device(kind: str) -> torch.device:

@@ -31,6 +31,7 @@ __all__ = [
     "LoggerMode",
     "OverlapHook",
     "ParamDtype",
+    "ResumeOptimizer",
     "register_configs",
 ]
 
@@ -66,6 +67,14 @@ class ParamDtype(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+
+
+class ResumeOptimizer(str, Enum):
+    """``resume_optimizer``: what a resume does with the checkpoint's optimizer (zero_lab.app.checkpoint.POLICIES)."""
+
+    strict = "strict"  # load it; class and hyper-parameters must equal this run's
+    override = "override"  # load it; this run's hyper-parameters win (recorded in summary.json)
+    reset = "reset"  # weights and step only; a fresh optimizer
 
 
 class LoggerMode(str, Enum):
@@ -217,6 +226,7 @@ class WandbSchema:
     job_type: str = "train"
     tags: list[str] = field(default_factory=list)
     notes: str | None = None
+    init_timeout_s: float = 30.0  # online: give up on the server after this long and log offline instead
 
 
 @dataclass
@@ -260,7 +270,9 @@ class Config:
     steps: int = 20
     log_every: int = 1
     checkpoint_every: int = 0
+    keep_checkpoints: int | None = None  # after each save keep the N newest checkpoints; None/0: all
     resume: str | None = None
+    resume_optimizer: ResumeOptimizer = ResumeOptimizer.strict
     progress: bool = True
 
 

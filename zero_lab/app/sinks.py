@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,6 +89,7 @@ class WandbSink:
         job_type: str = "train",
         tags: list[str] | None = None,
         notes: str | None = None,
+        init_timeout_s: float = 30.0,
     ):
         run_dir = Path(run_dir)
         # wandb reads these at import / init: keep it quiet and keep its files in the run dir.
@@ -98,18 +100,19 @@ class WandbSink:
         import wandb
 
         self._wandb = wandb
-        self.run = wandb.init(
+        self.run = _init_with_fallback(
+            wandb,
+            str(getattr(mode, "value", mode)),
+            init_timeout_s,
             dir=str(run_dir),
             project=project,
             entity=entity,
-            mode=str(getattr(mode, "value", mode)),  # type: ignore[arg-type]
             name=name,
             group=group,
             job_type=job_type,
             tags=list(tags or []),
             notes=notes,
             config=config,
-            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
         )
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
@@ -129,6 +132,30 @@ class WandbSink:
             self.run.finish(exit_code=1 if failed else 0)
         finally:
             self._wandb.teardown()
+
+
+def _init_with_fallback(wandb: Any, mode: str, init_timeout_s: float, **init: Any) -> Any:
+    """``wandb.init`` bounded by ``init_timeout_s`` (``logger.init_timeout_s``); an online run
+    that cannot reach the server in time (no network, server down, bad key) falls back to
+    offline with one notice on stderr, so training goes on and ``wandb sync`` can upload later."""
+
+    def settings() -> Any:
+        return wandb.Settings(console="off", x_disable_stats=True, silent=True, init_timeout=init_timeout_s)
+
+    if mode != "online":
+        return wandb.init(mode=mode, settings=settings(), **init)
+    try:
+        return wandb.init(mode="online", settings=settings(), **init)
+    except Exception as error:  # wandb raises CommError, UsageError, AuthenticationError, TimeoutError...
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        print(
+            f"zero_lab: W&B online init failed within logger.init_timeout_s={init_timeout_s:g} ({reason}); "
+            f"logging offline to {init['dir']}/wandb instead (upload later with `wandb sync`)",
+            file=sys.stderr,
+            flush=True,
+        )
+        wandb.teardown()
+        return wandb.init(mode="offline", settings=settings(), **init)
 
 
 def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta: dict[str, Any]) -> MetricSink:

@@ -21,6 +21,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.optimizer import ELEMENTWISE_OPTIMIZERS, ZeroRedundancyOptimizer
 from zero_lab.partition import Manual, ParamSpec
 
@@ -225,8 +226,6 @@ def _check_partitioner(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
 def _check_resume(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if cfg.resume is None:
         return []
-    from zero_lab.app.checkpoint import checkpoint_step, find_checkpoint
-
     path = Path(str(cfg.resume)).expanduser()
     if not path.exists():
         return [f"resume={cfg.resume}: no such file or directory; give a run dir, or one of its checkpoints/step_*"]

@@ -6,7 +6,9 @@ rank order. The rendezvous is a ``TCPStore`` the *parent* hosts on a port the OS
 picks, so concurrent worlds (a joblib sweep, parallel tests) never collide on a port.
 
 Failure is bounded: if a rank raises or dies, the others are killed at once and
-:class:`RankFailure` names the rank and carries its traceback. Every collective inside
+:class:`RankFailure` names the rank and carries its traceback — the rank that failed
+first: a rank that died without reporting (SIGKILL, a segfault) outranks its peers'
+"Connection reset by peer" errors, which only echo its death. Every collective inside
 the ranks times out after ``timeout_s`` (a hung peer becomes an error on the waiting
 rank, so a failure); with ``deadline_s`` the whole world is also killed, and
 :class:`TimeoutError` raised, once it has run that long. Each rank ends with
@@ -44,7 +46,7 @@ import torch.distributed as dist
 
 from zero_lab.runtime.signals import handling_stop_signals, signal_name
 
-__all__ = ["Interrupted", "RankFailure", "run_world"]
+__all__ = ["Interrupted", "RankFailure", "describe_exit", "run_world"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
 
@@ -52,13 +54,15 @@ _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", 
 class RankFailure(RuntimeError):
     """A rank raised or died; ``rank`` says which, ``details`` holds its traceback.
 
-    ``others`` holds the failures of other ranks seen in the same moment (often
+    ``exitcode`` is set when the rank died without reporting (negative: killed by that
+    signal). ``others`` holds the failures of other ranks seen in the same moment (often
     only the echo of this one: a peer's connection reset).
     """
 
-    def __init__(self, rank: int, details: str, others: dict[int, str] | None = None):
+    def __init__(self, rank: int, details: str, others: dict[int, str] | None = None, exitcode: int | None = None):
         self.rank = rank
         self.details = details
+        self.exitcode = exitcode
         self.others = others or {}
         also = "".join(f"\n(rank {r} failed too: {_last_line(d)})" for r, d in sorted(self.others.items()))
         super().__init__(f"rank {rank} failed:\n{details}{also}")
@@ -73,7 +77,7 @@ class Interrupted(RuntimeError):
         super().__init__(f"stopped by {signal_name(signum)}: {why}")
 
 
-_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "before reporting")
+_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
 def _last_line(details: str) -> str:
@@ -81,11 +85,26 @@ def _last_line(details: str) -> str:
     return lines[-1] if lines else details
 
 
-def _root_cause(failures: dict[int, str]) -> RankFailure:
-    """Order failures so a rank's own error comes before its peers' connection echoes."""
-    ranked = sorted(failures, key=lambda r: (any(echo in failures[r] for echo in _ECHOES), r))
+def describe_exit(exitcode: int) -> str:
+    """``-9`` -> ``"killed by SIGKILL (exit code -9)"``; ``3`` -> ``"exit code 3"``."""
+    return f"killed by {signal_name(-exitcode)} (exit code {exitcode})" if exitcode < 0 else f"exit code {exitcode}"
+
+
+def _root_cause(failures: dict[int, str], died: dict[int, int]) -> RankFailure:
+    """The rank that failed first. Ranks that died without reporting (``died``: rank ->
+    exit code, in the order they were seen) come first — a SIGKILL or a segfault is a
+    cause, never an echo — then ranks' own errors, then peers' collective errors that only
+    echo a lost connection (Gloo's "Connection reset by peer"); ties by rank."""
+    order = list(died)
+
+    def key(rank: int) -> tuple[int, int]:
+        if rank in died:
+            return (0, order.index(rank))
+        return (1 + any(echo in failures[rank] for echo in _ECHOES), rank)
+
+    ranked = sorted(failures, key=key)
     first = ranked[0]
-    return RankFailure(first, failures[first], {r: failures[r] for r in ranked[1:]})
+    return RankFailure(first, failures[first], {r: failures[r] for r in ranked[1:]}, died.get(first))
 
 
 def _rank_main(
@@ -229,21 +248,13 @@ def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _Forwa
     """Wait for one result per rank; fail fast on the first error or death."""
     out: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    died: dict[int, int] = {}
     while len(out) < len(procs):
-        while not results.empty():
-            rank, ok, payload = results.get()
-            if ok:
-                out[rank] = pickle.loads(payload)
-            else:
-                failures[rank] = payload
-        for rank, proc in enumerate(procs):
-            if rank not in out and rank not in failures and proc.exitcode is not None and results.empty():
-                time.sleep(0.05)  # its result may still be in flight
-                if results.empty():
-                    failures[rank] = f"process exited with code {proc.exitcode} before reporting"
+        _drain(results, out, failures)
+        _note_deaths(procs, results, out, failures, died)
         if failures:
-            _gather_more_failures(procs, results, failures, out)
-            cause = _root_cause(failures)
+            _gather_more_failures(procs, results, failures, out, died)
+            cause = _root_cause(failures, died)
             if forwarding.signum:
                 raise Interrupted(forwarding.signum, f"rank {cause.rank} ended without stopping cleanly") from cause
             raise cause
@@ -257,14 +268,39 @@ def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _Forwa
     return [out[rank] for rank in range(len(procs))]
 
 
-def _gather_more_failures(procs: list[Any], results: Any, failures: dict[int, str], out: dict[int, Any]) -> None:
-    """Give the other ranks a moment to report: the first report may be an echo."""
+def _drain(results: Any, out: dict[int, Any], failures: dict[int, str]) -> None:
+    """Take every report waiting in the queue."""
+    while not results.empty():
+        rank, ok, payload = results.get()
+        if ok:
+            out[rank] = pickle.loads(payload)
+        else:
+            failures[rank] = payload
+
+
+def _note_deaths(
+    procs: list[Any], results: Any, out: dict[int, Any], failures: dict[int, str], died: dict[int, int]
+) -> None:
+    """Record ranks whose process ended without a report (killed, crashed), in the order seen."""
+    for rank, proc in enumerate(procs):
+        if rank in out or rank in failures or proc.exitcode is None:
+            continue
+        time.sleep(0.05)  # its report may still be in flight
+        _drain(results, out, failures)
+        if rank not in out and rank not in failures:
+            died[rank] = proc.exitcode
+            failures[rank] = f"process {describe_exit(proc.exitcode)} before reporting"
+
+
+def _gather_more_failures(
+    procs: list[Any], results: Any, failures: dict[int, str], out: dict[int, Any], died: dict[int, int]
+) -> None:
+    """Give the other ranks a moment to report or die: the first report may be an echo of a
+    rank whose death is not noticed yet."""
     grace = time.monotonic() + 2.0
     while time.monotonic() < grace and len(failures) + len(out) < len(procs):
-        while not results.empty():
-            rank, ok, payload = results.get()
-            if not ok:
-                failures[rank] = payload
+        _drain(results, out, failures)
+        _note_deaths(procs, results, out, failures, died)
         if all(p.exitcode is not None for p in procs) and results.empty():
             break
         time.sleep(0.02)

@@ -1,0 +1,111 @@
+"""One run dir, one job: claim it atomically before Hydra writes anything into it.
+
+Hydra's default run dir is ``outputs/<date>/<H-M-S>``: two jobs started in the same second
+would share it (interleaved ``metrics.jsonl``, one lost summary, overwritten checkpoints).
+:class:`ClaimRunDir`, a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``), runs
+before Hydra creates the dir and writes ``.hydra/``:
+
+* the default dir is claimed with an exclusive ``mkdir``; a job that finds it taken moves
+  to the first free ``<dir>-1``, ``<dir>-2``, ... (the job's config records where it went);
+* a dir given explicitly (``hydra.run.dir=...``) may be reused by later runs, but not by two
+  at once: the job holds an exclusive ``flock`` on ``<dir>/.zero_lab.lock`` while it runs
+  (the kernel drops it when the process ends, even on ``kill -9``); a second job is refused
+  with a message naming the dir and the holder's pid;
+* each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
+  the same second fail loudly instead of mixing their files.
+
+Under torchrun every rank runs the Hydra job in the one shared dir on purpose: no claim.
+
+    claim("outputs/2026-11-23/10-00-00", explicit=False)  # -> Path(".../10-00-00-1") if taken
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from zero_lab.app.cli import fail
+from zero_lab.runtime import torchrun
+
+__all__ = ["LOCK_NAME", "ClaimRunDir", "RunDirBusy", "claim"]
+
+LOCK_NAME = ".zero_lab.lock"
+_HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until this process exits
+
+
+class RunDirBusy(RuntimeError):
+    """Another live job holds the run dir."""
+
+
+def _lock(directory: Path) -> None:
+    """Hold an exclusive lock on ``directory``'s lock file for the life of this process."""
+    key = str(directory.resolve())
+    if key in _HELD:
+        return
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirBusy(
+            f"run dir {directory} is in use by another running job (pid {holder}); give this job its own "
+            f"hydra.run.dir=... (or leave it out: the default dir is unique per job)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def claim(path: str | Path, explicit: bool) -> Path:
+    """Claim ``path`` for this process (see the module docstring); returns the dir claimed."""
+    path = Path(path)
+    if explicit:
+        path.mkdir(parents=True, exist_ok=True)
+        _lock(path)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in range(1000):
+        candidate = path if suffix == 0 else path.with_name(f"{path.name}-{suffix}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        _lock(candidate)
+        return candidate
+    raise RunDirBusy(f"no free run dir next to {path} (tried {path.name}-1 ... -999)")
+
+
+def _given(config: DictConfig, key: str) -> bool:
+    """True when the command line set ``key`` (e.g. ``hydra.run.dir=...``)."""
+    return any(str(o).split("=", 1)[0].lstrip("+~") == key for o in config.hydra.overrides.hydra)
+
+
+class ClaimRunDir(Callback):
+    """Hydra callback: claim the run dir before the job writes into it (module docstring)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if torchrun.active():
+            return
+        wanted = str(config.hydra.run.dir)
+        try:
+            claimed = claim(wanted, explicit=_given(config, "hydra.run.dir"))
+        except RunDirBusy as error:
+            fail(error)
+        if str(claimed) != wanted:
+            with read_write(config.hydra), open_dict(config.hydra):
+                OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if torchrun.active() or config.hydra.mode != RunMode.MULTIRUN:
+            return
+        try:
+            _lock(Path(str(config.hydra.runtime.output_dir)))
+        except RunDirBusy as error:
+            fail(error)
