@@ -80,8 +80,7 @@ def test_every_option_composes_checks_and_instantiates(group, option, one_rank_w
     elif group == "partitioner":
         partitioner = instantiate(cfg.partitioner)
         specs = [ParamSpec(numel=p.numel(), name=n) for n, p in model.named_parameters()]
-        world = len(cfg.partitioner.params_per_rank) if option == "manual" else 2
-        partition = partitioner(specs, world)
+        partition = partitioner(specs, 2)  # manual's default `order` fits any world size
         assert sum(partition.report().numel_per_rank) == sum(s.numel for s in specs)
     elif group == "data":
         data = instantiate(cfg.data)
@@ -132,7 +131,7 @@ BAD_INPUT = [
     (["optim=adam", "overlap=true"], ["overlap=true", "zero_adam"]),
     (["model=transformer"], ["data=regression", "data=tokens"]),
     (["data.global_batch=33"], ["data.global_batch=33", "multiple of dist.world_size=2"]),
-    (["partitioner=manual", "dist.world_size=4"], ["params_per_rank", "dist.world_size=4"]),
+    (["experiment=manual_mlp", "dist.world_size=4"], ["params_per_rank", "dist.world_size=4"]),  # 2 lists given
     (["partitioner=manual", "partitioner.params_per_rank=[[encoder.*],[decoder.*]]"], ["encoder.*", "layers.0.weight"]),
     (["resume=/nonexistent/run"], ["resume=/nonexistent/run", "checkpoint"]),
     (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
