@@ -223,11 +223,18 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         arguments = constructor_arguments(target, node)
         keys = [str(k) for k in node if k not in HYDRA_KEYS and k not in APP_KEYS.get(group, {})]
         takes_any = _has_var_keyword(target) and not forwarded_classes(node)
-        for key in keys:
-            if key in SUPPLIED_BY_APP:
-                out.append(f"{group}.{key}: given by the app at the call site, not by the config; remove it")
-            elif key not in arguments and not takes_any:
-                out.append(f"{group}.{key}: not an argument of {target_name}; it takes: {', '.join(arguments)}")
+        supplied = [key for key in keys if key in SUPPLIED_BY_APP]
+        unknown = [key for key in keys if key not in arguments and key not in SUPPLIED_BY_APP and not takes_any]
+        if supplied:
+            out.append(f"{group}.{', '.join(supplied)}: given by the app at the call site, not by the config; remove")
+        if unknown:
+            names = ", ".join(f"{group}.{key}" for key in unknown)
+            wraps = "".join(f" around {c.__name__}" for c in forwarded_classes(node))
+            out.append(
+                f"{names}: not {'an argument' if len(unknown) == 1 else 'arguments'} of {target_name}{wraps}; "
+                f"it takes: {', '.join(arguments)}"
+                + ("; to wrap another class, add an option YAML for it" if wraps else "")
+            )
         for key, parameter in arguments.items():
             if parameter.default is inspect.Parameter.empty and key not in node:
                 out.append(f"{group}.{key}: required by {target_name}; add {group}.{key}=<value>")
@@ -260,7 +267,8 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
     kwargs = _optimizer_kwargs(cfg)
-    if all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float)):  # else named by _check_finite
+    finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
+    if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         try:
             cls([torch.zeros(1, requires_grad=True)], **kwargs)
         except (TypeError, ValueError, RuntimeError) as error:
@@ -272,6 +280,14 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     return out
+
+
+def _binds(cls: type, kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(cls).bind_partial(**kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 def _mentions(message: str, value: Any) -> bool:
