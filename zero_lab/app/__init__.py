@@ -5,10 +5,10 @@
     sys.argv = app.prepare(sys.argv)  # check the command, set up torchrun
     app.run(cfg)                    # inside @hydra.main: start ranks, train, report
 
-Modules, one job each: ``schema`` (typed config groups), ``validate`` (ranges and
-combinations), ``preflight`` / ``cli`` (before Hydra starts), ``torchrun`` (one run dir
-under torchrun), ``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer),
-``runner`` (the rank loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one
+Modules, one job each: ``schema`` (typed plain keys; group schemas derived from the
+constructors), ``validate`` (builds and runs the real objects; ranges and combinations),
+``preflight`` / ``cli`` (before Hydra starts), ``main`` (the Hydra task), ``build``
+(model -> DDP -> optimizer), ``runner`` (the rank loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one
 gather per step), ``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``.
 """
 
@@ -20,7 +20,7 @@ __all__ = ["prepare", "run", "setup"]
 
 
 def setup() -> None:
-    """Register the config schemas (idempotent)."""
+    """Register the config schemas (idempotent; derived from the option YAMLs' targets)."""
     from zero_lab.app.schema import register_configs
 
     register_configs()
