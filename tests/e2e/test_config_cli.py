@@ -22,3 +22,16 @@ def test_manual_partitioning_sweeps_over_world_sizes(tmp_path):
         numel = run["partition"]["numel_per_rank"]
         assert (run["world_size"], len(numel), sum(numel)) == (world, world, run["model_params"])
         assert all(n > 0 for n in numel)  # contiguous runs of layers, nobody idle
+
+
+def test_a_plain_optimizer_says_which_overrides_it_does_not_use(tmp_path):
+    result = train(
+        "optim=adam", "partitioner=flat", "dist.world_size=1", "steps=1", "logger=none", f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    notes = [line for line in result.stderr.splitlines() if line.startswith("zero_lab: note:")]
+    assert notes == [
+        "zero_lab: note: partitioner=flat: not used by torch.optim.Adam, a plain optimizer (every rank keeps the "
+        "full state); pick optim=zero_* to shard"
+    ]
+    assert summary(tmp_path)["zero"] is False
