@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e import summary, train
+from tests.e2e.runs import summary, train
 
 
 def test_a_comma_list_without_minus_m_says_to_add_multirun(tmp_path):

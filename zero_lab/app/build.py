@@ -26,9 +26,11 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
+from zero_lab import overlap
 from zero_lab.app.schema import APP_KEYS
 from zero_lab.comm import CommStats
 from zero_lab.optimizer import ZeroRedundancyOptimizer
@@ -138,10 +140,6 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
 
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
     """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    from zero_lab import overlap
-
     make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
     shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))
     comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import (
+from tests.e2e.runs import (
     REPO,
     SUMMARY_KEYS,
     TORCHRUN,
