@@ -57,21 +57,13 @@ __all__ = [
 #: Config groups whose options are built from a ``_target_``.
 GROUPS = ("optim", "partitioner", "model", "data", "logger")
 
-#: Constructor arguments the app passes at the call site, never from the config:
-#: the parameters and the ZeRO wiring (``app/build.py``), the sink's run dir and config
-#: (``app/sinks.py``), the process group (the world).
-SUPPLIED_BY_APP = frozenset(
-    {
-        "self",
-        "params",
-        "process_group",
-        "partitioner",
-        "parameters_as_bucket_view",
-        "overlap_with_ddp",
-        "run_dir",
-        "config",
-    }
-)
+#: Constructor arguments the app passes at the call site, never from the config, per group:
+#: the parameters and the ZeRO wiring (``app/build.py``; the process group is the world),
+#: the sink's run dir and resolved config (``app/sinks.py``).
+SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
+    "optim": frozenset({"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp"}),
+    "logger": frozenset({"run_dir", "config"}),
+}
 
 #: Keys of a group that the app reads and the constructor never sees: ``{group: {key: (type, default)}}``.
 APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
@@ -145,18 +137,20 @@ class Config:
     progress: bool = True
 
 
-def constructor_arguments(target: Any, node: DictConfig | dict[str, Any]) -> dict[str, inspect.Parameter]:
-    """The arguments a config node may set: ``target``'s, without :data:`SUPPLIED_BY_APP`.
+def constructor_arguments(
+    target: Any, node: DictConfig | dict[str, Any], supplied: frozenset[str] = frozenset()
+) -> dict[str, inspect.Parameter]:
+    """The arguments a config node may set: ``target``'s, without the ``supplied`` ones.
 
     A ``**kwargs`` is replaced by the arguments of the class the node names with
     ``{_target_: hydra.utils.get_class, path: ...}`` (ZeRO's ``optimizer_class``), which
     is where such a constructor forwards them.
     """
     parameters = dict(inspect.signature(target, eval_str=True).parameters)
-    out = {name: p for name, p in parameters.items() if name not in SUPPLIED_BY_APP and p.kind not in _VARIADIC}
+    out = {name: p for name, p in parameters.items() if name not in supplied and p.kind not in _VARIADIC}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         for inner in forwarded_classes(node):
-            for name, p in constructor_arguments(inner, {}).items():
+            for name, p in constructor_arguments(inner, {}, supplied).items():
                 out.setdefault(name, p)
     return out
 
@@ -174,7 +168,7 @@ def option_schema(group: str, name: str, node: DictConfig) -> type:
     """The schema of one group option (a dataclass), derived from its ``_target_``'s signature."""
     target = get_object(str(node["_target_"]))
     fields: dict[str, tuple[Any, Any]] = {key: (Any, MISSING) for key in HYDRA_KEYS if key in node}
-    for key, parameter in constructor_arguments(target, node).items():
+    for key, parameter in constructor_arguments(target, node, SUPPLIED_BY_APP.get(group, frozenset())).items():
         kind = _omegaconf_type(parameter.annotation)
         if parameter.default is inspect.Parameter.empty:
             fields[key] = (kind, MISSING)  # the YAML (or the command line) must give it

@@ -220,11 +220,12 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         except Exception as error:
             out.append(f"{group}._target_={target_name}: cannot be imported ({error})")
             continue
-        arguments = constructor_arguments(target, node)
+        given = SUPPLIED_BY_APP.get(group, frozenset())
+        arguments = constructor_arguments(target, node, given)
         keys = [str(k) for k in node if k not in HYDRA_KEYS and k not in APP_KEYS.get(group, {})]
         takes_any = _has_var_keyword(target) and not forwarded_classes(node)
-        supplied = [key for key in keys if key in SUPPLIED_BY_APP]
-        unknown = [key for key in keys if key not in arguments and key not in SUPPLIED_BY_APP and not takes_any]
+        supplied = [key for key in keys if key in given]
+        unknown = [key for key in keys if key not in arguments and key not in given and not takes_any]
         if supplied:
             out.append(f"{group}.{', '.join(supplied)}: given by the app at the call site, not by the config; remove")
         if unknown:
