@@ -74,6 +74,7 @@ def test_group_keys_come_from_the_constructor_signature():
     message = problems("+optim.bogus=1")
     assert "optim.bogus: not an argument of zero_lab.ZeroRedundancyOptimizer around Adam; it takes:" in message
     assert "lr, betas, eps" in message
+    assert "optim.overlap_with_ddp: given by the app at the call site" in problems("+optim.overlap_with_ddp=true")
 
 
 def test_a_new_partitioner_needs_only_its_class_and_its_yaml(tmp_path):

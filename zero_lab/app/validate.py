@@ -227,14 +227,14 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         supplied = [key for key in keys if key in given]
         unknown = [key for key in keys if key not in arguments and key not in given and not takes_any]
         if supplied:
-            out.append(f"{group}.{', '.join(supplied)}: given by the app at the call site, not by the config; remove")
+            names = ", ".join(f"{group}.{key}" for key in supplied)
+            out.append(f"{names}: given by the app at the call site, not by the config; remove it")
         if unknown:
             names = ", ".join(f"{group}.{key}" for key in unknown)
             wraps = "".join(f" around {c.__name__}" for c in forwarded_classes(node))
             out.append(
                 f"{names}: not {'an argument' if len(unknown) == 1 else 'arguments'} of {target_name}{wraps}; "
                 f"it takes: {', '.join(arguments)}"
-                + ("; to wrap another class, add an option YAML for it" if wraps else "")
             )
         for key, parameter in arguments.items():
             if parameter.default is inspect.Parameter.empty and key not in node:
