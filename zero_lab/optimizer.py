@@ -50,7 +50,7 @@ from zero_lab.exchange import ExchangeReport, InFlight, ParamExchange, share_gra
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits", "state_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,38 @@ _NOT_HYPERPARAMETERS = ("params", "param_names")
 
 #: State entry holding the fp32 master copy of a parameter (``master_weights=True``).
 MASTER_KEY = "master_param"
+
+
+def check_partition_fits(partition: Partition, optimizer_class: type[Optimizer], partitioner: Any = None) -> None:
+    """Raise ``ValueError`` when ``optimizer_class`` cannot step ``partition``'s shards.
+
+    A partition that cuts parameters into element ranges needs an elementwise optimizer
+    (:data:`ELEMENTWISE_OPTIMIZERS`): a range is stepped without the rest of its tensor.
+    """
+    element_granular = bool(partition.layouts) or not partition.is_whole
+    if element_granular and not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
+        raise ValueError(
+            f"partitioner {partitioner!r} cuts parameters into element ranges, which needs an "
+            f"elementwise optimizer; {optimizer_class.__name__} is not one of "
+            f"{[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}. Use a whole-parameter partitioner "
+            "(SortedGreedy, Manual) instead."
+        )
+
+
+def state_bytes(optimizer: Optimizer) -> int:
+    """Bytes of every tensor in ``optimizer.state`` (any ``torch.optim`` optimizer; for a
+    :class:`ZeroRedundancyOptimizer`, its local shard's: the wrapped ``optim``).
+
+    fp32 master shards are not optimizer state: see
+    :meth:`ZeroRedundancyOptimizer.master_weight_bytes`.
+    """
+    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return sum(
+        value.numel() * value.element_size()
+        for state in local.state.values()
+        for value in state.values()
+        if torch.is_tensor(value)
+    )
 
 
 def _normalize_params(params: Any) -> list[dict[str, Any]]:
@@ -293,34 +325,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     # ------------------------------------------------------------------ partition
 
     def _param_specs(self) -> list[ParamSpec]:
-        specs = []
-        for index, group in enumerate(self.param_groups):
-            names = group.get("param_names", [None] * len(group["params"]))
-            for param, name in zip(group["params"], names):
-                specs.append(
-                    ParamSpec(
-                        numel=param.numel(),
-                        itemsize=param.element_size(),
-                        group=index,
-                        name=name,
-                        kind=f"{param.device}/{param.dtype}",
-                        trainable=param.requires_grad,
-                        key=id(param),
-                        bucket=self._ddp_buckets.get(id(param)),
-                    )
-                )
-        return specs
+        return [
+            ParamSpec.of(param, name=name, group=index, bucket=self._ddp_buckets.get(id(param)))
+            for index, group in enumerate(self.param_groups)
+            for param, name in zip(group["params"], group.get("param_names", [None] * len(group["params"])))
+        ]
 
     def _compute_partition(self) -> Partition:
-        partition = self._partitioner(self._param_specs(), self.world_size)
-        element_granular = bool(partition.layouts) or not partition.is_whole
-        if element_granular and not issubclass(self._optimizer_class, ELEMENTWISE_OPTIMIZERS):
-            raise ValueError(
-                f"partitioner {self.partitioner!r} cuts parameters into element ranges, which needs an "
-                f"elementwise optimizer; {self._optimizer_class.__name__} is not one of "
-                f"{[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}. Use a whole-parameter partitioner "
-                "(SortedGreedy, Manual) instead."
-            )
+        partition = self.partitioner(self._param_specs(), self.world_size)
+        check_partition_fits(partition, self._optimizer_class, self.partitioner)
         return partition
 
     def _local_param_groups(self, first_group: int = 0) -> list[dict[str, Any]]:
@@ -507,13 +520,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return total
 
     def local_state_bytes(self) -> int:
-        """Bytes of this rank's optimizer state, from the real state tensors."""
-        return sum(
-            value.numel() * value.element_size()
-            for state in self.optim.state.values()
-            for value in state.values()
-            if torch.is_tensor(value)
-        )
+        """Bytes of this rank's optimizer state, from the real state tensors (:func:`state_bytes`)."""
+        return state_bytes(self)
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""

@@ -37,6 +37,7 @@ __all__ = [
     "Shard",
     "SortedGreedy",
     "approximate_ddp_buckets",
+    "contiguous_split",
 ]
 
 
@@ -61,6 +62,26 @@ class ParamSpec:
     @property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
+
+    @classmethod
+    def of(
+        cls, tensor: Any, name: str | None = None, group: int = 0, device: Any = None, bucket: int | None = None
+    ) -> ParamSpec:
+        """The spec of one parameter tensor (a ``meta`` tensor works: only its metadata is read).
+
+        ``device`` names where the real run keeps the parameter when it differs from the
+        tensor's (planning from a meta model); it is part of ``kind``, which buffers never mix.
+        """
+        return cls(
+            numel=tensor.numel(),
+            itemsize=tensor.element_size(),
+            group=group,
+            name=name,
+            kind=f"{device if device is not None else tensor.device}/{tensor.dtype}",
+            trainable=tensor.requires_grad,
+            key=id(tensor),
+            bucket=bucket,
+        )
 
 
 @dataclass(frozen=True)
@@ -244,26 +265,66 @@ def _pattern_matcher(pattern: str):
 
 
 class Manual:
-    """The user says which rank owns which parameters.
+    """The user says which rank owns which parameters, in one of two ways.
 
     ``params_per_rank[r]`` lists rank r's parameters as name patterns — globs such as
     ``"encoder.*"`` or regexes as ``"re:layers\\.[0-3]\\..*"`` matched against the names
-    from ``model.named_parameters()`` — or as the tensors themselves. Every trainable
-    parameter must be owned exactly once; frozen parameters nobody lists go to the
-    least-loaded rank. Errors name the offending pattern, parameter or rank.
+    from ``model.named_parameters()`` — or as the tensors themselves; it fixes the world
+    size. ``order`` is world-size free: ordered name patterns (``["embed*", "layers.*",
+    "head*"]``) put the parameters in a sequence (each parameter at its first matching
+    pattern, in model order inside a pattern), which is cut into ``world_size`` contiguous
+    runs with the smallest possible largest run (:func:`contiguous_split`), so neighbours
+    stay together at any W. Give at least one; ``params_per_rank``, when given, is used
+    and ``order`` is not (so a config can keep a default ``order``).
+
+    Every trainable parameter must be owned exactly once; frozen parameters nobody lists
+    go to the least-loaded rank. Errors name the offending pattern, parameter or rank.
+
+        Manual(order=["tok_emb.*", "blocks.*", "head.*"])(specs, world_size=64)
     """
 
-    def __init__(self, params_per_rank: Sequence[Sequence[Any]]):
-        if isinstance(params_per_rank, (str, bytes)) or not isinstance(params_per_rank, Iterable):
+    def __init__(self, params_per_rank: Sequence[Sequence[Any]] | None = None, order: Sequence[str] | None = None):
+        if params_per_rank is None and order is None:
+            raise ValueError(
+                "Manual needs params_per_rank (one list of names per rank) or order "
+                "(ordered name patterns, cut into world_size contiguous runs)"
+            )
+        if params_per_rank is not None and (
+            isinstance(params_per_rank, (str, bytes)) or not isinstance(params_per_rank, Iterable)
+        ):
             raise TypeError("params_per_rank must be a list (one entry per rank) of lists of names or tensors")
-        self.params_per_rank = [list(entries) for entries in params_per_rank]
+        if params_per_rank is None and (isinstance(order, (str, bytes)) or not all(isinstance(p, str) for p in order)):  # type: ignore[union-attr]
+            raise TypeError(f"order must be a list of name patterns (globs or 're:<regex>'), got {order!r}")
+        self.params_per_rank = None if params_per_rank is None else [list(entries) for entries in params_per_rank]
+        self.order = None if order is None or params_per_rank is not None else list(order)
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
+        owner = (
+            self._owners_in_order(specs, world_size)
+            if self.order is not None
+            else self._owners_listed(specs, world_size)
+        )
+        missing = [i for i, s in enumerate(specs) if i not in owner and s.trainable]
+        if missing:
+            names = ", ".join(_label(specs, i) for i in missing[:8])
+            given = "order" if self.order is not None else "params_per_rank"
+            raise ValueError(f"{given} leaves trainable parameters without an owner: {names}")
+        loads = [0] * world_size
+        for index, rank in owner.items():
+            loads[rank] += specs[index].numel
+        frozen = [i for i in range(len(specs)) if i not in owner]
+        extra = SortedGreedy.assign([specs[i].numel for i in frozen], [0] * len(frozen), world_size, loads)
+        owner.update(zip(frozen, extra))
+        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+
+    def _owners_listed(self, specs: Sequence[ParamSpec], world_size: int) -> dict[int, int]:
+        assert self.params_per_rank is not None
         if len(self.params_per_rank) != world_size:
             raise ValueError(
-                f"params_per_rank has {len(self.params_per_rank)} entries but world_size is {world_size}: "
-                "give exactly one list of parameters per rank"
+                f"params_per_rank has {len(self.params_per_rank)} entries but world_size is {world_size}: give "
+                "exactly one list of name patterns per rank (a list of lists), or give `order` instead, which "
+                "fits any world size"
             )
         owner: dict[int, int] = {}
         by_key = {spec.key: i for i, spec in enumerate(specs) if spec.key is not None}
@@ -276,30 +337,33 @@ class Manual:
                             "each parameter must be owned by exactly one rank"
                         )
                     owner[index] = rank
-        missing = [i for i, s in enumerate(specs) if i not in owner and s.trainable]
-        if missing:
-            names = ", ".join(_label(specs, i) for i in missing[:8])
-            raise ValueError(f"params_per_rank leaves trainable parameters without an owner: {names}")
-        loads = [0] * world_size
-        for index, rank in owner.items():
-            loads[rank] += specs[index].numel
-        frozen = [i for i in range(len(specs)) if i not in owner]
-        extra = SortedGreedy.assign([specs[i].numel for i in frozen], [0] * len(frozen), world_size, loads)
-        owner.update(zip(frozen, extra))
-        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+        return owner
+
+    def _owners_in_order(self, specs: Sequence[ParamSpec], world_size: int) -> dict[int, int]:
+        assert self.order is not None
+        sequence: list[int] = []
+        placed: set[int] = set()
+        for pattern in self.order:
+            found = [i for i in self._resolve(pattern, specs, {}) if i not in placed and specs[i].trainable]
+            sequence.extend(found)
+            placed.update(found)
+        runs = contiguous_split([specs[i].numel for i in sequence], world_size)
+        return {index: rank for index, rank in zip(sequence, runs)}
 
     @staticmethod
     def _resolve(entry: Any, specs: Sequence[ParamSpec], by_key: dict[int, int]) -> list[int]:
         if isinstance(entry, str):
             if all(spec.name is None for spec in specs):
                 raise ValueError(
-                    f"params_per_rank pattern {entry!r} needs parameter names: "
-                    "build the optimizer from model.named_parameters()"
+                    f"pattern {entry!r} needs parameter names: build the optimizer from model.named_parameters()"
                 )
-            match = _pattern_matcher(entry)
+            try:
+                match = _pattern_matcher(entry)
+            except re.error as error:
+                raise ValueError(f"pattern {entry!r} is not a valid regular expression: {error}") from None
             found = [i for i, spec in enumerate(specs) if spec.name is not None and match(spec.name)]
             if not found:
-                raise ValueError(f"params_per_rank pattern {entry!r} matches no parameter name")
+                raise ValueError(f"pattern {entry!r} matches no parameter name")
             return found
         if id(entry) not in by_key:
             raise ValueError(
@@ -309,7 +373,48 @@ class Manual:
         return [by_key[id(entry)]]
 
     def __repr__(self) -> str:
+        if self.order is not None:
+            return f"Manual(order={self.order!r})"
         return f"Manual(params_per_rank={self.params_per_rank!r})"
+
+
+def contiguous_split(sizes: Sequence[int], world_size: int) -> list[int]:
+    """Rank of each size when ``sizes``, in order, are cut into ``world_size`` contiguous runs.
+
+    Minimises the largest run (the linear-partition problem): binary search on the cap
+    ``L`` with a greedy feasibility test (fill a run while it stays <= L), then cut with
+    the smallest feasible ``L``, starting a new run early only when the remaining sizes
+    are just enough to give every remaining rank one. Ranks stay in order (rank r's run
+    comes before rank r+1's); with fewer sizes than ranks the last ranks own nothing.
+    O(n log(sum)).
+    """
+    _check_world_size(world_size)
+    if not sizes:
+        return []
+
+    def runs_needed(cap: int) -> int:
+        runs, filled = 1, 0
+        for size in sizes:
+            if filled + size > cap:
+                runs, filled = runs + 1, 0
+            filled += size
+        return runs
+
+    low, high = max(sizes), sum(sizes)
+    while low < high:
+        middle = (low + high) // 2
+        if runs_needed(middle) <= world_size:
+            high = middle
+        else:
+            low = middle + 1
+    ranks, rank, filled = [], 0, 0
+    for index, size in enumerate(sizes):
+        left = len(sizes) - index  # sizes still to place, this one included
+        if filled and (filled + size > low or left <= world_size - 1 - rank):
+            rank, filled = rank + 1, 0
+        ranks.append(rank)
+        filled += size
+    return ranks
 
 
 def _label(specs: Sequence[ParamSpec], index: int) -> str:
@@ -390,8 +495,12 @@ class DdpBucket:
     in index order). With ``shard_buckets`` every bucket's parameters, in order, are
     cut into W contiguous runs of whole parameters of about ``bucket/W`` elements, so
     every rank steps a part of every bucket. Parameters outside DDP's buckets (frozen)
-    are placed by sorted-greedy afterwards.
+    are placed by sorted-greedy afterwards. ``needs_ddp_buckets``: the specs must carry
+    ``bucket`` indices (the overlap hook attaches them); without any, every parameter
+    would fall back to sorted-greedy.
     """
+
+    needs_ddp_buckets = True
 
     def __init__(self, shard_buckets: bool = False):
         self.shard_buckets = shard_buckets

@@ -119,16 +119,7 @@ def specs_from_module(
     so it must match the run being predicted, not the meta device.
     """
     named = module.named_parameters() if isinstance(module, nn.Module) else module
-    return [
-        ParamSpec(
-            numel=param.numel(),
-            itemsize=param.element_size(),
-            name=name,
-            kind=f"{torch.device(device)}/{param.dtype}",
-            trainable=param.requires_grad,
-        )
-        for name, param in named
-    ]
+    return [ParamSpec.of(param, name=name, device=torch.device(device)) for name, param in named]
 
 
 @dataclass(frozen=True)

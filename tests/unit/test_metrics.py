@@ -12,9 +12,9 @@ import termios
 import pytest
 import torch
 
-from zero_lab.app.build import optimizer_state_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
+from zero_lab.optimizer import state_bytes
 
 #: The per-rank metric prefixes users chart; each has /rank{r}, /max and /mean.
 PER_RANK = (
@@ -46,11 +46,11 @@ def test_step_record_has_per_rank_values_max_and_mean():
 def test_optimizer_state_bytes_come_from_the_real_state_tensors():
     model = torch.nn.Linear(10, 5)
     optimizer = torch.optim.Adam(model.parameters())
-    assert optimizer_state_bytes(optimizer) == 0  # Adam allocates its state at the first step
+    assert state_bytes(optimizer) == 0  # Adam allocates its state at the first step
     model(torch.randn(3, 10)).sum().backward()
     optimizer.step()
     moments = 2 * 4 * sum(p.numel() for p in model.parameters())  # exp_avg + exp_avg_sq, float32
-    assert moments <= optimizer_state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
+    assert moments <= state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
 
 
 def test_progress_bar_stays_quiet_without_a_terminal(capsys):

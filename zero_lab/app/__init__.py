@@ -3,9 +3,10 @@
     python train.py optim=zero_adam          # zero_lab.app.entry.main: check, then Hydra
     zero-lab-train optim=zero_adam           # the same, installed
 
-Modules, one job each: ``schema`` (typed config groups), ``validate`` (ranges and
-combinations), ``preflight`` / ``cli`` (before Hydra starts), ``entry`` (the console entry
-point), ``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer),
-``runner`` (the rank loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one
-gather per step), ``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``.
+Modules, one job each: ``schema`` (typed plain keys; group schemas derived from the
+constructors), ``validate`` (builds and runs the real objects; ranges and combinations),
+``preflight`` / ``cli`` (before Hydra starts), ``entry`` (the console entry point),
+``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer), ``runner`` (the rank
+loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one gather per step),
+``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``.
 """

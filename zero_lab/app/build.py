@@ -25,29 +25,44 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from zero_lab import overlap
-from zero_lab.app.validate import enum_str, is_zero
+from zero_lab.app.schema import APP_KEYS
 from zero_lab.comm import CommStats
+from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
-    "APP_OPTIM_KEYS",
+    "PARAM_DTYPES",
     "Training",
     "build_training",
     "clip_gradients",
+    "enum_str",
+    "is_zero",
+    "master_weight_bytes",
     "optimizer_factory",
-    "optimizer_state_bytes",
 ]
 
-#: Keys of the ``optim`` group that the training loop reads and the optimizer never sees.
-APP_OPTIM_KEYS = ("max_grad_norm",)
-
 PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def enum_str(value: Any) -> str:
+    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
+    return str(getattr(value, "value", value))
+
+
+def is_zero(optim_cfg: Any) -> bool:
+    """True when the optim node builds a ``ZeroRedundancyOptimizer`` (or a subclass)."""
+    try:
+        target = get_object(str(optim_cfg.get("_target_", "")))
+    except Exception:  # an unknown target is validate's to report
+        return False
+    return isinstance(target, type) and issubclass(target, ZeroRedundancyOptimizer)
 
 
 @dataclass
@@ -124,14 +139,12 @@ def clip_gradients(training: Training) -> float | None:
 
 def optimizer_factory(optim_cfg: DictConfig) -> Any:
     """``cfg.optim`` as a partial ``(params, **kwargs) -> Optimizer``, without the loop's keys."""
-    kept = OmegaConf.create({k: v for k, v in optim_cfg.items() if k not in APP_OPTIM_KEYS})
+    kept = OmegaConf.create({k: v for k, v in optim_cfg.items() if k not in APP_KEYS["optim"]})
     return instantiate(kept)
 
 
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
     """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
     shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))
     comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
@@ -142,15 +155,3 @@ def master_weight_bytes(optimizer: Optimizer) -> int:
     """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
     measure = getattr(optimizer, "master_weight_bytes", None)
     return measure() if measure is not None else 0
-
-
-def optimizer_state_bytes(optimizer: Optimizer) -> int:
-    """Bytes of every tensor in this rank's optimizer state (the local shard's, for ZeRO);
-    fp32 master shards are counted apart (:func:`master_weight_bytes`)."""
-    local = getattr(optimizer, "optim", optimizer)
-    total = 0
-    for state in local.state.values():
-        for value in state.values():
-            if torch.is_tensor(value):
-                total += value.numel() * value.element_size()
-    return total

@@ -1,7 +1,7 @@
 """What ``train.py`` does before ``@hydra.main``: check the command, set up torchrun.
 
-:func:`prepare` reads the command line with Hydra's own argument parser, checks every
-job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun, joins the
+:func:`prepare` reads the command line (:func:`parse_command_line`: Hydra's documented flags),
+checks every job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun, joins the
 world and adds the overrides that give all ranks one run dir
 (:mod:`zero_lab.runtime.torchrun`). A bad config ends here with one message and exit code 2,
 before any process starts.
@@ -11,19 +11,20 @@ before any process starts.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import NoReturn
 
 import torch
-from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig
 
-from zero_lab.app.preflight import compose_job, preflight
-from zero_lab.app.validate import ConfigError, enum_str
+from zero_lab.app.build import enum_str
+from zero_lab.app.preflight import preflight
+from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import torchrun
 
-__all__ = ["fail", "prepare"]
+__all__ = ["fail", "parse_command_line", "prepare"]
 
 EXIT_CONFIG = 2
 
@@ -35,33 +36,55 @@ def fail(error: BaseException | str, code: int = EXIT_CONFIG) -> NoReturn:
     raise SystemExit(code)
 
 
+def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, bool]:
+    """``(args, hydra_mode)``: the overrides, ``-m`` and ``--config-name`` of a ``train.py``
+    command line, and whether it asks for one of Hydra's own modes (``--help``, ``--cfg``,
+    ``--info``, shell completion, another config dir, ...), where nothing is trained.
+
+    The flags are those ``python train.py --help`` documents (Hydra 1.3); Hydra parses the
+    command line again itself, so an unknown flag is Hydra's to report.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--multirun", "-m", action="store_true")
+    parser.add_argument("--config-name", "-cn")
+    for flag, short in (
+        ("--help", "-h"),
+        ("--hydra-help", None),
+        ("--info", "-i"),
+        ("--resolve", None),
+        ("--version", None),
+    ):
+        parser.add_argument(flag, *filter(None, [short]), action="store_true")
+    for flag, short in (
+        ("--cfg", "-c"),
+        ("--package", "-p"),
+        ("--shell-completion", "-sc"),
+        ("--config-path", "-cp"),
+        ("--config-dir", "-cd"),
+        ("--experimental-rerun", None),
+    ):
+        parser.add_argument(flag, *filter(None, [short]), nargs="?", const=True)
+    args, _ = parser.parse_known_args(argv)
+    modes = (args.help, args.hydra_help, args.info, args.version, args.cfg, args.shell_completion, args.config_path)
+    return args, any(modes) or bool(args.config_dir or args.experimental_rerun)
+
+
 def prepare(argv: list[str]) -> list[str]:
     """Return ``argv`` (plus torchrun overrides); exit with one message on a bad config."""
-    args, _ = get_args_parser().parse_known_args(argv[1:])
-    if any(
-        (
-            args.help,
-            args.hydra_help,
-            args.info,
-            args.cfg,
-            args.shell_completion,
-            args.config_path,
-            args.config_dir,
-            getattr(args, "experimental_rerun", None),
-        )
-    ):
+    args, hydra_mode = parse_command_line(argv[1:])
+    if hydra_mode:
         return argv  # Hydra's own modes: nothing will be trained
-    config_name = args.config_name or "config"
     try:
-        cfg = preflight(args.overrides, multirun=args.multirun, config_name=config_name)
+        cfg, hydra_node = preflight(args.overrides, multirun=args.multirun, config_name=args.config_name or "config")
         if torchrun.active():
-            return argv + _torchrun_setup(cfg, args.overrides, args.multirun, config_name)
+            return argv + _torchrun_setup(cfg, hydra_node, args.overrides, args.multirun)
     except ConfigError as error:
         fail(error)
     return argv
 
 
-def _torchrun_setup(cfg: DictConfig, overrides: list[str], multirun: bool, config_name: str) -> list[str]:
+def _torchrun_setup(cfg: DictConfig, hydra_node: DictConfig, overrides: list[str], multirun: bool) -> list[str]:
     if multirun:
         raise ConfigError(
             [
@@ -82,13 +105,12 @@ def _torchrun_setup(cfg: DictConfig, overrides: list[str], multirun: bool, confi
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     return torchrun.torchrun_overrides(
-        _rank0_run_dir(overrides, config_name), enum_str(cfg.dist.backend), cfg.dist.timeout_s, device
+        _rank0_run_dir(hydra_node), enum_str(cfg.dist.backend), cfg.dist.timeout_s, device
     )
 
 
-def _rank0_run_dir(overrides: list[str], config_name: str) -> str:
+def _rank0_run_dir(hydra_node: DictConfig) -> str:
     """The run dir Hydra would pick (resolved here, on this clock); rank 0's is broadcast."""
-    _, _, hydra_node = compose_job(overrides, config_name)
     try:
         return str(hydra_node.run.dir)
     except Exception:  # an interpolation only Hydra's job context can resolve

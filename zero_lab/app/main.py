@@ -36,11 +36,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.app.build import enum_str
 from zero_lab.app.cli import fail
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
-from zero_lab.app.validate import ConfigError, check, enum_str, to_container
+from zero_lab.app.validate import ConfigError, check, notices, to_container, was_checked
 from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import torchrun
@@ -57,10 +58,14 @@ def run(cfg: DictConfig) -> float:
     """Train one job; return its final loss (what sweepers such as Optuna minimise)."""
     hydra_cfg = HydraConfig.get()
     choices = OmegaConf.to_container(hydra_cfg.runtime.choices)
-    try:
-        check(cfg, choices)  # again: submitit / joblib jobs may not have gone through train.py's preflight
-    except ConfigError as error:
-        fail(error)
+    if not was_checked(cfg):  # a job the preflight could not expand (an Optuna sweep), or started without train.py
+        try:
+            check(cfg, choices)
+        except ConfigError as error:
+            fail(error)
+    for notice in notices(cfg, list(hydra_cfg.overrides.task)):
+        log.warning(notice)
+        print(f"zero_lab: note: {notice}", file=sys.stderr, flush=True)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     spec = RunSpec(
         config=to_container(cfg),

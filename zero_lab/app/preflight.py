@@ -1,47 +1,56 @@
 """Check the command line before Hydra starts anything: one readable message, exit 2.
 
-``train.py`` calls :func:`preflight` with its arguments. It composes the config of every
-job the command would run (a ``-m`` sweep is expanded the way the basic sweeper does) with
-Hydra's Compose API, then runs :func:`zero_lab.app.validate.check`. Anything wrong — an
-unknown group option, a typo'd key, a wrong type, a range or a combination that cannot
-work — becomes one :class:`~zero_lab.app.validate.ConfigError` that names the key and
-what is allowed, instead of Hydra's multi-line report or a rank's traceback. Costs about
-0.1 s per job.
+``train.py`` calls :func:`preflight` with its overrides. It composes the config of every
+job the command would run (a ``-m`` sweep is expanded as the basic sweeper does, from
+Hydra's public override parser) with Hydra's Compose API, then runs
+:func:`zero_lab.app.validate.check` and records each checked job
+(:func:`~zero_lab.app.validate.mark_checked`), so the job itself does not check again.
+Anything wrong — an unknown group option, a typo'd key, a wrong type, a range or a
+combination that cannot work — becomes one :class:`~zero_lab.app.validate.ConfigError`
+that names the key (and, in a sweep, the job) and what is allowed, instead of Hydra's
+multi-line report or a rank's traceback.
 
-    cfg = preflight(["optim=zero_adam", "dist.world_size=0"])   # raises ConfigError
+    cfg, hydra_node = preflight(["optim=zero_adam", "dist.world_size=0"])   # raises ConfigError
 """
 
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from zero_lab.app.paths import CONF_DIR
-from zero_lab.app.validate import ConfigError, check
+from zero_lab.app.validate import ConfigError, check, mark_checked
 
-__all__ = ["compose_job", "describe_hydra_error", "preflight"]
+__all__ = ["compose_job", "describe_hydra_error", "preflight", "sweep_jobs"]
 
 MAX_JOBS = 64
 _HIDDEN_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "hydra")
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
-    """The override list of every job of a ``-m`` sweep, or ``None`` if not expandable here."""
+    """The override list of every job of a ``-m`` sweep (the cartesian product of the
+    sweep overrides, in order), or ``None`` when a sweeper plugin must expand it (an
+    Optuna ``interval(...)``): those jobs are checked when they start."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    try:
-        (jobs,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    except HydraException:
-        return None  # e.g. an optuna interval(): the job checks itself when it starts
-    return jobs
+    choices: list[list[str]] = []
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            choices.append([f"{key}={override.get_value_element_as_str()}"])
+        elif override.is_discrete_sweep():
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            return None
+    return [list(job) for job in itertools.product(*choices)]
 
 
 def compose_job(
@@ -57,20 +66,29 @@ def compose_job(
     return full, dict(choices), hydra_node  # type: ignore[arg-type]
 
 
-def preflight(overrides: Sequence[str], multirun: bool = False, config_name: str = "config") -> DictConfig:
-    """Compose and check every job; return the first job's config. Raises ConfigError."""
+def preflight(
+    overrides: Sequence[str], multirun: bool = False, config_name: str = "config"
+) -> tuple[DictConfig, DictConfig]:
+    """Compose and check every job; return the first job's ``(cfg, hydra node)``. Raises ConfigError."""
     try:
-        jobs = sweep_jobs(overrides) if multirun else [list(overrides)]
+        jobs = (sweep_jobs(overrides) if multirun else None) or [list(overrides)]
     except HydraException as error:
         raise ConfigError([describe_hydra_error(error)]) from None
-    first: DictConfig | None = None
-    for job in (jobs or [list(overrides)])[:MAX_JOBS]:
+    first: tuple[DictConfig, DictConfig] | None = None
+    checked = []
+    for job in jobs[:MAX_JOBS]:
+        name = " ".join(job) if multirun and len(jobs) > 1 else None
         try:
-            cfg, choices, _ = compose_job(job, config_name)
+            cfg, choices, hydra_node = compose_job(job, config_name)
         except (HydraException, OmegaConfBaseException) as error:
-            raise ConfigError([describe_hydra_error(error)]) from None
-        check(cfg, choices)
-        first = first if first is not None else cfg
+            raise ConfigError([describe_hydra_error(error)], job=name) from None
+        try:
+            check(cfg, choices)
+        except ConfigError as error:
+            raise ConfigError(error.problems, job=name) from None
+        checked.append(cfg)
+        first = first or (cfg, hydra_node)
+    mark_checked(checked)
     assert first is not None
     return first
 
@@ -90,6 +108,11 @@ def describe_hydra_error(error: BaseException) -> str:
         message = _first_line(getattr(cause, "msg", str(cause)))
         hint = next((h for word, h in _TYPE_HINTS.items() if word in message), "")
         return f"{key}{value}: {message}{hint}"
+    if "--multirun" in str(error):  # "Ambiguous value for argument 'optim=adam,zero_adam'" and Hydra's 3 ways out
+        return (
+            f"{_first_line(str(error))}: to sweep over it add -m (--multirun); as a list write key=[a,b]; "
+            "as a string quote it: key='a,b'"
+        )
     return _first_line(str(error))
 
 

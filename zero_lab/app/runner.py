@@ -41,12 +41,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import checkpoint
-from zero_lab.app.build import Training, build_training, clip_gradients, master_weight_bytes, optimizer_state_bytes
+from zero_lab.app.build import Training, build_training, clip_gradients, master_weight_bytes
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.files import write_json
+from zero_lab.optimizer import state_bytes
 from zero_lab.runtime.signals import StopRequest, signal_name
 
 __all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
@@ -192,7 +193,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
         exchange_bytes=exchange.bytes if exchange else 0.0,
         exchange_calls=exchange.calls if exchange else 0.0,
-        optim_state_bytes=optimizer_state_bytes(training.optimizer),
+        optim_state_bytes=state_bytes(training.optimizer),
         master_weight_bytes=master_weight_bytes(training.optimizer),
         peak_bytes=peak_memory_bytes(device),
         samples=inputs.shape[0],

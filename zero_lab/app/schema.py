@@ -1,59 +1,99 @@
-"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+"""Config schemas, registered in Hydra's ConfigStore: typed plain keys, and group schemas
+derived from the constructors.
 
-Each YAML option under ``conf/<group>/`` names its schema first in its defaults list
-(``- /schema/optim@_here_: adam``), so OmegaConf checks keys and types while Hydra
-composes: ``optim.lr=abc`` or ``overlap=maybe`` fail before any process starts, and a
-typo'd key is rejected by struct mode. Ranges and combinations that types cannot
-express are checked by :func:`zero_lab.app.validate.check`.
+The root :class:`Config` types the plain keys (enums for the choices a YAML value cannot
+restrict, ints, bools), so ``overlap=maybe`` or ``param_dtype=bf16`` fail while Hydra
+composes. A group option's schema is *not* written here: :func:`register_configs` reads
+each ``conf/<group>/<name>.yaml``, resolves its ``_target_`` and derives the schema from
+the constructor's signature (:func:`option_schema`): every argument with a plain default
+becomes a typed key with that default (``optim.eps=1e-6`` works on ``optim=adam``
+although adam.yaml sets only ``lr``), arguments the app passes at the call site
+(:data:`SUPPLIED_BY_APP`) are left out, and a ``**kwargs`` forwarded to a class the YAML
+names (``optimizer_class``) takes that class's arguments. The constructor stays the one
+place where an argument, its type and its default are stated.
 
     from zero_lab.app.schema import register_configs
     register_configs()  # before hydra.main / hydra.compose
 
-To add a group option: add a dataclass here, store it in :func:`register_configs`, and
-write ``conf/<group>/<name>.yaml`` that names it first in its defaults list.
+To add a group option: write ``conf/<group>/<name>.yaml`` with a ``_target_`` and, first in
+its defaults list, ``- /schema/<group>@_here_: <name>``. Nothing to add here. To add a
+plain top-level key: one field in :class:`Config` (or :class:`DistConfig`), one line in
+``conf/config.yaml``, and a rule in :mod:`zero_lab.app.validate` if it has a range.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import inspect
+import math
+import types
+import typing
 from dataclasses import dataclass, field
-from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from hydra.utils import get_object
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from zero_lab.app.paths import CONF_DIR
 
 __all__ = [
+    "APP_KEYS",
+    "GROUPS",
+    "SUPPLIED_BY_APP",
     "Backend",
     "Config",
     "Device",
     "DistConfig",
     "Exchange",
-    "LoggerMode",
     "OverlapHook",
     "ParamDtype",
     "ResumeOptimizer",
+    "constructor_arguments",
+    "option_schema",
     "register_configs",
 ]
 
+#: Config groups whose options are built from a ``_target_``.
+GROUPS = ("optim", "partitioner", "model", "data", "logger")
 
-class Backend(str, Enum):
+#: Constructor arguments the app passes at the call site, never from the config, per group:
+#: the parameters and the ZeRO wiring (``app/build.py``; the process group is the world),
+#: the sink's run dir and resolved config (``app/sinks.py``).
+SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
+    "optim": frozenset({"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp"}),
+    "logger": frozenset({"run_dir", "config"}),
+}
+
+#: Keys of a group that the app reads and the constructor never sees: ``{group: {key: (type, default)}}``.
+APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "optim": {"max_grad_norm": (float | None, None)},  # clip the global 2-norm before every step (app/build.py)
+}
+
+#: Keys of a group node that instantiate() reads, not the constructor.
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+class Backend(str, enum.Enum):
     gloo = "gloo"
     nccl = "nccl"
 
 
-class Device(str, Enum):
+class Device(str, enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
 
 
-class OverlapHook(str, Enum):
+class OverlapHook(str, enum.Enum):
     """Which ``zero_lab.overlap`` hook steps the optimizer inside DDP's backward."""
 
     zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
     interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
 
 
-class Exchange(str, Enum):
+class Exchange(str, enum.Enum):
     """``exchange=``: the collective of ZeRO's parameter exchange (``auto`` measures both)."""
 
     auto = "auto"
@@ -61,15 +101,7 @@ class Exchange(str, Enum):
     all_gather = "all_gather"
 
 
-class ParamDtype(str, Enum):
-    """The dtype the model's parameters (and so DDP's gradients and the exchange) live in."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class ResumeOptimizer(str, Enum):
+class ResumeOptimizer(str, enum.Enum):
     """``resume_optimizer``: what a resume does with the checkpoint's optimizer (zero_lab.app.checkpoint.POLICIES)."""
 
     strict = "strict"  # load it; class and hyper-parameters must equal this run's
@@ -77,169 +109,19 @@ class ResumeOptimizer(str, Enum):
     reset = "reset"  # weights and step only; a fresh optimizer
 
 
-class LoggerMode(str, Enum):
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
+class ParamDtype(str, enum.Enum):
+    """The dtype the model's parameters (and so DDP's gradients and the exchange) live in."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
 
 
-# ----------------------------------------------------------------------------- optim
-@dataclass
-class ClassRef:
-    """A class named by dotted path, resolved at instantiation (``optimizer_class``)."""
-
-    _target_: str = "hydra.utils.get_class"
-    path: str = "torch.optim.Adam"
-
-
-@dataclass
-class AdamSchema:
-    """``torch.optim.Adam`` / ``AdamW``; built as a partial, params given at the call site."""
-
-    _target_: str = "torch.optim.Adam"
-    _partial_: bool = True
-    _convert_: str = "all"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    amsgrad: bool = False
-    max_grad_norm: float | None = None  # clip the global 2-norm before every step (app key, not passed on)
-
-
-@dataclass
-class SGDSchema:
-    _target_: str = "torch.optim.SGD"
-    _partial_: bool = True
-    _convert_: str = "all"
-    lr: float = 1e-2
-    momentum: float = 0.0
-    dampening: float = 0.0
-    weight_decay: float = 0.0
-    nesterov: bool = False
-    max_grad_norm: float | None = None  # clip the global 2-norm before every step (app key, not passed on)
-
-
-@dataclass
-class ZeroAdamSchema(AdamSchema):
-    """``zero_lab.ZeroRedundancyOptimizer`` around ``optimizer_class`` (Adam / AdamW)."""
-
-    _target_: str = "zero_lab.ZeroRedundancyOptimizer"
-    optimizer_class: ClassRef = field(default_factory=ClassRef)
-    master_weights: bool = False  # fp32 shards of bf16/fp16 params and their state (param_dtype)
-
-
-@dataclass
-class ZeroSGDSchema(SGDSchema):
-    _target_: str = "zero_lab.ZeroRedundancyOptimizer"
-    optimizer_class: ClassRef = field(default_factory=lambda: ClassRef(path="torch.optim.SGD"))
-    master_weights: bool = False  # fp32 shards of bf16/fp16 params and their state (param_dtype)
-
-
-# ----------------------------------------------------------------------------- partitioner
-@dataclass
-class SortedGreedySchema:
-    _target_: str = "zero_lab.partition.SortedGreedy"
-
-
-@dataclass
-class ManualSchema:
-    """One list of parameter-name globs (or ``re:<regex>``) per rank."""
-
-    _target_: str = "zero_lab.partition.Manual"
-    _convert_: str = "all"
-    params_per_rank: list[list[str]] = MISSING
-
-
-@dataclass
-class FlatSchema:
-    _target_: str = "zero_lab.partition.Flat"
-
-
-@dataclass
-class DdpBucketSchema:
-    """Follow DDP's gradient buckets (needs ``overlap=true``, whose hook attaches them)."""
-
-    _target_: str = "zero_lab.partition.DdpBucket"
-    shard_buckets: bool = False
-
-
-# ----------------------------------------------------------------------------- model
-@dataclass
-class MLPSchema:
-    _target_: str = "zero_lab.app.models.MLP"
-    in_dim: int = 32
-    hidden: int = 64
-    out_dim: int = 32
-    depth: int = 3
-    activation: str | None = "tanh"
-    bias: bool = True
-
-
-@dataclass
-class TinyLMSchema:
-    _target_: str = "zero_lab.app.models.TinyLM"
-    vocab_size: int = 64
-    seq_len: int = 16
-    d_model: int = 32
-    n_layer: int = 2
-    n_head: int = 2
-    mlp_ratio: int = 4
-
-
-# ----------------------------------------------------------------------------- data
-@dataclass
-class RegressionDataSchema:
-    """Inputs ``x ~ N(0, 1)``, targets from a fixed random teacher; dims follow the model."""
-
-    _target_: str = "zero_lab.app.data.RegressionData"
-    global_batch: int = 32
-    in_dim: int = "${model.in_dim}"  # type: ignore[assignment]
-    out_dim: int = "${model.out_dim}"  # type: ignore[assignment]
-    noise: float = 0.01
-    seed: int = "${seed}"  # type: ignore[assignment]
-
-
-@dataclass
-class TokenDataSchema:
-    """Token sequences following a seeded affine rule mod ``vocab_size``; an LM can learn it."""
-
-    _target_: str = "zero_lab.app.data.TokenData"
-    global_batch: int = 16
-    vocab_size: int = "${model.vocab_size}"  # type: ignore[assignment]
-    seq_len: int = "${model.seq_len}"  # type: ignore[assignment]
-    seed: int = "${seed}"  # type: ignore[assignment]
-
-
-# ----------------------------------------------------------------------------- logger
-@dataclass
-class WandbSchema:
-    """W&B run owned by rank 0; offline by default (no key, no network), files in the run dir."""
-
-    _target_: str = "zero_lab.app.sinks.WandbSink"
-    _partial_: bool = True
-    project: str = "zero_lab"
-    entity: str | None = None
-    mode: LoggerMode = LoggerMode.offline
-    name: str | None = None
-    group: str | None = None
-    job_type: str = "train"
-    tags: list[str] = field(default_factory=list)
-    notes: str | None = None
-    init_timeout_s: float = 30.0  # online: give up on the server after this long and log offline instead
-
-
-@dataclass
-class NoLoggerSchema:
-    _target_: str = "zero_lab.app.sinks.NullSink"
-    _partial_: bool = True
-
-
-# ----------------------------------------------------------------------------- top level
 @dataclass
 class DistConfig:
     """Where the ranks run. ``timeout_s`` bounds every collective (the run itself has no
-    time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT."""
+    time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT;
+    more than ``max_ranks_per_core`` ranks per CPU core is refused (oversubscription)."""
 
     world_size: int = 2
     backend: Backend = Backend.gloo
@@ -248,11 +130,12 @@ class DistConfig:
     stop_grace_s: float = 120.0
     threads_per_rank: int = 1
     bucket_cap_mb: float = 25.0
+    max_ranks_per_core: int = 2
 
 
 @dataclass
 class Config:
-    """The root config. Groups are typed by their option's schema; plain keys here."""
+    """The root config. Groups are typed by their option's derived schema; plain keys here."""
 
     optim: Any = MISSING
     partitioner: Any = MISSING
@@ -276,24 +159,97 @@ class Config:
     progress: bool = True
 
 
-_GROUP_SCHEMAS: dict[str, dict[str, type]] = {
-    "optim": {"adam": AdamSchema, "sgd": SGDSchema, "zero_adam": ZeroAdamSchema, "zero_sgd": ZeroSGDSchema},
-    "partitioner": {
-        "sorted_greedy": SortedGreedySchema,
-        "manual": ManualSchema,
-        "flat": FlatSchema,
-        "ddp_bucket": DdpBucketSchema,
-    },
-    "model": {"mlp": MLPSchema, "transformer": TinyLMSchema},
-    "data": {"regression": RegressionDataSchema, "tokens": TokenDataSchema},
-    "logger": {"wandb": WandbSchema, "none": NoLoggerSchema},
-}
+def constructor_arguments(
+    target: Any, node: DictConfig | dict[str, Any], supplied: frozenset[str] = frozenset()
+) -> dict[str, inspect.Parameter]:
+    """The arguments a config node may set: ``target``'s, without the ``supplied`` ones.
+
+    A ``**kwargs`` is replaced by the arguments of the class the node names with
+    ``{_target_: hydra.utils.get_class, path: ...}`` (ZeRO's ``optimizer_class``), which
+    is where such a constructor forwards them.
+    """
+    parameters = dict(inspect.signature(target, eval_str=True).parameters)
+    out = {name: p for name, p in parameters.items() if name not in supplied and p.kind not in _VARIADIC}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        for inner in forwarded_classes(node):
+            for name, p in constructor_arguments(inner, {}, supplied).items():
+                out.setdefault(name, p)
+    return out
 
 
-def register_configs() -> None:
-    """Store the root schema as ``config_schema`` and group schemas under ``schema/<group>``."""
+def forwarded_classes(node: DictConfig | dict[str, Any]) -> list[type]:
+    """Classes a node names as ``{_target_: hydra.utils.get_class, path: <dotted path>}``."""
+    found = []
+    for value in node.values():
+        if isinstance(value, (dict, DictConfig)) and value.get("_target_") == "hydra.utils.get_class":
+            found.append(get_object(str(value["path"])))
+    return found
+
+
+def option_schema(group: str, name: str, node: DictConfig) -> type:
+    """The schema of one group option (a dataclass), derived from its ``_target_``'s signature."""
+    target = get_object(str(node["_target_"]))
+    fields: dict[str, tuple[Any, Any]] = {key: (Any, MISSING) for key in HYDRA_KEYS if key in node}
+    for key, parameter in constructor_arguments(target, node, SUPPLIED_BY_APP.get(group, frozenset())).items():
+        kind = _omegaconf_type(parameter.annotation)
+        if parameter.default is inspect.Parameter.empty:
+            fields[key] = (kind, MISSING)  # the YAML (or the command line) must give it
+        elif _plain(parameter.default):
+            fields[key] = (kind, parameter.default)
+    fields.update(APP_KEYS.get(group, {}))
+    for key in node:  # keys the YAML sets that no argument covers (_target_, optimizer_class, ...)
+        if key != "defaults" and key not in fields:
+            fields[str(key)] = (Any, MISSING)
+    spec = [(key, kind, _field(default)) for key, (kind, default) in fields.items()]
+    return dataclasses.make_dataclass(f"{group}_{name}_schema", spec)
+
+
+def register_configs(conf_dir: Path = CONF_DIR) -> None:
+    """Store the root schema as ``config_schema`` and every option's as ``schema/<group>/<name>``."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
-    for group, options in _GROUP_SCHEMAS.items():
-        for name, node in options.items():
-            store.store(group=f"schema/{group}", name=name, node=node)
+    for group in GROUPS:
+        for path in sorted((conf_dir / group).glob("*.yaml")):
+            node = OmegaConf.load(path)
+            assert isinstance(node, DictConfig)
+            store.store(group=f"schema/{group}", name=path.stem, node=option_schema(group, path.stem, node))
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_PRIMITIVES = (bool, int, float, str)
+
+
+def _omegaconf_type(annotation: Any) -> Any:
+    """The annotation as a type OmegaConf checks: a primitive, an Enum, ``X | None``, else Any.
+
+    Tensors in a union are dropped (``float | Tensor`` -> float); ``int | float`` is float.
+    """
+    if annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None) and _is_plain_type(a)]
+        if set(members) == {int, float}:
+            members = [float]
+        optional = type(None) in typing.get_args(annotation)
+        if len(members) == 1:
+            return members[0] | None if optional else members[0]
+    return Any
+
+
+def _is_plain_type(annotation: Any) -> bool:
+    return annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, enum.Enum))
+
+
+def _plain(value: Any) -> bool:
+    """A default a config can hold: None, a primitive, an Enum, or a list/tuple of those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (*_PRIMITIVES, enum.Enum))
+
+
+def _field(default: Any) -> Any:
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: list(default))
+    return field(default=default)

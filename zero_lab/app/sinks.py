@@ -16,6 +16,7 @@ finishes the run and tears wandb-core down, so no process outlives the job.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -23,6 +24,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any, Protocol
+
+from zero_lab.app.build import is_zero
 
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
 
@@ -74,6 +77,14 @@ class NullSink:
         pass
 
 
+class LoggerMode(str, enum.Enum):
+    """``wandb.init(mode=...)``: offline needs no key and no network; ``wandb sync`` later."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
 class WandbSink:
     """A W&B run owned by rank 0, its files under ``<run_dir>/wandb/``."""
 
@@ -82,7 +93,7 @@ class WandbSink:
         run_dir: str | Path,
         config: dict[str, Any],
         project: str = "zero_lab",
-        mode: str = "offline",
+        mode: LoggerMode = LoggerMode.offline,
         entity: str | None = None,
         name: str | None = None,
         group: str | None = None,
@@ -164,17 +175,15 @@ def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from zero_lab.app.validate import is_zero
-
     logger_cfg = OmegaConf.to_container(cfg.logger)
     assert isinstance(logger_cfg, dict)
     logger_cfg["group"] = logger_cfg.get("group") or meta.get("group")
     logger_cfg["name"] = logger_cfg.get("name") or meta.get("name")
-    if "tags" in logger_cfg:  # filter runs by strategy in the W&B UI
+    if "tags" in logger_cfg:  # filter runs by strategy in the W&B UI (NullSink takes none)
         choices = meta.get("choices", {})
         groups = ("optim", "partitioner", "model") if is_zero(cfg.optim) else ("optim", "model")
         auto = [f"{group}:{choices[group]}" for group in groups if choices.get(group)]
-        logger_cfg["tags"] = [*logger_cfg["tags"], *auto, f"world_size:{cfg.dist.world_size}"]
+        logger_cfg["tags"] = [*(logger_cfg["tags"] or []), *auto, f"world_size:{cfg.dist.world_size}"]
     return instantiate(logger_cfg)(run_dir=str(run_dir), config=config)
 
 

@@ -1,59 +1,75 @@
 """Check a composed config before any process starts; report every problem at once.
 
-Types and key names are already enforced by the schemas (:mod:`zero_lab.app.schema`)
-while Hydra composes. This module checks what types cannot say — ranges, combinations
-(``overlap=true`` with a plain optimizer, a ``manual`` partition naming unknown
-parameters, a model with the wrong data) — and raises one :class:`ConfigError` whose
-message lists each problem as ``key=value: what is allowed``.
+The constructors are the truth. Keys and types of the group options come from their
+``_target_``'s signature (:mod:`zero_lab.app.schema`, enforced while Hydra composes);
+here the real objects are built and run, without a process group and without memory:
+
+* every group node is bound to its target's signature (``inspect.signature(...).bind``):
+  a key the constructor does not take, or a required one missing, is named;
+* the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
+  configured arguments on a one-element tensor, so torch's own range checks run
+  (``optim.lr=-1``, ``optim.betas=[1.5,0.9]``); non-finite numbers anywhere are refused;
+* the model is built on the ``meta`` device, its parameter specs made by the planner's
+  :func:`~zero_lab.planner.specs_from_module` (the same :meth:`ParamSpec.of` the optimizer
+  uses), and the real partitioner partitions them at ``dist.world_size``; the core's
+  :func:`~zero_lab.optimizer.check_partition_fits` says whether the optimizer can step it;
+* what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
+  plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
+
+One :class:`ConfigError` lists each problem as ``key=value: what is allowed``.
 
     check(cfg, choices={"optim": "zero_adam", ...})   # raises ConfigError
+
+Adding a plain key with a range: one line in :func:`_check_ranges` (``bounds``).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import inspect
+import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
+from zero_lab.app.schema import APP_KEYS, GROUPS, HYDRA_KEYS, SUPPLIED_BY_APP, constructor_arguments, forwarded_classes
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
-from zero_lab.optimizer import ELEMENTWISE_OPTIMIZERS, ZeroRedundancyOptimizer
-from zero_lab.partition import Manual, ParamSpec
+from zero_lab.optimizer import ZeroRedundancyOptimizer, check_partition_fits
+from zero_lab.partition import approximate_ddp_buckets
+from zero_lab.planner import specs_from_module
 
-__all__ = ["ConfigError", "check", "is_zero", "overlap_available"]
+__all__ = [
+    "CHECKED_ENV",
+    "ConfigError",
+    "check",
+    "fingerprint",
+    "mark_checked",
+    "notices",
+    "to_container",
+    "was_checked",
+]
 
-ZERO_TARGET = "zero_lab.ZeroRedundancyOptimizer"
+#: Fingerprints of the job configs :func:`mark_checked` recorded (inherited by launcher workers).
+CHECKED_ENV = "ZERO_LAB_CHECKED_CONFIGS"
 
 
 class ConfigError(ValueError):
-    """A config that cannot run; ``problems`` holds one line per problem."""
+    """A config that cannot run; ``problems`` holds one line per problem, ``job`` names the
+    sweep job they belong to (its overrides), if any."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], job: str | None = None):
         self.problems = problems
+        self.job = job
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        super().__init__(f"invalid config ({count}):\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def is_zero(optim_cfg: Any) -> bool:
-    """True when the optim node builds a ``ZeroRedundancyOptimizer`` (zero_* options)."""
-    target = str(optim_cfg.get("_target_", ""))
-    if target == ZERO_TARGET:
-        return True
-    try:
-        cls = get_class(target)
-    except Exception:  # an unknown target is reported elsewhere
-        return False
-    return isinstance(cls, type) and issubclass(cls, ZeroRedundancyOptimizer)
-
-
-def overlap_available() -> bool:
-    """Overlap needs ``zero_lab.overlap`` (DDP comm hooks), which lands separately."""
-    return importlib.util.find_spec("zero_lab.overlap") is not None
+        where = f" in the job `{job}`" if job else ""
+        super().__init__(f"invalid config ({count}){where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
@@ -69,13 +85,64 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
         raise ConfigError(problems)
 
 
-def enum_str(value: Any) -> str:
-    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
-    return str(getattr(value, "value", value))
+def notices(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """One line naming the overrides a plain optimizer will not use (a partitioner or a
+    bucket view: every rank keeps the full state), or none."""
+    if is_zero(cfg.optim):
+        return []
+    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
+    if not unused:
+        return []
+    return [
+        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
+        "full state); pick optim=zero_* to shard"
+    ]
 
 
+def fingerprint(cfg: DictConfig) -> str:
+    """A short digest of the job config as composed (unresolved), to recognise it later."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:16]
+
+
+def mark_checked(cfgs: Sequence[DictConfig]) -> None:
+    """Record that these job configs passed :func:`check`, for this process and its children."""
+    seen = os.environ.get(CHECKED_ENV, "").split()
+    os.environ[CHECKED_ENV] = " ".join(dict.fromkeys([*seen, *(fingerprint(c) for c in cfgs)]))
+
+
+def was_checked(cfg: DictConfig) -> bool:
+    """True when :func:`mark_checked` recorded this job config (the preflight checked it)."""
+    return fingerprint(cfg) in os.environ.get(CHECKED_ENV, "").split()
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python (enums as strings), safe to pickle to ranks."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- rules
 def _choice(choices: Mapping[str, Any], group: str, cfg: DictConfig) -> str:
     return str(choices.get(group) or cfg[group].get("_target_", "?"))
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, f"{prefix}{index}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _check_finite(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0)."""
+    out = []
+    for key, value in _leaves(to_container(cfg)):
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"{key}={value}: must be a finite number")
+    return out
 
 
 def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -83,6 +150,7 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     bounds: list[tuple[str, Any, float, str]] = [
         ("dist.world_size", cfg.dist.world_size, 1, "a positive number of ranks"),
         ("dist.threads_per_rank", cfg.dist.threads_per_rank, 1, "at least 1 thread"),
+        ("dist.max_ranks_per_core", cfg.dist.max_ranks_per_core, 1, "at least 1 rank per core"),
         ("steps", cfg.steps, 1, "at least 1 step"),
         ("log_every", cfg.log_every, 1, "at least 1 (log every N steps)"),
         ("checkpoint_every", cfg.checkpoint_every, 0, "0 (never) or K > 0 (every K steps)"),
@@ -98,30 +166,37 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     ):
         if value <= 0:
             out.append(f"{key}={value}: must be > 0")
-    if cfg.optim.get("lr", 0) < 0:
-        out.append(f"optim.lr={cfg.optim.lr}: must be >= 0")
     return out
 
 
 def _check_devices(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     device, backend = enum_str(cfg.dist.device), enum_str(cfg.dist.backend)
+    world = cfg.dist.world_size
     out = []
     if backend == "nccl" and device != "cuda":
         out.append("dist.backend=nccl: needs dist.device=cuda; on CPU use dist.backend=gloo")
     if device == "cuda":
         if not torch.cuda.is_available():
             out.append("dist.device=cuda: no CUDA device is visible here; use dist=cpu (dist.device=cpu)")
-        elif "LOCAL_RANK" not in os.environ and cfg.dist.world_size > torch.cuda.device_count():
+        elif "LOCAL_RANK" not in os.environ and world > torch.cuda.device_count():
             out.append(
-                f"dist.world_size={cfg.dist.world_size}: only {torch.cuda.device_count()} CUDA devices here "
-                "(one rank per device)"
+                f"dist.world_size={world}: only {torch.cuda.device_count()} CUDA devices here (one rank per device)"
+            )
+    elif "LOCAL_RANK" not in os.environ:  # under torchrun the ranks are torchrun's, maybe on many nodes
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        per_core = cfg.dist.max_ranks_per_core
+        if per_core >= 1 and world > cores * per_core:
+            out.append(
+                f"dist.world_size={world}: {world} ranks on {cores} CPU cores is more than "
+                f"dist.max_ranks_per_core={per_core} per core ({cores * per_core} ranks); lower dist.world_size, "
+                f"or run oversubscribed with dist.max_ranks_per_core={math.ceil(world / cores)}"
             )
     return out
 
 
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
-    model_task = getattr(get_class(cfg.model._target_), "task", None)
-    data_task = getattr(get_class(cfg.data._target_), "task", None)
+    model_task = getattr(get_object(cfg.model._target_), "task", None)
+    data_task = getattr(get_object(cfg.data._target_), "task", None)
     if model_task != data_task:
         return [
             f"data={_choice(choices, 'data', cfg)}: model={_choice(choices, 'model', cfg)} is a {model_task!r} "
@@ -134,40 +209,95 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Bind every group node to its ``_target_``'s signature: unknown and missing keys named."""
+    out = []
+    for group in GROUPS:
+        node = cfg[group]
+        target_name = str(node.get("_target_"))
+        try:
+            target = get_object(target_name)
+        except Exception as error:
+            out.append(f"{group}._target_={target_name}: cannot be imported ({error})")
+            continue
+        given = SUPPLIED_BY_APP.get(group, frozenset())
+        arguments = constructor_arguments(target, node, given)
+        keys = [str(k) for k in node if k not in HYDRA_KEYS and k not in APP_KEYS.get(group, {})]
+        takes_any = _has_var_keyword(target) and not forwarded_classes(node)
+        supplied = [key for key in keys if key in given]
+        unknown = [key for key in keys if key not in arguments and key not in given and not takes_any]
+        if supplied:
+            names = ", ".join(f"{group}.{key}" for key in supplied)
+            out.append(f"{names}: given by the app at the call site, not by the config; remove it")
+        if unknown:
+            names = ", ".join(f"{group}.{key}" for key in unknown)
+            wraps = "".join(f" around {c.__name__}" for c in forwarded_classes(node))
+            out.append(
+                f"{names}: not {'an argument' if len(unknown) == 1 else 'arguments'} of {target_name}{wraps}; "
+                f"it takes: {', '.join(arguments)}"
+            )
+        for key, parameter in arguments.items():
+            if parameter.default is inspect.Parameter.empty and key not in node:
+                out.append(f"{group}.{key}: required by {target_name}; add {group}.{key}=<value>")
+    return out
+
+
+def _has_var_keyword(target: Any) -> bool:
+    parameters = inspect.signature(target).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _optimizer_class(cfg: DictConfig) -> Any:
+    """The ``torch.optim`` class that steps: the target itself, or the class ZeRO wraps."""
+    return instantiate(cfg.optim.optimizer_class) if is_zero(cfg.optim) else get_object(cfg.optim._target_)
+
+
+def _optimizer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
+    own = inspect.signature(ZeroRedundancyOptimizer).parameters if is_zero(cfg.optim) else {}
+    optim = to_container(cfg)["optim"]
+    return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
+
+
 def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Build the real optimizer class with the configured arguments (torch's own checks)."""
     zero = is_zero(cfg.optim)
     optim = _choice(choices, "optim", cfg)
     out = []
-    cls = get_class(cfg.optim.optimizer_class.path if zero else cfg.optim._target_)
+    cls = _optimizer_class(cfg)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        out.append(f"optim: {cls!r} is not a torch.optim.Optimizer subclass")
-        return out
+        return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
     if cfg.get("prefetch") and not zero:
         out.append(
             f"prefetch=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}"
         )
+    kwargs = _optimizer_kwargs(cfg)
+    finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
+    if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
+        try:
+            cls([torch.zeros(1, requires_grad=True)], **kwargs)
+        except (TypeError, ValueError, RuntimeError) as error:
+            named = [f"optim.{k}={v}" for k, v in kwargs.items() if _mentions(str(error), v)]
+            where = f" ({', '.join(named)})" if named else ""
+            out.append(f"optim={optim}: {cls.__name__} refuses these arguments{where}: {error}")
     if cfg.overlap and not zero:
         out.append(f"overlap=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}")
-    elif cfg.overlap and not overlap_available():
-        out.append(
-            "overlap=true: DDP overlap hooks (zero_lab.overlap) are not in this version of zero_lab yet; "
-            "use overlap=false"
-        )
-    partitioner = get_class(cfg.partitioner._target_)
-    if zero and partitioner.__name__ == "DdpBucket" and not cfg.overlap:
-        out.append(
-            "partitioner=ddp_bucket: follows DDP's gradient buckets, which only the overlap hooks attach; "
-            "add overlap=true, or pick sorted_greedy, manual or flat"
-        )
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
-    if zero and partitioner.__name__ == "Flat" and not issubclass(cls, ELEMENTWISE_OPTIMIZERS):
-        out.append(
-            f"partitioner=flat: cuts parameters into ranges, which needs an elementwise optimizer; "
-            f"{cls.__name__} is not one of {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}; use a whole-parameter "
-            "partitioner (partitioner=sorted_greedy or manual)"
-        )
     return out
+
+
+def _binds(cls: type, kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(cls).bind_partial(**kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _mentions(message: str, value: Any) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and str(v) in message for v in values)
 
 
 def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -185,9 +315,9 @@ def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
 
 
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
-    """The model built on the meta device: its parameter names and sizes, no memory."""
+    """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
     with torch.device("meta"):
-        return instantiate(cfg.model)
+        return instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
 
 
 def _check_model(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -198,29 +328,52 @@ def _check_model(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _check_partitioner(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
-    """Run the partitioner on the model's parameter specs (model built on the meta device)."""
-    if not is_zero(cfg.optim) or cfg.dist.world_size < 1:
+def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Run the real partitioner on the model's real parameter specs at ``dist.world_size``."""
+    world = cfg.dist.world_size
+    if not is_zero(cfg.optim) or world < 1:
         return []
     try:
         model = _meta_model(cfg)
     except Exception:  # reported by _check_model
         return []
-    partitioner = instantiate(cfg.partitioner)
-    if isinstance(partitioner, Manual) and len(partitioner.params_per_rank) != cfg.dist.world_size:
-        return [
-            f"partitioner.params_per_rank: has {len(partitioner.params_per_rank)} entries but "
-            f"dist.world_size={cfg.dist.world_size}; give one list of name patterns per rank"
-        ]
-    specs = [ParamSpec(numel=p.numel(), name=name) for name, p in model.named_parameters()]
+    name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
     try:
-        partitioner(specs, cfg.dist.world_size)
-    except ValueError as error:
-        names = ", ".join(name for name, _ in list(model.named_parameters())[:6])
+        partitioner = instantiate(cfg.partitioner)
+    except Exception as error:
+        return [f"{name}: cannot be built: {error}"]
+    if getattr(partitioner, "needs_ddp_buckets", False) and not cfg.overlap:
         return [
-            f"partitioner={_choice(choices, 'partitioner', cfg)}: {error} (parameter names look like: {names}, ...)"
+            f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
+            "add overlap=true, or pick sorted_greedy, manual or flat"
         ]
+    specs = specs_from_module(model, device=enum_str(cfg.dist.device))
+    if cfg.overlap:  # the hook partitions along DDP's buckets: give the specs the buckets DDP would make
+        cap = int(cfg.dist.bucket_cap_mb * 2**20)
+        buckets = iter(approximate_ddp_buckets([s.nbytes for s in specs if s.trainable], cap))
+        specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
+    try:
+        partition = partitioner(specs, world)
+    except ValueError as error:
+        names = ", ".join(s.name or "?" for s in specs[:6])
+        return [
+            f"{name} at dist.world_size={world}: {error}{_list_syntax(cfg.partitioner, world)} "
+            f"(parameter names look like: {names}, ...)"
+        ]
+    try:
+        check_partition_fits(partition, _optimizer_class(cfg), partitioner)
+    except ValueError as error:
+        return [f"{name}: {error} In the config: partitioner=sorted_greedy or partitioner=manual"]
     return []
+
+
+def _list_syntax(node: DictConfig, world: int) -> str:
+    """For a list-of-lists key with the wrong length: how to write one on the command line."""
+    for key, value in node.items():
+        if OmegaConf.is_list(value) and len(value) and all(OmegaConf.is_list(v) for v in value) and len(value) != world:
+            example = ",".join(f"[pattern{r}.*]" for r in range(min(world, 3))) + (",..." if world > 3 else "")
+            return f"; on the command line: 'partitioner.{key}=[{example}]' ({world} lists)"
+    return ""
 
 
 def _check_resume(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -255,18 +408,15 @@ def _check_logger(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
 
 
 _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
+    _check_finite,
     _check_ranges,
     _check_devices,
     _check_model_data,
+    _check_arguments,
     _check_optim,
     _check_clipping,
     _check_model,
-    _check_partitioner,
+    _check_partition,
     _check_resume,
     _check_logger,
 ]
-
-
-def to_container(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as plain Python (enums as strings), safe to pickle to ranks."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]

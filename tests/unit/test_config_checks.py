@@ -1,0 +1,180 @@
+"""Config checks with no processes: compose with Hydra, check, read the message.
+
+The constructors are the truth: group keys come from the ``_target_``'s signature, the real
+optimizer class refuses bad hyper-parameters, the real partitioner runs on the model's
+meta-device parameter specs; plus what only the app knows (finite numbers, oversubscription,
+sweeps, the --multirun hint, options a plain optimizer does not use)."""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+import zero_lab.app
+from zero_lab.app.cli import parse_command_line
+from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.preflight import compose_job, preflight, sweep_jobs
+from zero_lab.app.schema import register_configs
+from zero_lab.app.validate import CHECKED_ENV, ConfigError, check, notices, was_checked
+from zero_lab.partition import ParamSpec, Partition, Shard
+
+register_configs()
+CORES = len(os.sched_getaffinity(0))
+
+
+def problems(*overrides: str, multirun: bool = False) -> str:
+    with pytest.raises(ConfigError) as caught:
+        preflight(list(overrides), multirun=multirun)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optim.lr=nan", "optim.lr=nan"),
+        ("optim.lr=inf", "optim.lr=inf"),
+        ("optim.eps=-inf", "optim.eps=-inf"),
+        ("optim.betas=[0.9,nan]", "optim.betas.1=nan"),
+        ("dist.timeout_s=inf", "dist.timeout_s=inf"),
+    ],
+)
+def test_non_finite_numbers_are_refused_naming_the_key(override, key):
+    message = problems(override)
+    assert f"{key}: must be a finite number" in message
+    assert "(1 problem)" in message  # the optimizer class is not asked again about a nan
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["optim.lr=-1"], ["optim=zero_adam", "Adam refuses", "optim.lr=-1.0", "Invalid learning rate"]),
+        (["optim=adam", "optim.betas=[1.5,0.9]"], ["optim.betas=[1.5, 0.9]", "Invalid beta parameter"]),
+        (["optim=sgd", "optim.nesterov=true", "optim.momentum=0"], ["SGD refuses", "Nesterov"]),
+    ],
+)
+def test_the_real_optimizer_class_checks_its_arguments(overrides, fragments):
+    message = problems(*overrides)
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_group_keys_come_from_the_constructor_signature():
+    cfg, _, _ = compose_job(["optim=adam", "optim.eps=1e-6", "optim.amsgrad=true"])  # not in adam.yaml
+    assert (cfg.optim.eps, cfg.optim.amsgrad, cfg.optim.weight_decay) == (1e-6, True, 0.0)
+    zero, _, _ = compose_job(["optim=zero_sgd", "optim.dampening=0.1", "optim.master_weights=true"])
+    assert (zero.optim.dampening, zero.optim.master_weights) == (0.1, True)  # SGD's and ZeRO's own
+    assert "optim.amsgrad: no such key" in problems("optim=sgd", "optim.amsgrad=true")  # SGD has none
+    message = problems("+optim.bogus=1")
+    assert "optim.bogus: not an argument of zero_lab.ZeroRedundancyOptimizer around Adam; it takes:" in message
+    assert "lr, betas, eps" in message
+    assert "optim.overlap_with_ddp: given by the app at the call site" in problems("+optim.overlap_with_ddp=true")
+
+
+def test_a_new_partitioner_needs_only_its_class_and_its_yaml(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "partitioner" / "halves.yaml").write_text(
+        "defaults:\n  - /schema/partitioner@_here_: halves\n_target_: tests.unit.test_config_checks.Halves\n"
+    )
+    register_configs(conf)
+    cfg, choices, _ = compose_job(["partitioner=halves", "partitioner.cut=0.25"], config_dir=conf)
+    assert cfg.partitioner.cut == 0.25  # its argument, typed from its signature
+    check(cfg, choices)
+    cfg, choices, _ = compose_job(["partitioner=halves", "dist.world_size=3", "data.global_batch=3"], config_dir=conf)
+    with pytest.raises(ConfigError, match=r"partitioner=halves at dist.world_size=3: Halves needs 2 ranks"):
+        check(cfg, choices)
+    with pytest.raises(ConfigCompositionException, match=r"partitioner.cut=most") as caught:
+        compose_job(["partitioner=halves", "partitioner.cut=most"], config_dir=conf)
+    assert isinstance(caught.value.__cause__, ValidationError)  # typed by its annotation, while composing
+
+
+class Halves:
+    """A partitioner for the test above: the first ``cut`` of the parameters to rank 0."""
+
+    def __init__(self, cut: float = 0.5):
+        self.cut = cut
+
+    def __call__(self, specs: list[ParamSpec], world_size: int) -> Partition:
+        if world_size != 2:
+            raise ValueError("Halves needs 2 ranks")
+        owners = [0 if i < self.cut * len(specs) else 1 for i in range(len(specs))]
+        return Partition(tuple(specs), 2, tuple(Shard(i, r, 0, s.numel) for i, (s, r) in enumerate(zip(specs, owners))))
+
+
+def test_oversubscription_is_refused_with_the_numbers_and_the_way_out():
+    world = CORES * 2 + 1
+    message = problems(f"dist.world_size={world}", f"data.global_batch={world}")
+    assert f"dist.world_size={world}: {world} ranks on {CORES} CPU cores" in message
+    assert f"dist.max_ranks_per_core=2 per core ({CORES * 2} ranks)" in message
+    allowed = f"dist.max_ranks_per_core={math.ceil(world / CORES)}"
+    assert allowed in message
+    preflight([f"dist.world_size={world}", f"data.global_batch={world}", allowed, "optim=adam"])
+
+
+def test_multirun_hint_is_kept_without_minus_m():
+    message = problems("optim=adam,zero_adam")
+    assert "optim=adam,zero_adam" in message and "add -m (--multirun)" in message
+
+
+def test_manual_sweeps_over_world_sizes_and_a_wrong_list_names_the_job():
+    preflight(["partitioner=manual", "dist.world_size=1,2,4"], multirun=True)
+    preflight(["partitioner=manual", "partitioner.order=[layers.2.*,layers.*]", "dist.world_size=4"])
+    message = problems("experiment=manual_mlp", "dist.world_size=2,4", multirun=True)
+    assert "in the job `experiment=manual_mlp dist.world_size=4`" in message
+    assert "params_per_rank has 2 entries but world_size is 4" in message
+    assert "'partitioner.params_per_rank=[[pattern0.*],[pattern1.*],[pattern2.*],...]' (4 lists)" in message
+
+
+def test_sweeps_expand_like_the_basic_sweeper():
+    jobs = sweep_jobs(["optim=adam,zero_adam", "dist.world_size=range(1,3)", "+x=[1,2]"])
+    assert jobs == [
+        ["optim=adam", "dist.world_size=1", "+x=[1,2]"],
+        ["optim=adam", "dist.world_size=2", "+x=[1,2]"],
+        ["optim=zero_adam", "dist.world_size=1", "+x=[1,2]"],
+        ["optim=zero_adam", "dist.world_size=2", "+x=[1,2]"],
+    ]
+    assert sweep_jobs(["optim.lr=interval(0.001,0.1)"]) is None  # a sweeper plugin's to expand
+
+
+def test_a_plain_optimizer_notes_the_options_it_does_not_use():
+    cfg, _, _ = compose_job(["optim=adam", "partitioner=flat", "bucket_view=true"])
+    (note,) = notices(cfg, ["optim=adam", "partitioner=flat", "bucket_view=true", "steps=3"])
+    assert note.startswith("partitioner=flat bucket_view=true: not used by torch.optim.Adam, a plain optimizer")
+    zero, _, _ = compose_job(["partitioner=flat"])
+    assert notices(zero, ["partitioner=flat"]) == []
+
+
+def test_each_job_is_checked_once(monkeypatch):
+    monkeypatch.delenv(CHECKED_ENV, raising=False)
+    preflight(["optim=adam,zero_adam", "steps=3"], multirun=True)
+    assert len(os.environ[CHECKED_ENV].split()) == 2
+    for optim in ("adam", "zero_adam"):
+        assert was_checked(compose_job([f"optim={optim}", "steps=3"])[0])  # what main.run sees: no second check
+    assert not was_checked(compose_job(["optim=adam", "steps=4"])[0])
+
+
+@pytest.mark.parametrize(
+    ("argv", "hydra_mode"),
+    [(["-m", "optim=adam,sgd"], False), (["--cfg", "job"], True), (["--help"], True), (["-cn", "config"], False)],
+)
+def test_command_line_is_read_without_hydra_internals(argv, hydra_mode):
+    args, mode = parse_command_line(argv)
+    assert mode is hydra_mode
+    if not hydra_mode:
+        assert args.overrides == [a for a in argv if "=" in a] and args.multirun == ("-m" in argv)
+
+
+def test_the_app_uses_only_public_hydra_api():
+    """No ``hydra._internal`` import anywhere in the app (the layering test covers cycles)."""
+    for path in Path(zero_lab.app.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not any(m.startswith("hydra._internal") for m in imported), path.name
