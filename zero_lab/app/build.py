@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 
 from zero_lab.app.validate import enum_str, is_zero
 from zero_lab.comm import CommStats
+from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
     "APP_OPTIM_KEYS",
@@ -39,6 +40,7 @@ __all__ = [
     "clip_gradients",
     "optimizer_factory",
     "optimizer_state_bytes",
+    "plain_state_bytes",
 ]
 
 #: Keys of the ``optim`` group that the training loop reads and the optimizer never sees.
@@ -150,3 +152,19 @@ def optimizer_state_bytes(optimizer: Optimizer) -> int:
             if torch.is_tensor(value):
                 total += value.numel() * value.element_size()
     return total
+
+
+def plain_state_bytes(optim_cfg: DictConfig, model: nn.Module, world_size: int) -> tuple[str, int]:
+    """``(class name, bytes)``: the optimizer state plain DDP + this run's optimizer class
+    would hold on every rank, as :func:`zero_lab.planner.plan_memory` predicts for ``model``
+    (its dtypes, every trainable parameter; ``amsgrad``, ``momentum`` ... count)."""
+    zero = is_zero(optim_cfg)
+    cls = get_class(optim_cfg.optimizer_class.path if zero else optim_cfg._target_)
+    hidden = {"optimizer_class", "master_weights", *APP_OPTIM_KEYS}
+    defaults = {
+        key: tuple(value) if isinstance(value, list) else value  # hashable: the planner caches its probe
+        for key, value in OmegaConf.to_container(optim_cfg, resolve=True).items()
+        if not str(key).startswith("_") and key not in hidden
+    }
+    plan = plan_memory(specs_from_module(model), world_size, None, cls, **defaults)
+    return cls.__name__, plan.ranks[0].state_bytes

@@ -39,7 +39,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import checkpoint
-from zero_lab.app.build import Training, build_training, clip_gradients, master_weight_bytes, optimizer_state_bytes
+from zero_lab.app.build import (
+    Training,
+    build_training,
+    clip_gradients,
+    master_weight_bytes,
+    optimizer_state_bytes,
+    plain_state_bytes,
+)
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
@@ -259,6 +266,7 @@ def _summary(
         "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
         "samples_per_s": median("train/samples_per_s") if records else None,
     }
+    summary["plain_optimizer"], summary["plain_optim_state_bytes"] = plain_state_bytes(cfg.optim, training.model, world)
     if training.zero:
         summary["partition"] = training.optimizer.partition.report().as_dict()
     summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})

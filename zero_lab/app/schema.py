@@ -242,6 +242,7 @@ class Config:
     checkpoint_every: int = 0
     resume: str | None = None
     progress: bool = True
+    objective: Any = "final_loss"  # what the job returns to a sweeper: a name or a list (zero_lab/app/objective.py)
 
 
 _GROUP_SCHEMAS: dict[str, dict[str, type]] = {

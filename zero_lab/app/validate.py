@@ -21,6 +21,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.app.objective import check_objective
 from zero_lab.optimizer import ELEMENTWISE_OPTIMIZERS, ZeroRedundancyOptimizer
 from zero_lab.partition import Manual, ParamSpec
 
@@ -251,6 +252,10 @@ def _check_logger(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _check_objective(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    return check_objective(cfg.objective)
+
+
 _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_ranges,
     _check_devices,
@@ -261,6 +266,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_partitioner,
     _check_resume,
     _check_logger,
+    _check_objective,
 ]
 
 
