@@ -59,7 +59,7 @@ def check_directions(objective: str | Sequence[str], directions: Any) -> list[st
         return []
     wanted = "[" + ",".join(["minimize"] * len(names)) + "]" if len(names) > 1 else "minimize"
     return [
-        f"objective={','.join(names)}: {len(names)} value(s) but hydra.sweeper.direction has {count}; "
+        f"objective=[{','.join(names)}]: {len(names)} value(s) but hydra.sweeper.direction has {count}; "
         f"give one direction per objective, e.g. hydra.sweeper.direction={wanted}"
     ]
 

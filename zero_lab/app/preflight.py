@@ -34,13 +34,15 @@ MAX_JOBS = 64
 _HIDDEN_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "hydra")
 
 
-def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
-    """The override list of every job of a ``-m`` sweep, or ``None`` if not expandable here."""
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """The override list of every job of a ``-m`` sweep; where the basic sweeper cannot
+    expand it (Optuna's ``interval()``), the one job of its fixed overrides: every trial
+    checks its own config when it starts."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     try:
         (jobs,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     except HydraException:
-        return None  # e.g. an optuna interval(): the job checks itself when it starts
+        return [[o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]]
     return jobs
 
 
@@ -64,7 +66,7 @@ def preflight(overrides: Sequence[str], multirun: bool = False, config_name: str
     except HydraException as error:
         raise ConfigError([describe_hydra_error(error)]) from None
     first: DictConfig | None = None
-    for job in (jobs or [list(overrides)])[:MAX_JOBS]:
+    for job in jobs[:MAX_JOBS]:
         try:
             cfg, choices, _ = compose_job(job, config_name)
         except (HydraException, OmegaConfBaseException) as error:
