@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup train test test-all lint format clean
+.PHONY: setup train test check test-all lint format clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,9 +17,15 @@ setup: $(STAMP)
 train: setup
 	$(BIN)/python train.py
 
+# The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
 test: setup
 	$(BIN)/ruff check --output-format concise .
 	$(BIN)/python -m pytest
+
+# The edit-test loop: lint + the unit layer (config tests included), well under a minute.
+check: setup
+	$(BIN)/ruff check --output-format concise .
+	$(BIN)/python -m pytest tests/unit -q
 
 test-all: setup
 	$(BIN)/python -m pytest -m ""

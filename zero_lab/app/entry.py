@@ -15,19 +15,21 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from zero_lab import app
+from zero_lab.app.cli import prepare
+from zero_lab.app.main import run
 from zero_lab.app.paths import CONF_PACKAGE
+from zero_lab.app.schema import register_configs
 
 __all__ = ["main"]
 
 
 @hydra.main(config_path=CONF_PACKAGE, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
-    return app.run(cfg)
+    return run(cfg)
 
 
 def main() -> None:
     """Check the command line, then hand it to Hydra."""
-    app.setup()
-    sys.argv = app.prepare(sys.argv)
+    register_configs()
+    sys.argv = prepare(sys.argv)
     _hydra_main()

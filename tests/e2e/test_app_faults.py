@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
+from tests.e2e.runs import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 from zero_lab.runtime.signals import StopRequest
 

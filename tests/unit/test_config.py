@@ -12,15 +12,16 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 
-from zero_lab import ZeroRedundancyOptimizer, app
+from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.build import optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
+from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError, check
 from zero_lab.partition import ParamSpec
 
-app.setup()
+register_configs()
 
 GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger")
 DATA_FOR_MODEL = {"mlp": "regression", "transformer": "tokens"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests import rank_programs as rp
-from tests.e2e import process_alive
+from tests.e2e.runs import process_alive
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint, read_manifest
 from zero_lab.partition import Flat
 from zero_lab.runtime.launch import RankFailure

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tests.e2e import REPO, summary
+from tests.e2e.runs import REPO, summary
 
 PLOTS = ("memory.png", "time.png", "loss.png")
 

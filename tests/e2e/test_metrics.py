@@ -1,5 +1,5 @@
-"""Metrics: the per-step record's keys and arithmetic, real optimizer-state bytes, and a real
-offline W&B run read back from its ``.wandb`` file (``wandb leet inspect --json``)."""
+"""Metrics of real runs: every rank's step records, and a real offline W&B run read back from
+its ``.wandb`` file (``wandb leet inspect --json``). The record arithmetic: tests/unit/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -7,59 +7,14 @@ import json
 from typing import Any
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
-from tests.e2e import assert_no_leftover_processes, metrics, summary, wandb_records
-from zero_lab.app.build import optimizer_state_bytes
-from zero_lab.app.metrics import RankStep, step_record
-from zero_lab.app.progress import Progress
-
-PER_RANK = (
-    "time/step_s",
-    "time/exchange_s",
-    "comm/exchange_bytes",
-    "comm/exchange_calls",
-    "memory/optim_state_bytes",
-    "memory/peak_bytes",
-)
+from tests.e2e.runs import assert_no_leftover_processes, metrics, summary, wandb_records
+from tests.unit.test_metrics import PER_RANK
 
 
 def of_type(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [r[kind] for r in records if r["type"] == kind]
-
-
-# ----------------------------------------------------------------------------- units
-def test_step_record_has_per_rank_values_max_and_mean():
-    ranks = [
-        RankStep(loss=1.0, step_s=0.2, exchange_s=0.05, exchange_bytes=100, optim_state_bytes=10, samples=8),
-        RankStep(loss=3.0, step_s=0.4, exchange_s=0.15, exchange_bytes=100, optim_state_bytes=30, samples=8),
-    ]
-    record = step_record(7, ranks, imbalance=1.25)
-    assert record["step"] == 7
-    assert (record["train/loss"], record["train/loss/rank0"], record["train/loss/rank1"]) == (2.0, 1.0, 3.0)
-    assert (record["time/step_s/max"], record["time/step_s/mean"]) == (0.4, pytest.approx(0.3))
-    assert (record["memory/optim_state_bytes/rank1"], record["memory/optim_state_bytes/mean"]) == (30, 20)
-    assert record["train/samples_per_s"] == pytest.approx(16 / 0.4)  # global batch / slowest rank
-    assert record["memory/imbalance"] == 1.25
-    for prefix in PER_RANK:
-        assert {f"{prefix}/rank0", f"{prefix}/rank1", f"{prefix}/max", f"{prefix}/mean"} <= record.keys()
-
-
-def test_optimizer_state_bytes_come_from_the_real_state_tensors():
-    model = torch.nn.Linear(10, 5)
-    optimizer = torch.optim.Adam(model.parameters())
-    assert optimizer_state_bytes(optimizer) == 0  # Adam allocates its state at the first step
-    model(torch.randn(3, 10)).sum().backward()
-    optimizer.step()
-    moments = 2 * 4 * sum(p.numel() for p in model.parameters())  # exp_avg + exp_avg_sq, float32
-    assert moments <= optimizer_state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
-
-
-def test_progress_bar_stays_quiet_without_a_terminal():
-    with Progress(total=3, enabled=True) as bar:  # pytest captures stderr: not a TTY
-        bar.update({"train/loss": 1.0})
-    assert bar._bar is None
 
 
 # ----------------------------------------------------------------------------- real runs

@@ -2,7 +2,7 @@
 
 Every subprocess carries a marker in its environment, so a test can prove no process it
 started outlived it (:func:`assert_no_leftover_processes`). The default run and a small
-sweep are made once per session (:func:`run_once`; fixtures in ``conftest.py``) and read
+sweep are made once per session (:func:`run_once`; fixtures in ``tests/e2e/conftest.py``) and read
 by several test modules.
 """
 
@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WANDB = str(Path(sys.executable).with_name("wandb"))
 MARKER = f"ZERO_LAB_TEST_{uuid.uuid4().hex[:12]}"

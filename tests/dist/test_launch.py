@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests import rank_programs as rp
-from tests.conftest import run_ranks
-from tests.e2e import process_alive
+from tests.dist.worlds import run_ranks
+from tests.e2e.runs import process_alive
 from zero_lab.runtime.launch import Interrupted
 
 
