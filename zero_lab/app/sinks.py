@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from zero_lab.app.validate import is_zero
 from zero_lab.app.wandb_run import MACHINERY, identity, run_config, run_summary, where
 
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
@@ -120,8 +121,7 @@ class WandbSink:
         self.run.log(record)
 
     def summary(self, values: dict[str, Any]) -> None:
-        for key, value in run_summary(values).items():
-            self.run.summary[key] = value
+        self.run.summary.update(run_summary(values))  # one record, not one per key
 
     def close(self, failed: bool = False) -> None:
         line = where(bool(self.run.offline), str(self.run.settings.sync_dir), self.run.url)
@@ -138,8 +138,6 @@ def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta
     (:func:`~zero_lab.app.wandb_run.run_config`)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-
-    from zero_lab.app.validate import is_zero
 
     logger_cfg = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     assert isinstance(logger_cfg, dict)

@@ -67,6 +67,8 @@ def format_bytes(value: float | None) -> str:
 def format_ms(seconds: float | None) -> str:
     if seconds is None:
         return "–"
+    if seconds == 0:
+        return "0 ms"
     return f"{_three_digits(seconds * 1e3)} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
 
 
