@@ -20,10 +20,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: the report is written, never shown
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from zero_lab.report.runs import Run, percentile
-from zero_lab.report.table import ddp_baseline, scale_bytes
+from zero_lab.report.table import byte_unit, ddp_baseline
 
 __all__ = ["PLOTS", "plot_loss", "plot_memory", "plot_time"]
 
@@ -47,12 +48,12 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 def plot_memory(runs: list[Run], path: Path) -> None:
     states = [run.per_rank("optim_state_bytes") or [0.0] for run in runs]
-    _, unit = scale_bytes(max(max(s) for s in states) or 1.0)
-    div = 1024.0 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    div, unit = byte_unit(max(max(s) for s in states))
     worlds = sorted({run.world_size for run in runs})
+    span = (worlds[-1] - worlds[0]) or 1
     groups = _series(runs)
-    nudge = 0.08 * (worlds[-1] - worlds[0] or 1) / max(1, len(groups))
-    fig, ax = plt.subplots(figsize=(8, 5))
+    nudge = 0.06 * span / max(1, len(groups))  # series side by side, so equal values stay visible
+    fig, ax = plt.subplots(figsize=(10, 5))
     for index, (name, group) in enumerate(groups.items()):
         offset = (index - (len(groups) - 1) / 2) * nudge
         marker = _MARKERS[index % len(_MARKERS)]
@@ -60,45 +61,52 @@ def plot_memory(runs: list[Run], path: Path) -> None:
         line = ax.plot(
             [r.world_size + offset for r in group],
             maxima,
-            marker=marker,
-            markersize=8,
             linestyle=_STYLES[index % len(_STYLES)],
-            linewidth=2,
-            label=f"{name} (line: fullest rank)",
+            linewidth=1.8,
         )[0]
+        style = {"color": line.get_color(), "linestyle": line.get_linestyle(), "markeredgecolor": "black"}
+        ax.plot([], [], marker=marker, markersize=8, label=name, **style)  # the legend's entry: line + marker
         for run in group:
             ranks = [b / div for b in run.per_rank("optim_state_bytes") or []]
+            spread = nudge * 0.6 / max(1, len(ranks))  # every rank its own point, side by side
             ax.scatter(
-                [run.world_size + offset] * len(ranks),
+                [run.world_size + offset + (r - (len(ranks) - 1) / 2) * spread for r in range(len(ranks))],
                 ranks,
-                s=46,
+                s=64,
                 marker=marker,
-                facecolors="none",
-                edgecolors=line.get_color(),
-                linewidths=1.4,
+                color=line.get_color(),
+                edgecolors="black",
+                linewidths=0.8,
+                alpha=0.85,
                 zorder=3,
             )
-    _ideal_lines(ax, runs, worlds, div)
+    _ideal_lines(ax, runs, worlds, div, unit)
     ax.set_xlabel("world size W (ranks)")
     ax.set_ylabel(f"optimizer state per rank ({unit})")
-    ax.set_title("Optimizer state per rank vs world size\n(hollow markers: every rank; dotted: ideal DDP state / W)")
+    ax.set_title("Optimizer state per rank vs world size\n(a marker per rank; line: fullest rank; dotted: DDP / W)")
     ax.set_xticks(worlds)
+    if len(worlds) == 1:
+        ax.set_xlim(worlds[0] - 0.5, worlds[0] + 0.5)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _save(fig, path)
 
 
-def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float) -> None:
+def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float, unit: str) -> None:
     """``DDP state / W`` over the plotted range, once per distinct DDP baseline."""
     baselines = sorted({b.state_bytes for run in runs if (b := ddp_baseline(run, runs)) is not None})
-    if not baselines:
-        return
-    low, high = worlds[0], worlds[-1]
-    xs = [low + (high - low) * i / 60 for i in range(61)] if high > low else [low * 0.9, low * 1.1]
+    low, high = (worlds[0], worlds[-1]) if worlds[-1] > worlds[0] else (worlds[0] - 0.4, worlds[0] + 0.4)
+    xs = [low + (high - low) * i / 60 for i in range(61)]
     for value in baselines:
-        label = "ideal: DDP state / W" + (f" ({value / div:.3g})" if len(baselines) > 1 else "")
-        ax.plot(xs, [value / div / x for x in xs], color="black", linestyle=":", linewidth=1.3, label=label)
+        ax.plot(
+            xs,
+            [value / div / x for x in xs],
+            color="black",
+            linestyle=":",
+            linewidth=1.3,
+            label=f"ideal: DDP / W (DDP = {value / div:.3g} {unit})",
+        )
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -122,13 +130,15 @@ def plot_time(runs: list[Run], path: Path) -> None:
         ax.bar(x, co_mid, width=0.6, bottom=ex_mid, color="tab:blue", edgecolor="black")
         ax.errorbar(x - 0.12, ex_mid, yerr=[[ex_low], [ex_high]], color="black", capsize=3, linewidth=1)
         ax.errorbar(x + 0.12, ex_mid + co_mid, yerr=[[co_low], [co_high]], color="black", capsize=3, linewidth=1)
-    ax.bar([], [], color="tab:blue", edgecolor="black", label="compute (step − exchange)")
-    ax.bar([], [], color="tab:orange", edgecolor="black", hatch="//", label="parameter exchange")
+    handles = [
+        Patch(facecolor="tab:blue", edgecolor="black", label="compute (step − exchange)"),
+        Patch(facecolor="tab:orange", edgecolor="black", hatch="//", label="parameter exchange"),
+    ]
     ax.set_xticks(xs, [_wrap(f"{run.label} · W={run.world_size}") for run in runs], rotation=20, ha="right")
     ax.set_ylabel("time per step (ms, slowest rank)")
     ax.set_title("Step time per run: median, split into compute and exchange\n(whiskers: 10th–90th percentile)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(handles=handles, fontsize=8)
     _save(fig, path)
 
 

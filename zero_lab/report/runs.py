@@ -202,11 +202,14 @@ def _last_error_line(log: Path) -> str | None:
     return errors[-1].strip()[-300:] if errors else None
 
 
+_ABSENT = object()
+
+
 def _dotted(config: dict[str, Any], key: str) -> Any:
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return _ABSENT
         node = node[part]
     return node
 
@@ -219,9 +222,11 @@ def _value(run: Run | Failed, key: str) -> str:
     if choice is not None:
         return str(choice)
     value = _dotted(run.config, key)
-    if value is None:
+    if value is _ABSENT:
         return "default"
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()  # as Hydra's command line writes them
+    return str(value)
 
 
 def label_runs(runs: list[Run | Failed], root: Path) -> None:

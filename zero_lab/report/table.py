@@ -30,11 +30,11 @@ __all__ = [
     "Baseline",
     "Cell",
     "Column",
+    "byte_unit",
     "ddp_baseline",
     "format_bytes",
     "format_ms",
     "markdown",
-    "scale_bytes",
     "table_rows",
 ]
 
@@ -47,20 +47,20 @@ def _three_digits(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def scale_bytes(value: float) -> tuple[float, str]:
-    """``(value in the largest unit that keeps it >= 1, unit)``: 33548 -> (32.76, "KiB")."""
+def byte_unit(value: float) -> tuple[float, str]:
+    """``(divisor, unit)`` of the largest unit that keeps ``value`` >= 1: 33548 -> (1024, "KiB")."""
     index = 0
-    while abs(value) >= 1024 and index < len(_UNITS) - 1:
-        value /= 1024
+    while abs(value) >= 1024 ** (index + 1) and index < len(_UNITS) - 1:
         index += 1
-    return value, _UNITS[index]
+    return 1024.0**index, _UNITS[index]
 
 
 def format_bytes(value: float | None) -> str:
     """``33548`` -> ``"32.8 KiB"``; ``None`` -> ``"–"``."""
     if value is None:
         return "–"
-    scaled, unit = scale_bytes(value)
+    divisor, unit = byte_unit(value)
+    scaled = value / divisor
     return f"{scaled:.0f} {unit}" if unit == "B" else f"{_three_digits(scaled)} {unit}"
 
 
