@@ -7,6 +7,9 @@ A thin command line over :mod:`zero_lab.report` (same as ``python -m zero_lab.re
 """
 
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # zero_lab from this checkout, installed or not
 
 from zero_lab.report import main
 
