@@ -19,6 +19,7 @@ and none is ever merged with another.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -182,15 +183,24 @@ def _why_incomplete(path: Path, summary: Any, rows: list[dict[str, Any]], config
             return f"incomplete: {done} of {wanted} steps"
         return None
     for error in sorted((path / "logs").glob("rank*.error.txt")):
-        lines = [line for line in error.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         rank = error.name.removeprefix("rank").removesuffix(".error.txt")
-        return f"rank {rank} failed: {lines[-1].strip() if lines else 'no details'}"
+        return f"rank {rank} failed: {_exception_line(error.read_text(encoding='utf-8', errors='replace'))}"
     if rows:
         return f"no summary.json: {len(rows)} of {steps} steps logged, then it ended (killed?)"
     last_error = _last_error_line(path / "train.log")
     if last_error:
         return f"no metrics: {last_error}"
     return "no summary.json and no metrics: the job never started training (or is still starting)"
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b.*")
+
+
+def _exception_line(traceback: str) -> str:
+    """The traceback's last ``SomeError: message`` line (its last line if none), ≤ 300 chars."""
+    lines = [line.strip() for line in traceback.splitlines() if line.strip()]
+    found = [line for line in lines if _EXCEPTION.match(line)]
+    return (found or lines or ["no details"])[-1][:300]
 
 
 def _last_error_line(log: Path) -> str | None:
