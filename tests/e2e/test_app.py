@@ -25,7 +25,6 @@ from tests.e2e.runs import (
     train,
     wandb_records,
 )
-from zero_lab.app.validate import overlap_available
 
 
 # ----------------------------------------------------------------------------- the default run
@@ -109,7 +108,6 @@ def test_joblib_sweep_gives_the_same_trajectory_at_any_world_size(tmp_path):
     assert_no_leftover_processes()
 
 
-@pytest.mark.skipif(not overlap_available(), reason="zero_lab.overlap has not landed yet")
 @pytest.mark.parametrize(
     "overrides",
     [("overlap=true",), ("overlap=true", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",

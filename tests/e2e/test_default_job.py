@@ -23,7 +23,7 @@ def test_default_job_ends_with_loss_state_saved_and_exchange_share(default_run, 
     final, state, exchange, _ = closing_block((default_run / ".done").read_text(), default_run)
     assert final.startswith(f"zero_lab: final loss {ran['final_loss']:.6g} after 20 steps on 2 rank(s)")
 
-    held, plain = max(ran["optim_state_bytes"]), ran["plain_optim_state_bytes"]
+    held, plain = max(ran["optim_state_bytes"]), ran["ddp_state_bytes"]
     assert held >= 2 * MIB  # the default model's state is MiB, not KiB
     adam = summary(sweep / "0")  # plain DDP + Adam on the same model at W=2, measured
     assert plain == adam["optim_state_bytes"][0] == adam["optim_state_bytes"][1]  # the planner is exact

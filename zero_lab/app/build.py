@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,9 +38,10 @@ __all__ = [
     "Training",
     "build_training",
     "clip_gradients",
+    "ddp_state_bytes",
     "optimizer_factory",
     "optimizer_state_bytes",
-    "plain_state_bytes",
+    "tensor_bytes",
 ]
 
 #: Keys of the ``optim`` group that the training loop reads and the optimizer never sees.
@@ -154,17 +155,41 @@ def optimizer_state_bytes(optimizer: Optimizer) -> int:
     return total
 
 
-def plain_state_bytes(optim_cfg: DictConfig, model: nn.Module, world_size: int) -> tuple[str, int]:
-    """``(class name, bytes)``: the optimizer state plain DDP + this run's optimizer class
-    would hold on every rank, as :func:`zero_lab.planner.plan_memory` predicts for ``model``
-    (its dtypes, every trainable parameter; ``amsgrad``, ``momentum`` ... count)."""
-    zero = is_zero(optim_cfg)
-    cls = get_class(optim_cfg.optimizer_class.path if zero else optim_cfg._target_)
-    hidden = {"optimizer_class", "master_weights", *APP_OPTIM_KEYS}
-    defaults = {
-        key: tuple(value) if isinstance(value, list) else value  # hashable: the planner caches its probe
-        for key, value in OmegaConf.to_container(optim_cfg, resolve=True).items()
-        if not str(key).startswith("_") and key not in hidden
-    }
-    plan = plan_memory(specs_from_module(model), world_size, None, cls, **defaults)
-    return cls.__name__, plan.ranks[0].state_bytes
+def tensor_bytes(training: Training) -> int:
+    """Bytes of every distinct storage this rank trains with: parameters, gradients, module
+    buffers, the local optimizer's parameters (fp32 master shards) and state.
+
+    Counted per storage, so bucket views and flat slices are not counted twice. DDP's own
+    gradient buckets live in C++ and are not visible here (the planner prices them).
+    """
+    storages: dict[int, int] = {}
+
+    def add(tensor: object) -> None:
+        if torch.is_tensor(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for param in training.model.parameters():
+        add(param)
+        add(param.grad)
+    for buffer in training.model.buffers():
+        add(buffer)
+    local = getattr(training.optimizer, "optim", training.optimizer)
+    for group in local.param_groups:
+        for param in group["params"]:
+            add(param)
+    for state in local.state.values():
+        for value in state.values():
+            add(value)
+    storages.pop(0, None)  # empty storages
+    return sum(storages.values())
+
+
+def ddp_state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
+    """Per-rank state of DDP + the plain optimizer on this model, as the planner predicts it
+    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline."""
+    local = getattr(optimizer, "optim", optimizer)
+    options = {k: v for k, v in local.defaults.items() if isinstance(v, (bool, int, float, str))}
+    device = next(model.parameters()).device
+    plan = plan_memory(specs_from_module(model, device), 1, None, type(local), **options)
+    return plan.ranks[0].state_bytes

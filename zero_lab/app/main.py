@@ -47,7 +47,7 @@ from zero_lab.app.objective import check_directions, objective_value
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
-from zero_lab.app.validate import ConfigError, check, enum_str, to_container
+from zero_lab.app.validate import ConfigError, check, enum_str, is_zero, to_container
 from zero_lab.runtime import torchrun
 from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
 from zero_lab.runtime.signals import signal_name
@@ -149,19 +149,19 @@ def _report(
         summary["final_loss"],
         summary["param_checksum"][:16],
     )
-    print("\n".join(closing_lines(summary, run_dir, seconds)), flush=True)
+    print("\n".join(closing_lines(summary, _optimizer_name(cfg), run_dir, seconds)), flush=True)
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
     return value
 
 
-def closing_lines(summary: dict[str, Any], run_dir: Path, seconds: float) -> list[str]:
+def closing_lines(summary: dict[str, Any], name: str, run_dir: Path, seconds: float) -> list[str]:
     """What the run showed, in a few lines: final loss; optimizer state per rank against what
-    plain DDP + the same optimizer class would hold on every rank (summary.json's
-    ``plain_optim_state_bytes``, the planner's prediction); the exchange's share of the
-    median step; the run dir."""
+    plain DDP + the same optimizer class (``name``) would hold on every rank (summary.json's
+    ``ddp_state_bytes``, the planner's prediction); the exchange's share of the median step;
+    the run dir."""
     world, steps = summary["world_size"], len(summary["losses"])
-    name, plain = summary["plain_optimizer"], summary["plain_optim_state_bytes"]
+    plain = summary["ddp_state_bytes"]
     held = max(summary["optim_state_bytes"])
     if not summary["zero"]:
         state = f"{_size(held)}, all of it on every rank (plain {name}; a zero_* optimizer shards it)"
@@ -178,6 +178,12 @@ def closing_lines(summary: dict[str, Any], run_dir: Path, seconds: float) -> lis
         f"  parameter exchange: {exchange}",
         f"  run dir: {run_dir}",
     ]
+
+
+def _optimizer_name(cfg: DictConfig) -> str:
+    """``Adam`` for optim=adam and optim=zero_adam alike: the class that holds the state."""
+    path = cfg.optim.optimizer_class.path if is_zero(cfg.optim) else cfg.optim._target_
+    return str(path).rsplit(".", 1)[-1]
 
 
 def _exchange_share(summary: dict[str, Any]) -> str:

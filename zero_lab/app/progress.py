@@ -10,18 +10,19 @@ redirected log it is a no-op, so log files hold no carriage-return noise.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, TextIO
+
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 
 
 class Progress:
-    def __init__(self, total: int, start: int = 0, enabled: bool = True):
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, stream: TextIO | None = None):
+        stream = sys.stderr if stream is None else stream
         self._bar = None
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, leave=False)
+        if enabled and stream.isatty():
+            self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, leave=False, file=stream)
 
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is not None:
