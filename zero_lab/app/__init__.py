@@ -7,5 +7,6 @@ Modules, one job each: ``schema`` (typed config groups), ``validate`` (ranges an
 combinations), ``preflight`` / ``cli`` (before Hydra starts), ``entry`` (the console entry
 point), ``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer),
 ``runner`` (the rank loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one
-gather per step), ``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``.
+gather per step), ``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``,
+``objective`` (what a job returns to its sweeper).
 """

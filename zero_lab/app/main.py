@@ -149,9 +149,9 @@ def _report(
         summary["final_loss"],
         summary["param_checksum"][:16],
     )
-    print("\n".join(closing_lines(summary, _optimizer_name(cfg), run_dir, seconds)), flush=True)
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
+    print("\n".join(closing_lines(summary, _optimizer_name(cfg), run_dir, seconds)), flush=True)
     return value
 
 
