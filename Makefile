@@ -1,4 +1,5 @@
-# Two entry points: `make train` (set up + run the default job) and `make test`.
+# The README's two commands: `make train` (set up + run the default job) and `make test`.
+# Also: `make check` (lint + unit tests), `make test-all` (with slow tests), lint, format, clean.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -37,10 +38,10 @@ format: setup
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) outputs/*/ multirun .pytest_cache
+	rm -rf $(VENV) outputs/*/ .pytest_cache
 
-# Benchmarks (README, "Benchmarks"). FairScale's OSS row needs fairscale 0.4.13, installed
-# with --no-deps so pip leaves this torch alone (it runs with torch 2.13; see FIELD-NOTES).
+# Benchmarks (docs/benchmarks.md). FairScale's OSS row needs fairscale 0.4.13, installed
+# with --no-deps so pip leaves this torch alone (it runs with torch 2.13).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
 	$(BIN)/pip install -q --no-deps fairscale==0.4.13

@@ -140,7 +140,8 @@ def test_sweeps_expand_like_the_basic_sweeper():
         ["optim=zero_adam", "dist.world_size=1", "+x=[1,2]"],
         ["optim=zero_adam", "dist.world_size=2", "+x=[1,2]"],
     ]
-    assert sweep_jobs(["optim.lr=interval(0.001,0.1)"]) is None  # a sweeper plugin's to expand
+    # a sweeper plugin's to expand: only the fixed overrides are checked up front
+    assert sweep_jobs(["optim.lr=interval(0.001,0.1)", "steps=3"]) == [["steps=3"]]
 
 
 def test_a_plain_optimizer_notes_the_options_it_does_not_use():

@@ -12,6 +12,7 @@ import termios
 import pytest
 import torch
 
+from zero_lab.app.build import Training, ddp_state_bytes, tensor_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.optimizer import state_bytes
@@ -23,6 +24,7 @@ PER_RANK = (
     "comm/exchange_bytes",
     "comm/exchange_calls",
     "memory/optim_state_bytes",
+    "memory/tensor_bytes",
     "memory/peak_bytes",
 )
 
@@ -51,6 +53,34 @@ def test_optimizer_state_bytes_come_from_the_real_state_tensors():
     optimizer.step()
     moments = 2 * 4 * sum(p.numel() for p in model.parameters())  # exp_avg + exp_avg_sq, float32
     assert moments <= state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
+
+
+def stepped(optimizer_class: type[torch.optim.Optimizer], **options) -> Training:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 5), torch.nn.BatchNorm1d(5))
+    optimizer = optimizer_class(model.parameters(), lr=0.1, **options)
+    model(torch.randn(4, 10)).sum().backward()
+    optimizer.step()
+    return Training(model=model, ddp=None, optimizer=optimizer, zero=False)  # type: ignore[arg-type]
+
+
+def test_tensor_bytes_count_params_grads_buffers_and_state_each_once():
+    training = stepped(torch.optim.Adam)
+    model = training.model
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # running stats + int64 counter
+    state = state_bytes(training.optimizer)
+    assert state > 0 and buffers == 2 * 5 * 4 + 8
+    # the optimizer's param_groups hold the model's own parameters: counted once, not twice
+    assert tensor_bytes(training) == 2 * params + buffers + state
+
+
+def test_ddp_state_bytes_is_the_planners_number_and_matches_the_real_state():
+    cases = ((torch.optim.Adam, {}), (torch.optim.SGD, {"momentum": 0.9}), (torch.optim.SGD, {}))
+    for optimizer_class, options in cases:
+        training = stepped(optimizer_class, **options)
+        assert ddp_state_bytes(training.model, training.optimizer) == state_bytes(training.optimizer)
+    assert ddp_state_bytes(training.model, training.optimizer) == 0  # plain SGD keeps no state
 
 
 def test_progress_bar_stays_quiet_without_a_terminal(capsys):

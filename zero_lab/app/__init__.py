@@ -8,5 +8,6 @@ constructors), ``validate`` (builds and runs the real objects; ranges and combin
 ``preflight`` / ``cli`` (before Hydra starts), ``entry`` (the console entry point),
 ``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer), ``runner`` (the rank
 loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one gather per step),
-``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``.
+``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``,
+``objective`` (what a job returns to its sweeper).
 """

@@ -36,16 +36,19 @@ from zero_lab import overlap
 from zero_lab.app.schema import APP_KEYS
 from zero_lab.comm import CommStats
 from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
     "PARAM_DTYPES",
     "Training",
     "build_training",
     "clip_gradients",
+    "ddp_state_bytes",
     "enum_str",
     "is_zero",
     "master_weight_bytes",
     "optimizer_factory",
+    "tensor_bytes",
 ]
 
 PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -155,3 +158,43 @@ def master_weight_bytes(optimizer: Optimizer) -> int:
     """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
     measure = getattr(optimizer, "master_weight_bytes", None)
     return measure() if measure is not None else 0
+
+
+def tensor_bytes(training: Training) -> int:
+    """Bytes of every distinct storage this rank trains with: parameters, gradients, module
+    buffers, the local optimizer's parameters (fp32 master shards) and state.
+
+    Counted per storage, so bucket views and flat slices are not counted twice. DDP's own
+    gradient buckets live in C++ and are not visible here (the planner prices them).
+    """
+    storages: dict[int, int] = {}
+
+    def add(tensor: object) -> None:
+        if torch.is_tensor(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for param in training.model.parameters():
+        add(param)
+        add(param.grad)
+    for buffer in training.model.buffers():
+        add(buffer)
+    local = getattr(training.optimizer, "optim", training.optimizer)
+    for group in local.param_groups:
+        for param in group["params"]:
+            add(param)
+    for state in local.state.values():
+        for value in state.values():
+            add(value)
+    storages.pop(0, None)  # empty storages
+    return sum(storages.values())
+
+
+def ddp_state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
+    """Per-rank state of DDP + the plain optimizer on this model, as the planner predicts it
+    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline."""
+    local = getattr(optimizer, "optim", optimizer)
+    options = {k: v for k, v in local.defaults.items() if isinstance(v, (bool, int, float, str))}
+    device = next(model.parameters()).device
+    plan = plan_memory(specs_from_module(model, device), 1, None, type(local), **options)
+    return plan.ranks[0].state_bytes

@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zero_lab.app.cli import prepare
-from zero_lab.app.main import run
+from zero_lab.app.main import Objective, run
 from zero_lab.app.paths import CONF_PACKAGE
 from zero_lab.app.schema import register_configs
 
@@ -24,7 +24,7 @@ __all__ = ["main"]
 
 
 @hydra.main(config_path=CONF_PACKAGE, config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> float:
+def _hydra_main(cfg: DictConfig) -> Objective | None:
     return run(cfg)
 
 

@@ -15,11 +15,17 @@ The run dir (Hydra's output dir) then holds::
     summary.json       written at the end (rank 0)
     checkpoints/       with checkpoint_every=K
     wandb/             with logger=wandb
+
+:func:`run` returns the ``objective`` (:mod:`zero_lab.app.objective`) read from summary.json,
+which is what a sweeper such as Optuna optimises, and ends with a few lines that show what
+ZeRO saved (:func:`closing_lines`): final loss, optimizer state per rank against what the
+plain optimizer would hold (the planner's prediction), the exchange's share of the step.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import multiprocessing
 import shlex
@@ -36,8 +42,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import enum_str
+from zero_lab.app.build import enum_str, is_zero
 from zero_lab.app.cli import fail
+from zero_lab.app.objective import check_directions, objective_value
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
@@ -54,8 +61,11 @@ log = logging.getLogger("zero_lab.app")
 EXIT_RUN_FAILED = 1
 
 
-def run(cfg: DictConfig) -> float:
-    """Train one job; return its final loss (what sweepers such as Optuna minimise)."""
+Objective = float | list[float]
+
+
+def run(cfg: DictConfig) -> Objective | None:
+    """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise)."""
     hydra_cfg = HydraConfig.get()
     choices = OmegaConf.to_container(hydra_cfg.runtime.choices)
     if not was_checked(cfg):  # a job the preflight could not expand (an Optuna sweep), or started without train.py
@@ -63,6 +73,9 @@ def run(cfg: DictConfig) -> float:
             check(cfg, choices)
         except ConfigError as error:
             fail(error)
+    directions = hydra_cfg.sweeper.get("direction")  # Optuna's; other sweepers have none
+    if directions is not None and (problems := check_directions(cfg.objective, directions)):
+        fail(ConfigError(problems))
     for notice in notices(cfg, list(hydra_cfg.overrides.task)):
         log.warning(notice)
         print(f"zero_lab: note: {notice}", file=sys.stderr, flush=True)
@@ -97,7 +110,7 @@ def run(cfg: DictConfig) -> float:
         except Interrupted as interrupted:
             fail(f"{interrupted}; {_resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
         # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
-        return _report(results, run_dir, time.perf_counter() - started, spec.meta)
+        return _report(results, cfg, run_dir, time.perf_counter() - started, spec.meta)
 
 
 def _standard_start_method() -> None:
@@ -107,8 +120,9 @@ def _standard_start_method() -> None:
         multiprocessing.set_start_method("spawn", force=True)
 
 
-def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> float:
-    """Under torchrun this process is one rank of the world ``cli.prepare`` joined."""
+def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
+    """Under torchrun this process is one rank of the world ``cli.prepare`` joined; only
+    rank 0 (which wrote summary.json) reports and returns the objective."""
     torchrun.init_process_group(enum_str(cfg.dist.backend), cfg.dist.timeout_s)
     if dist.get_rank() == 0:
         write_json(Path(spec.run_dir) / "meta.json", spec.meta)
@@ -118,13 +132,15 @@ def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> float:
     finally:
         dist.destroy_process_group()
     if result.rank == 0 or result.stopped_by:
-        return _report([result], Path(spec.run_dir), time.perf_counter() - started, spec.meta)
-    return result.losses[-1]
+        return _report([result], cfg, Path(spec.run_dir), time.perf_counter() - started, spec.meta)
+    return None
 
 
-def _report(results: list[RankResult], run_dir: Path, seconds: float, meta: dict[str, Any]) -> float:
-    """Print where the run went; a run stopped by a signal exits ``128 + signum`` after saying
-    how far it got and how to continue."""
+def _report(
+    results: list[RankResult], cfg: DictConfig, run_dir: Path, seconds: float, meta: dict[str, Any]
+) -> Objective:
+    """Print what the run showed and where it went, return its objective; a run stopped by a
+    signal exits ``128 + signum`` after saying how far it got and how to continue."""
     if results[0].stopped_by:
         stopped = results[0]
         saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
@@ -133,10 +149,68 @@ def _report(results: list[RankResult], run_dir: Path, seconds: float, meta: dict
             f"{_resume_hint(run_dir, meta)}",
             128 + stopped.stopped_by,
         )
-    final = results[0].losses[-1]
-    log.info("finished in %.1f s: final loss %.6g, param checksum %s", seconds, final, results[0].param_checksum[:16])
-    print(f"zero_lab: final loss {final:.6g} after {len(results[0].losses)} steps; run dir: {run_dir}", flush=True)
-    return final
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    log.info(
+        "finished in %.1f s: final loss %.6g, param checksum %s",
+        seconds,
+        summary["final_loss"],
+        summary["param_checksum"][:16],
+    )
+    value = objective_value(summary, cfg.objective)
+    log.info("objective %s = %s", cfg.objective, value)
+    print("\n".join(closing_lines(summary, _optimizer_name(cfg), run_dir, seconds)), flush=True)
+    return value
+
+
+def closing_lines(summary: dict[str, Any], name: str, run_dir: Path, seconds: float) -> list[str]:
+    """What the run showed, in a few lines: final loss; optimizer state per rank against what
+    plain DDP + the same optimizer class (``name``) would hold on every rank (summary.json's
+    ``ddp_state_bytes``, the planner's prediction); the exchange's share of the median step;
+    the run dir."""
+    world, steps = summary["world_size"], len(summary["losses"])
+    plain = summary["ddp_state_bytes"]
+    held = max(summary["optim_state_bytes"])
+    if not summary["zero"]:
+        state = f"{_size(held)}, all of it on every rank (plain {name}; a zero_* optimizer shards it)"
+        exchange = "none (plain DDP: every rank steps every parameter)"
+    else:
+        state = (
+            f"{_size(held)} on the fullest of {world} rank(s) (imbalance {summary['imbalance']:.2f}); "
+            f"plain {name} would hold {_size(plain)} on every rank (planner): ÷ {plain / max(held, 1):.2f}"
+        )
+        exchange = _exchange_share(summary)
+    return [
+        f"zero_lab: final loss {summary['final_loss']:.6g} after {steps} steps on {world} rank(s) ({seconds:.1f} s)",
+        f"  optimizer state per rank: {state}",
+        f"  parameter exchange: {exchange}",
+        f"  run dir: {run_dir}",
+    ]
+
+
+def _optimizer_name(cfg: DictConfig) -> str:
+    """``Adam`` for optim=adam and optim=zero_adam alike: the class that holds the state."""
+    path = cfg.optim.optimizer_class.path if is_zero(cfg.optim) else cfg.optim._target_
+    return str(path).rsplit(".", 1)[-1]
+
+
+def _exchange_share(summary: dict[str, Any]) -> str:
+    """``12% of the step (median 2.9 of 24.1 ms), 3.00 MiB per step`` (slowest rank's medians)."""
+    step, exchange, volume = summary["step_time_s"], summary["exchange_time_s"], summary["exchange_bytes_per_step"]
+    if summary["overlap"]:
+        return f"inside backward (overlap=true: not timed apart), {_size(volume)} per step"
+    if not step:
+        return f"{_size(volume)} per step"
+    share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
+    return f"{share}, {_size(volume)} per step"
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the largest unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
 
 
 def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:

@@ -2,8 +2,10 @@
 
 Each rank measures a fixed vector (:data:`FIELDS`): its loss, step time, time and bytes
 of the optimizer's parameter exchange (``opt.comm_stats.since(...)``), optimizer-state
-bytes (summed over the real state tensors), peak memory (CUDA peak allocated on GPU,
-peak RSS on CPU) and samples. One ``all_gather`` of that float64 vector per step brings
+bytes (summed over the real state tensors), the bytes of every tensor it trains with
+(parameters, gradients, buffers, optimizer state, master weights — what ZeRO shrinks,
+without the interpreter's and torch's own memory), peak memory (CUDA peak allocated on
+GPU, peak RSS on CPU) and samples. One ``all_gather`` of that float64 vector per step brings
 every rank's values everywhere; :func:`step_record` turns them into namespaced keys::
 
     train/loss                      mean over ranks = the global-batch loss
@@ -11,7 +13,7 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
     time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_exposed_s/...,
     comm/exchange_bytes/...,
     comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
-    memory/peak_bytes/...
+    memory/tensor_bytes/..., memory/peak_bytes/...
     memory/imbalance                partition max / ideal (1.0 for plain optimizers)
     train/samples_per_s             global batch / slowest rank's step time
     train/grad_norm                 global gradient norm before clipping (optim.max_grad_norm set)
@@ -47,6 +49,7 @@ class RankStep:
     exchange_calls: float = 0.0
     optim_state_bytes: float = 0.0
     master_weight_bytes: float = 0.0
+    tensor_bytes: float = 0.0  # params + grads + buffers + optimizer state, summed over distinct storages
     peak_bytes: float = 0.0
     samples: float = 0.0
     grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
@@ -64,6 +67,7 @@ _KEYS: dict[str, str] = {
     "exchange_calls": "comm/exchange_calls",
     "optim_state_bytes": "memory/optim_state_bytes",
     "master_weight_bytes": "memory/master_weight_bytes",
+    "tensor_bytes": "memory/tensor_bytes",
     "peak_bytes": "memory/peak_bytes",
 }
 

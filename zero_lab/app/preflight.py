@@ -36,10 +36,11 @@ MAX_JOBS = 64
 _HIDDEN_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "hydra")
 
 
-def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     """The override list of every job of a ``-m`` sweep (the cartesian product of the
-    sweep overrides, in order), or ``None`` when a sweeper plugin must expand it (an
-    Optuna ``interval(...)``): those jobs are checked when they start."""
+    sweep overrides, in order). Where a sweeper plugin must expand a sweep (Optuna's
+    ``interval(...)``), the one job of the fixed overrides: every trial checks its own
+    config when it starts."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     choices: list[list[str]] = []
     for override in parsed:
@@ -49,7 +50,7 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]] | None:
         elif override.is_discrete_sweep():
             choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
         else:
-            return None
+            return [[o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]]
     return [list(job) for job in itertools.product(*choices)]
 
 
@@ -71,7 +72,7 @@ def preflight(
 ) -> tuple[DictConfig, DictConfig]:
     """Compose and check every job; return the first job's ``(cfg, hydra node)``. Raises ConfigError."""
     try:
-        jobs = (sweep_jobs(overrides) if multirun else None) or [list(overrides)]
+        jobs = sweep_jobs(overrides) if multirun else [list(overrides)]
     except HydraException as error:
         raise ConfigError([describe_hydra_error(error)]) from None
     first: tuple[DictConfig, DictConfig] | None = None

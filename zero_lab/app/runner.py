@@ -41,7 +41,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import checkpoint
-from zero_lab.app.build import Training, build_training, clip_gradients, master_weight_bytes
+from zero_lab.app.build import (
+    Training,
+    build_training,
+    clip_gradients,
+    ddp_state_bytes,
+    master_weight_bytes,
+    tensor_bytes,
+)
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
@@ -195,6 +202,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         exchange_calls=exchange.calls if exchange else 0.0,
         optim_state_bytes=state_bytes(training.optimizer),
         master_weight_bytes=master_weight_bytes(training.optimizer),
+        tensor_bytes=tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),
         samples=inputs.shape[0],
         grad_norm=grad_norm if grad_norm is not None else 0.0,
@@ -280,13 +288,17 @@ def _summary(
         "max_grad_norm": cfg.optim.get("max_grad_norm"),
         "optim_state_bytes": per_rank("memory/optim_state_bytes"),
         "master_weight_bytes": per_rank("memory/master_weight_bytes"),
+        "tensor_bytes": per_rank("memory/tensor_bytes"),
         "peak_bytes": per_rank("memory/peak_bytes"),
+        "ddp_state_bytes": ddp_state_bytes(training.model, training.optimizer),  # planned, for "÷ DDP"
         "imbalance": last.get("memory/imbalance", 1.0),
         "step_time_s": median("time/step_s/max") if records else None,
         "exchange_time_s": median("time/exchange_s/max") if records else None,
         "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
         "samples_per_s": median("train/samples_per_s") if records else None,
     }
+    planned = summary["ddp_state_bytes"]
+    summary["state_vs_ddp"] = max(summary["optim_state_bytes"]) / planned if planned else None
     if training.zero:
         summary["partition"] = training.optimizer.partition.report().as_dict()
     summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})

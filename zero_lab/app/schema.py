@@ -157,6 +157,7 @@ class Config:
     resume: str | None = None
     resume_optimizer: ResumeOptimizer = ResumeOptimizer.strict
     progress: bool = True
+    objective: Any = "final_loss"  # what the job returns to a sweeper: a name or a list (zero_lab/app/objective.py)
 
 
 def constructor_arguments(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from zero_lab.app.build import is_zero
+from zero_lab.app.wandb_run import MACHINERY, identity, run_config, run_summary, where
 
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
 
@@ -132,17 +133,17 @@ class WandbSink:
         self.run.log(record)
 
     def summary(self, values: dict[str, Any]) -> None:
-        for key, value in values.items():
-            if isinstance(value, (int, float, str, bool)):
-                self.run.summary[key] = value
+        self.run.summary.update(run_summary(values))  # one record, not one per key
         if values.get("exchange"):  # the exchange zero_lab chose (exchange=auto) and its timings
             self.run.config.update({"exchange_report": values["exchange"]}, allow_val_change=True)
 
     def close(self, failed: bool = False) -> None:
+        line = where(bool(self.run.offline), str(self.run.settings.sync_dir), self.run.url)
         try:
             self.run.finish(exit_code=1 if failed else 0)
         finally:
             self._wandb.teardown()
+        print(line, flush=True)
 
 
 def _init_with_fallback(wandb: Any, mode: str, init_timeout_s: float, **init: Any) -> Any:
@@ -170,21 +171,17 @@ def _init_with_fallback(wandb: Any, mode: str, init_timeout_s: float, **init: An
 
 
 def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta: dict[str, Any]) -> MetricSink:
-    """Build ``cfg.logger`` (a ``_partial_`` target) for this run: W&B group and name from the
-    sweep unless set, and the group choices and world size appended to the tags."""
+    """Build ``cfg.logger`` (a ``_partial_`` target) for this run: group, name and tags from
+    the sweep (:func:`~zero_lab.app.wandb_run.identity`) and the filterable run config
+    (:func:`~zero_lab.app.wandb_run.run_config`)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    logger_cfg = OmegaConf.to_container(cfg.logger)
+    logger_cfg = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     assert isinstance(logger_cfg, dict)
-    logger_cfg["group"] = logger_cfg.get("group") or meta.get("group")
-    logger_cfg["name"] = logger_cfg.get("name") or meta.get("name")
-    if "tags" in logger_cfg:  # filter runs by strategy in the W&B UI (NullSink takes none)
-        choices = meta.get("choices", {})
-        groups = ("optim", "partitioner", "model") if is_zero(cfg.optim) else ("optim", "model")
-        auto = [f"{group}:{choices[group]}" for group in groups if choices.get(group)]
-        logger_cfg["tags"] = [*(logger_cfg["tags"] or []), *auto, f"world_size:{cfg.dist.world_size}"]
-    return instantiate(logger_cfg)(run_dir=str(run_dir), config=config)
+    logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, is_zero(cfg.optim))
+    used = {k: v for k, v in logger_cfg.items() if k not in MACHINERY}
+    return instantiate(logger_cfg)(run_dir=str(run_dir), config=run_config(config, meta.get("choices", {}), used))
 
 
 class JsonlFollower:

@@ -39,6 +39,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
+from zero_lab.app.objective import check_objective
 from zero_lab.app.schema import APP_KEYS, GROUPS, HYDRA_KEYS, SUPPLIED_BY_APP, constructor_arguments, forwarded_classes
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.optimizer import ZeroRedundancyOptimizer, check_partition_fits
@@ -407,6 +408,10 @@ def _check_logger(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _check_objective(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    return check_objective(cfg.objective)
+
+
 _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_finite,
     _check_ranges,
@@ -419,4 +424,5 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_partition,
     _check_resume,
     _check_logger,
+    _check_objective,
 ]

@@ -1,0 +1,188 @@
+"""The report's three PNGs, each readable on its own (title, axes with units, legend).
+
+* :func:`plot_memory` — optimizer state per rank vs world size: one line per series (the
+  runs' labels without the world size) through the fullest rank, every rank as a marked
+  point (nudged sideways per series so equal values stay visible), and the ideal
+  ``DDP state / W`` curve for each DDP baseline.
+* :func:`plot_time` — one stacked bar per run: median compute (step − exchange) and median
+  parameter exchange, whiskers from the 10th to the 90th percentile of each.
+* :func:`plot_loss` — every run's loss per (integer) step; runs whose curves coincide are
+  drawn in different styles and widths, and the legend says which one they repeat.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: the report is written, never shown
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from zero_lab.report.runs import Run, percentile
+from zero_lab.report.table import byte_unit, ddp_baseline
+
+__all__ = ["PLOTS", "plot_loss", "plot_memory", "plot_time"]
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+_STYLES = ("-", "--", "-.", ":")
+_DPI = 110
+
+
+def _series(runs: list[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.series, []).append(run)
+    return {name: sorted(group, key=lambda r: r.world_size) for name, group in groups.items()}
+
+
+def _save(fig: plt.Figure, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+def plot_memory(runs: list[Run], path: Path) -> None:
+    states = [run.per_rank("optim_state_bytes") or [0.0] for run in runs]
+    div, unit = byte_unit(max(max(s) for s in states))
+    worlds = sorted({run.world_size for run in runs})
+    span = (worlds[-1] - worlds[0]) or 1
+    groups = _series(runs)
+    nudge = 0.06 * span / max(1, len(groups))  # series side by side, so equal values stay visible
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for index, (name, group) in enumerate(groups.items()):
+        offset = (index - (len(groups) - 1) / 2) * nudge
+        marker = _MARKERS[index % len(_MARKERS)]
+        maxima = [max(r.per_rank("optim_state_bytes") or [0.0]) / div for r in group]
+        line = ax.plot(
+            [r.world_size + offset for r in group],
+            maxima,
+            linestyle=_STYLES[index % len(_STYLES)],
+            linewidth=1.8,
+        )[0]
+        style = {"color": line.get_color(), "linestyle": line.get_linestyle(), "markeredgecolor": "black"}
+        ax.plot([], [], marker=marker, markersize=8, label=name, **style)  # the legend's entry: line + marker
+        for run in group:
+            ranks = [b / div for b in run.per_rank("optim_state_bytes") or []]
+            spread = nudge * 0.6 / max(1, len(ranks))  # every rank its own point, side by side
+            ax.scatter(
+                [run.world_size + offset + (r - (len(ranks) - 1) / 2) * spread for r in range(len(ranks))],
+                ranks,
+                s=64,
+                marker=marker,
+                color=line.get_color(),
+                edgecolors="black",
+                linewidths=0.8,
+                alpha=0.85,
+                zorder=3,
+            )
+    _ideal_lines(ax, runs, worlds, div, unit)
+    ax.set_xlabel("world size W (ranks)")
+    ax.set_ylabel(f"optimizer state per rank ({unit})")
+    ax.set_title("Optimizer state per rank vs world size\n(a marker per rank; line: fullest rank; dotted: DDP / W)")
+    ax.set_xticks(worlds)
+    if len(worlds) == 1:
+        ax.set_xlim(worlds[0] - 0.5, worlds[0] + 0.5)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    _save(fig, path)
+
+
+def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float, unit: str) -> None:
+    """``DDP state / W`` over the plotted range, once per distinct DDP baseline."""
+    baselines = sorted({b.state_bytes for run in runs if (b := ddp_baseline(run, runs)) is not None})
+    low, high = (worlds[0], worlds[-1]) if worlds[-1] > worlds[0] else (worlds[0] - 0.4, worlds[0] + 0.4)
+    xs = [low + (high - low) * i / 60 for i in range(61)]
+    for value in baselines:
+        ax.plot(
+            xs,
+            [value / div / x for x in xs],
+            color="black",
+            linestyle=":",
+            linewidth=1.3,
+            label=f"ideal: DDP / W (DDP = {value / div:.3g} {unit})",
+        )
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(median, median − p10, p90 − median) in ms."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    mid = statistics.median(values)
+    return 1e3 * mid, 1e3 * (mid - percentile(values, 0.1)), 1e3 * (percentile(values, 0.9) - mid)
+
+
+def plot_time(runs: list[Run], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(runs) + 3), 5.2))
+    xs = list(range(len(runs)))
+    for x, run in zip(xs, runs):
+        steps, exchanges = run.per_step("time/step_s/max"), run.per_step("time/exchange_s/max")
+        exchanges = exchanges or [0.0] * len(steps)
+        compute = [s - e for s, e in zip(steps, exchanges)]
+        ex_mid, ex_low, ex_high = _spread(exchanges)
+        co_mid, co_low, co_high = _spread(compute)
+        ax.bar(x, ex_mid, width=0.6, color="tab:orange", edgecolor="black", hatch="//")
+        ax.bar(x, co_mid, width=0.6, bottom=ex_mid, color="tab:blue", edgecolor="black")
+        ax.errorbar(x - 0.12, ex_mid, yerr=[[ex_low], [ex_high]], color="black", capsize=3, linewidth=1)
+        ax.errorbar(x + 0.12, ex_mid + co_mid, yerr=[[co_low], [co_high]], color="black", capsize=3, linewidth=1)
+    handles = [
+        Patch(facecolor="tab:blue", edgecolor="black", label="compute (step − exchange)"),
+        Patch(facecolor="tab:orange", edgecolor="black", hatch="//", label="parameter exchange"),
+    ]
+    ax.set_xticks(xs, [_wrap(f"{run.label} · W={run.world_size}") for run in runs], rotation=20, ha="right")
+    ax.set_ylabel("time per step (ms, slowest rank)")
+    ax.set_title("Step time per run: median, split into compute and exchange\n(whiskers: 10th–90th percentile)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(handles=handles, fontsize=8)
+    _save(fig, path)
+
+
+def _wrap(text: str, width: int = 28) -> str:
+    words, lines, line = text.split(" "), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "\n".join([*lines, line])
+
+
+def _same_curve(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-7, abs_tol=1e-12) for x, y in zip(a, b))
+
+
+def plot_loss(runs: list[Run], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: list[Run] = []
+    for index, run in enumerate(runs):
+        twins = [other for other in drawn if _same_curve(other.losses, run.losses)]
+        label = run.label if not twins else f"{run.label} (= {twins[0].label})"
+        steps = list(range(len(run.losses)))
+        ax.plot(
+            steps,
+            run.losses,
+            label=_wrap(label, 60),
+            linestyle=_STYLES[len(twins) % len(_STYLES)] if twins else "-",
+            linewidth=max(1.0, 3.5 - 1.0 * len(twins)),
+            marker=_MARKERS[index % len(_MARKERS)],
+            markersize=6,
+            markevery=(len(twins) % 3, 3),  # stagger the markers of coinciding curves
+            alpha=0.9,
+        )
+        drawn.append(run)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (global batch)")
+    ax.set_title("Loss per step (a curve marked '= X' coincides with run X)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+PLOTS = {"memory.png": plot_memory, "time.png": plot_time, "loss.png": plot_loss}
