@@ -101,12 +101,13 @@ class Chromium:
 
     def open(self, url: str) -> str:
         """A new tab at ``url``, loaded; returns its session id."""
-        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.wait_for(session, "document.readyState === 'complete'")
+        self.navigate(session, url)
         return session
 
     def navigate(self, session: str, url: str) -> None:
+        """Load ``url`` and wait until that document (not the one before it) is complete."""
         self.call("Page.navigate", {"url": url}, session)
         self.wait_for(session, f"location.href === {json.dumps(url)} && document.readyState === 'complete'")
 

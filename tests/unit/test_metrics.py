@@ -76,7 +76,12 @@ def test_tensor_bytes_count_params_grads_buffers_and_state_each_once():
 
 
 def test_ddp_state_bytes_is_the_planners_number_and_matches_the_real_state():
-    cases = ((torch.optim.Adam, {}), (torch.optim.SGD, {"momentum": 0.9}), (torch.optim.SGD, {}))
+    cases = (
+        (torch.optim.Adam, {}),
+        (torch.optim.AdamW, {"amsgrad": True}),  # its defaults hold a key its constructor refuses
+        (torch.optim.SGD, {"momentum": 0.9}),
+        (torch.optim.SGD, {}),
+    )
     for optimizer_class, options in cases:
         training = stepped(optimizer_class, **options)
         assert ddp_state_bytes(training.model, training.optimizer) == state_bytes(training.optimizer)

@@ -21,6 +21,7 @@ three together (the optimizer steps inside DDP's communication hook):
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +195,8 @@ def ddp_state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
     """Per-rank state of DDP + the plain optimizer on this model, as the planner predicts it
     (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline."""
     local = getattr(optimizer, "optim", optimizer)
-    options = {k: v for k, v in local.defaults.items() if isinstance(v, (bool, int, float, str))}
+    accepted = inspect.signature(type(local)).parameters  # defaults may hold keys the constructor sets itself
+    options = {k: v for k, v in local.defaults.items() if k in accepted and isinstance(v, (bool, int, float, str))}
     device = next(model.parameters()).device
     plan = plan_memory(specs_from_module(model, device), 1, None, type(local), **options)
     return plan.ranks[0].state_bytes

@@ -2,7 +2,8 @@
 
 A sink is anything with ``log(record)``, ``summary(values)`` and ``close(failed)``
 (:class:`MetricSink`). ``cfg.logger`` is a ``_partial_`` target completed at the call
-site (:func:`make_logger_sink`) with the run dir, the resolved config and the sweep group.
+site (:func:`make_logger_sink`) with the run dir and what the W&B run shows (its config,
+group, name, tags and summary keys: :mod:`zero_lab.app.wandb_run`).
 
 Who runs the logger: with ranks started inside the Hydra job, the job process follows
 rank 0's ``metrics.jsonl`` (:class:`JsonlFollower`), which keeps W&B's per-call cost off
@@ -11,7 +12,8 @@ Under torchrun there is no such process, so rank 0 logs directly.
 
 :class:`WandbSink` imports wandb lazily; offline mode needs no key and no network, and
 everything (run files, wandb-core logs, cache) stays in the run dir. ``close`` always
-finishes the run and tears wandb-core down, so no process outlives the job.
+finishes the run and tears wandb-core down, so no process outlives the job, then prints
+where the run is (offline: its directory and the ``wandb sync`` command; online: its URL).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 th{background:#f1f1f1;cursor:pointer;user-select:none;white-space:nowrap}
 th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 table.meta th{cursor:default}

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from zero_lab.report.runs import Run, percentile
+from zero_lab.report.runs import WORLD_KEY, Run, percentile
 from zero_lab.report.table import byte_unit, ddp_baseline
 
 __all__ = ["PLOTS", "plot_loss", "plot_memory", "plot_time"]
@@ -134,7 +134,8 @@ def plot_time(runs: list[Run], path: Path) -> None:
         Patch(facecolor="tab:blue", edgecolor="black", label="compute (step − exchange)"),
         Patch(facecolor="tab:orange", edgecolor="black", hatch="//", label="parameter exchange"),
     ]
-    ax.set_xticks(xs, [_wrap(f"{run.label} · W={run.world_size}") for run in runs], rotation=20, ha="right")
+    names = [run.label if WORLD_KEY in run.label else f"{run.label} · W={run.world_size}" for run in runs]
+    ax.set_xticks(xs, [_wrap(name) for name in names], rotation=20, ha="right")
     ax.set_ylabel("time per step (ms, slowest rank)")
     ax.set_title("Step time per run: median, split into compute and exchange\n(whiskers: 10th–90th percentile)")
     ax.grid(axis="y", alpha=0.3)
@@ -158,7 +159,7 @@ def _same_curve(a: list[float], b: list[float]) -> bool:
 
 
 def plot_loss(runs: list[Run], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     drawn: list[Run] = []
     for index, run in enumerate(runs):
         twins = [other for other in drawn if _same_curve(other.losses, run.losses)]
@@ -167,7 +168,7 @@ def plot_loss(runs: list[Run], path: Path) -> None:
         ax.plot(
             steps,
             run.losses,
-            label=_wrap(label, 60),
+            label=_wrap(label, 45),
             linestyle=_STYLES[len(twins) % len(_STYLES)] if twins else "-",
             linewidth=max(1.0, 3.5 - 1.0 * len(twins)),
             marker=_MARKERS[index % len(_MARKERS)],
@@ -181,7 +182,7 @@ def plot_loss(runs: list[Run], path: Path) -> None:
     ax.set_ylabel("training loss (global batch)")
     ax.set_title("Loss per step (a curve marked '= X' coincides with run X)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _save(fig, path)
 
 
