@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 
 from zero_lab.app.validate import enum_str, is_zero
 from zero_lab.comm import CommStats
+from zero_lab.measure import optimizer_state_bytes  # re-exported: the app counts state bytes with the core
 
 __all__ = [
     "APP_OPTIM_KEYS",
@@ -138,15 +139,3 @@ def master_weight_bytes(optimizer: Optimizer) -> int:
     """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
     measure = getattr(optimizer, "master_weight_bytes", None)
     return measure() if measure is not None else 0
-
-
-def optimizer_state_bytes(optimizer: Optimizer) -> int:
-    """Bytes of every tensor in this rank's optimizer state (the local shard's, for ZeRO);
-    fp32 master shards are counted apart (:func:`master_weight_bytes`)."""
-    local = getattr(optimizer, "optim", optimizer)
-    total = 0
-    for state in local.state.values():
-        for value in state.values():
-            if torch.is_tensor(value):
-                total += value.numel() * value.element_size()
-    return total

@@ -64,7 +64,7 @@ def _run(runner: Runner, preset: ModelPreset, steps: int, first: int = 0) -> Non
 def _metered_iteration(runner: Runner, preset: ModelPreset, step: int, element_size: int) -> dict[str, Any]:
     with CollectiveMeter(element_size, dist.get_world_size()) as meter:
         _run(runner, preset, 1, first=step)
-    return {kind: asdict(stats) for kind, stats in meter.totals().items()}
+    return {kind: {"calls": stats.calls, "bytes": stats.bytes} for kind, stats in meter.totals().items()}
 
 
 def memory_phase(
