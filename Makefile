@@ -33,7 +33,7 @@ format: setup
 clean:
 	rm -rf $(VENV) outputs/*/ multirun .pytest_cache
 
-# Benchmarks (README, "Benchmarks"). FairScale's OSS row needs fairscale 0.4.13, installed
+# Benchmarks (docs/benchmarks.md). FairScale's OSS row needs fairscale 0.4.13, installed
 # with --no-deps so pip leaves this torch alone (it runs with torch 2.13; see FIELD-NOTES).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
