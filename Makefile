@@ -41,7 +41,7 @@ clean:
 	rm -rf $(VENV) outputs/*/ .pytest_cache
 
 # Benchmarks (docs/benchmarks.md). FairScale's OSS row needs fairscale 0.4.13, installed
-# with --no-deps so pip leaves this torch alone (it runs with torch 2.13).
+# with --no-deps so pip leaves this torch alone (it runs with torch 2.13; see FIELD-NOTES).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
 	$(BIN)/pip install -q --no-deps fairscale==0.4.13

@@ -1,140 +1,14 @@
 """Predict per-rank memory of ZeRO-1 at world sizes this machine cannot run.
 
-Builds the model on the ``meta`` device (no memory), runs the real zero_lab partitioner
-on its parameter sizes and prices each rank's shards with the optimizer's state layout
-(probed from the real optimizer class); see :mod:`zero_lab.planner`::
-
-    python scripts/plan.py --model lm --world-size 1024 --partitioner flat
-    python scripts/plan.py --model gpt2-xl --world-size 8 64 1024 4096 --partitioner all
-    python scripts/plan.py --model tutorial --world-size 2 --optimizer sgd --json plan.json
-
-Prints, per world size, one row per strategy (plain DDP first): the bytes every rank
-holds (parameters, gradients, DDP buckets — the same on all ranks) and the optimizer
-state's max / mean / min over ranks, with the partition imbalance.
+A thin command line over :mod:`zero_lab.bench.plan`; ``--help`` lists the options.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import torch
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # zero_lab from this checkout, installed or not
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # zero_lab from this checkout; bench's models
-
-from bench import MODELS, TiedLM  # noqa: E402
-
-from zero_lab.partition import Flat, Partitioner, SortedGreedy  # noqa: E402
-from zero_lab.planner import MemoryPlan, plan_memory, specs_from_module  # noqa: E402
-
-MIB = 2**20
-
-#: Models only the planner sees (built on the meta device): GPT-2 shapes, head tied.
-PLAN_ONLY: dict[str, Callable[[], nn.Module]] = {
-    "gpt2": lambda: TiedLM(50_257, 1024, 768, 12),
-    "gpt2-xl": lambda: TiedLM(50_257, 1024, 1600, 48),
-}
-
-PARTITIONERS: dict[str, Callable[[], Partitioner]] = {"sorted_greedy": SortedGreedy, "flat": Flat}
-
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-    "adam": (torch.optim.Adam, {"lr": 1e-3}),
-    "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
-    "sgd": (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9}),
-    "adagrad": (torch.optim.Adagrad, {"lr": 1e-2}),
-    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3}),
-}
-
-
-def build_on_meta(name: str) -> nn.Module:
-    """The named model with every tensor on the meta device (shapes only, no storage)."""
-    build = PLAN_ONLY[name] if name in PLAN_ONLY else MODELS[name].build
-    with torch.device("meta"):
-        return build()
-
-
-def plans_for(
-    module: nn.Module,
-    world_size: int,
-    partitioners: Sequence[str],
-    optimizer: str,
-    dtype: torch.dtype,
-    master_weights: bool = False,
-) -> list[MemoryPlan]:
-    """DDP + the optimizer, then ZeRO-1 with each partitioner, at ``world_size``.
-
-    ``master_weights`` applies to the ZeRO rows (zero_lab keeps fp32 masters of owned
-    low-precision shards); the DDP row is the plain optimizer on the parameters as they are.
-    """
-    optimizer_class, defaults = OPTIMIZERS[optimizer]
-    specs = specs_from_module((name, p.to(dtype)) for name, p in module.named_parameters())
-    ddp = plan_memory(specs, world_size, None, optimizer_class, **defaults)
-    return [ddp] + [
-        plan_memory(specs, world_size, PARTITIONERS[p](), optimizer_class, master_weights=master_weights, **defaults)
-        for p in partitioners
-    ]
-
-
-def format_plans(plans: Sequence[MemoryPlan]) -> str:
-    """One Markdown table for one world size: what every rank holds, and the state spread."""
-    first = plans[0].ranks[0]
-    lines = [
-        f"W={plans[0].world_size}: every rank holds parameters {first.param_bytes / MIB:,.1f} MiB, "
-        f"gradients {first.grad_bytes / MIB:,.1f} MiB, DDP buckets {first.ddp_buffer_bytes / MIB:,.1f} MiB",
-        "",
-        "| strategy | state max MiB | state mean MiB | state min MiB | fp32 masters max MiB | total max MiB "
-        "| state ÷ DDP | imbalance |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    ddp_state = plans[0].summary()["state_bytes"]["max"]
-    for plan in plans:
-        summary = plan.summary()
-        state, total, masters = summary["state_bytes"], summary["total_bytes"], summary["master_bytes"]
-        ratio = state["max"] / ddp_state if ddp_state else float("nan")
-        lines.append(
-            f"| {plan.strategy} | {state['max'] / MIB:,.3f} | {state['mean'] / MIB:,.3f} | {state['min'] / MIB:,.3f} "
-            f"| {masters['max'] / MIB:,.1f} | {total['max'] / MIB:,.1f} | {ratio:.4f} | {plan.imbalance:.3f} |"
-        )
-    return "\n".join(lines)
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--model", default="lm", choices=sorted([*MODELS, *PLAN_ONLY]))
-    parser.add_argument("--world-size", type=int, nargs="+", default=[2], help="one or more world sizes")
-    parser.add_argument("--partitioner", default="all", choices=[*PARTITIONERS, "all"])
-    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--master-weights", action="store_true", help="ZeRO rows keep fp32 masters of bf16/fp16")
-    parser.add_argument("--json", type=Path, help="also write every plan (per rank) as JSON here")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    args = parse_args(argv)
-    module = build_on_meta(args.model)
-    dtype = getattr(torch, args.dtype)
-    partitioners = list(PARTITIONERS) if args.partitioner == "all" else [args.partitioner]
-    numel = sum(p.numel() for p in module.parameters())
-    print(f"model {args.model}: {numel:,} parameters ({args.dtype}), optimizer {args.optimizer}")
-    out = []
-    for world_size in args.world_size:
-        plans = plans_for(module, world_size, partitioners, args.optimizer, dtype, args.master_weights)
-        if not out:
-            print(f"optimizer state per stepped tensor: {plans[0].state_rule}\n")
-        print(format_plans(plans) + "\n")
-        out += [plan.as_dict(per_rank=args.json is not None) for plan in plans]
-    if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "numel": numel, "plans": out}, indent=1))
-        print(f"per-rank plans: {args.json}")
-    return out
-
+from zero_lab.bench.plan import main
 
 if __name__ == "__main__":
     main()

@@ -18,6 +18,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import Partitioner
 
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -155,12 +156,6 @@ def _rewrap(ddp: DDP) -> tuple[DDP, nn.Module]:
     return DDP(model), model
 
 
-def state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in the (local) optimizer state."""
-    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
-    return sum(v.numel() * v.element_size() for s in inner.state.values() for v in s.values() if torch.is_tensor(v))
-
-
 def parity(cases: list[Case]) -> list[dict[str, Any]]:
     """For each case: max |ZeRO - reference| over parameters, losses, state bytes."""
     out = []
@@ -173,8 +168,8 @@ def parity(cases: list[Case]) -> list[dict[str, Any]]:
                 "max_diff": diff,
                 "zero_losses": zero_losses,
                 "ref_losses": ref_losses,
-                "state_bytes": state_bytes(zero_opt),
-                "ref_state_bytes": state_bytes(ref_opt),
+                "state_bytes": optimizer_state_bytes(zero_opt),
+                "ref_state_bytes": optimizer_state_bytes(ref_opt),
                 "largest_param_state_bytes": 2 * max(p.numel() * p.element_size() for p in zero_model.parameters()),
                 "checksum": float(sum(p.double().sum() for p in zero_model.parameters())),
                 "zero_norms": zero_opt.grad_norms,

@@ -47,10 +47,11 @@ from torch.optim import Optimizer
 
 from zero_lab.comm import CommStats, Communicator
 from zero_lab.exchange import ExchangeReport, InFlight, ParamExchange, share_grads_with_joined
+from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits", "state_bytes"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,22 +83,6 @@ def check_partition_fits(partition: Partition, optimizer_class: type[Optimizer],
             f"{[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}. Use a whole-parameter partitioner "
             "(SortedGreedy, Manual) instead."
         )
-
-
-def state_bytes(optimizer: Optimizer) -> int:
-    """Bytes of every tensor in ``optimizer.state`` (any ``torch.optim`` optimizer; for a
-    :class:`ZeroRedundancyOptimizer`, its local shard's: the wrapped ``optim``).
-
-    fp32 master shards are not optimizer state: see
-    :meth:`ZeroRedundancyOptimizer.master_weight_bytes`.
-    """
-    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
-    return sum(
-        value.numel() * value.element_size()
-        for state in local.state.values()
-        for value in state.values()
-        if torch.is_tensor(value)
-    )
 
 
 def _normalize_params(params: Any) -> list[dict[str, Any]]:
@@ -520,8 +505,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         return total
 
     def local_state_bytes(self) -> int:
-        """Bytes of this rank's optimizer state, from the real state tensors (:func:`state_bytes`)."""
-        return state_bytes(self)
+        """Bytes of this rank's optimizer state, from the real state tensors
+        (:func:`zero_lab.measure.optimizer_state_bytes`)."""
+        return optimizer_state_bytes(self.optim)
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from zero_lab.measure import optimizer_state_bytes
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.planner import plan_memory, specs_from_module
@@ -32,11 +33,6 @@ def make_model() -> nn.Module:
     return model
 
 
-def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    local = getattr(optimizer, "optim", optimizer)
-    return sum(v.numel() * v.element_size() for s in local.state.values() for v in s.values() if torch.is_tensor(v))
-
-
 def measure_rank(steps: int = 2) -> dict[str, dict[str, int]]:
     """On every rank: each case's real optimizer-state, parameter and gradient bytes after ``steps``."""
     from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
@@ -57,7 +53,7 @@ def measure_rank(steps: int = 2) -> dict[str, dict[str, int]]:
             model(tokens).pow(2).mean().backward()
             optimizer.step()
         out[name] = {
-            "state_bytes": _state_bytes(optimizer),
+            "state_bytes": optimizer_state_bytes(optimizer),
             "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "grad_bytes": sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None),
         }

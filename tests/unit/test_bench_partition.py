@@ -1,10 +1,10 @@
-"""scripts/bench_partition.py: the O(n·W) baseline assigns exactly as zero_lab's heap does."""
+"""zero_lab.bench.partition_speed: the O(n·W) baseline assigns exactly as zero_lab's heap does."""
 
 from __future__ import annotations
 
 import random
 
-from scripts import bench_partition
+from zero_lab.bench import partition_speed as bench_partition
 from zero_lab.partition import SortedGreedy
 
 

@@ -15,7 +15,7 @@ import torch
 from zero_lab.app.build import Training, ddp_state_bytes, tensor_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
-from zero_lab.optimizer import state_bytes
+from zero_lab.measure import optimizer_state_bytes
 
 #: The per-rank metric prefixes users chart; each has /rank{r}, /max and /mean.
 PER_RANK = (
@@ -48,11 +48,11 @@ def test_step_record_has_per_rank_values_max_and_mean():
 def test_optimizer_state_bytes_come_from_the_real_state_tensors():
     model = torch.nn.Linear(10, 5)
     optimizer = torch.optim.Adam(model.parameters())
-    assert state_bytes(optimizer) == 0  # Adam allocates its state at the first step
+    assert optimizer_state_bytes(optimizer) == 0  # Adam allocates its state at the first step
     model(torch.randn(3, 10)).sum().backward()
     optimizer.step()
     moments = 2 * 4 * sum(p.numel() for p in model.parameters())  # exp_avg + exp_avg_sq, float32
-    assert moments <= state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
+    assert moments <= optimizer_state_bytes(optimizer) <= moments + 2 * 8  # + one `step` scalar per param
 
 
 def stepped(optimizer_class: type[torch.optim.Optimizer], **options) -> Training:
@@ -69,7 +69,7 @@ def test_tensor_bytes_count_params_grads_buffers_and_state_each_once():
     model = training.model
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # running stats + int64 counter
-    state = state_bytes(training.optimizer)
+    state = optimizer_state_bytes(training.optimizer)
     assert state > 0 and buffers == 2 * 5 * 4 + 8
     # the optimizer's param_groups hold the model's own parameters: counted once, not twice
     assert tensor_bytes(training) == 2 * params + buffers + state
@@ -84,7 +84,7 @@ def test_ddp_state_bytes_is_the_planners_number_and_matches_the_real_state():
     )
     for optimizer_class, options in cases:
         training = stepped(optimizer_class, **options)
-        assert ddp_state_bytes(training.model, training.optimizer) == state_bytes(training.optimizer)
+        assert ddp_state_bytes(training.model, training.optimizer) == optimizer_state_bytes(training.optimizer)
     assert ddp_state_bytes(training.model, training.optimizer) == 0  # plain SGD keeps no state
 
 

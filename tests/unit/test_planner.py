@@ -71,13 +71,3 @@ def test_plan_table_and_dict() -> None:
     assert "state" in plan.table() and "max" in plan.table()
     data = plan.as_dict(per_rank=True)
     assert data["summary"]["state_bytes"]["max"] == 84 and len(data["ranks"]) == 2
-
-
-def test_plan_cli_prints_a_table(capsys) -> None:
-    from scripts import plan
-
-    plans = plan.main(["--model", "lm", "--world-size", "1024", "--partitioner", "flat"])
-    out = capsys.readouterr().out
-    assert "W=1024" in out and "Flat()" in out and "| DDP + Adam |" in out
-    assert [p["world_size"] for p in plans] == [1024, 1024]
-    assert plans[1]["summary"]["state_bytes"]["max"] < plans[0]["summary"]["state_bytes"]["max"] / 1000

@@ -54,7 +54,7 @@ from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, ste
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.files import write_json
-from zero_lab.optimizer import state_bytes
+from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime.signals import StopRequest, signal_name
 
 __all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
@@ -200,7 +200,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
         exchange_bytes=exchange.bytes if exchange else 0.0,
         exchange_calls=exchange.calls if exchange else 0.0,
-        optim_state_bytes=state_bytes(training.optimizer),
+        optim_state_bytes=optimizer_state_bytes(training.optimizer),
         master_weight_bytes=master_weight_bytes(training.optimizer),
         tensor_bytes=tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),

@@ -1,0 +1,80 @@
+"""Count the collectives any code issues, from the profiler, without patching ``torch.distributed``.
+
+zero_lab meters its own collectives (:attr:`ZeroRedundancyOptimizer.comm_stats`);
+torch's ``ZeroRedundancyOptimizer``, FairScale's ``OSS``, DDP and FSDP2 do not. Their
+collectives are read from ``torch.profiler``: the backend records one event per
+collective (``gloo:broadcast``, ``gloo:all_gather``, ``nccl:...``) with the shapes of
+its input tensors, so the payload is the product of those shapes. Byte accounting is
+:class:`~zero_lab.comm.Communicator`'s: a broadcast or all-reduce of ``n`` bytes counts
+``n``; an all-gather counts its output (the local input × world size).
+
+Collectives are sorted into two kinds: ``params`` (broadcast, all-gather: moving
+parameters) and ``grads`` (all-reduce, reduce-scatter: reducing gradients); barriers
+and anything else count nowhere. The profiler costs time, so the benchmark meters one
+untimed iteration per strategy (its memory phase)::
+
+    with CollectiveMeter(element_size=4, world_size=2) as meter:
+        loss.backward(); optimizer.step()
+    meter.totals()   # {"params": CommStats(calls, bytes, 0.0), "grads": ...}
+"""
+
+from __future__ import annotations
+
+import math
+from types import TracebackType
+
+from torch.profiler import ProfilerActivity, profile
+
+from zero_lab.comm import CommStats
+
+__all__ = ["CollectiveMeter", "kind_of"]
+
+_BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:")
+
+
+def kind_of(op: str) -> str | None:
+    """``params`` / ``grads`` for a collective's name (without backend prefix), else ``None``."""
+    op = op.lower()
+    if "reduce" in op:
+        return "grads"
+    if "broadcast" in op or "gather" in op:
+        return "params"
+    return None
+
+
+class CollectiveMeter:
+    """A profiler window; :meth:`totals` gives calls and bytes per kind of collective.
+
+    ``element_size`` is the bytes per element of the exchanged tensors (the profiler
+    records shapes, not dtypes; every benchmark model is in one dtype).
+    """
+
+    def __init__(self, element_size: int, world_size: int):
+        self.element_size = element_size
+        self.world_size = world_size
+        self._profile = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+
+    def __enter__(self) -> CollectiveMeter:
+        self._profile.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._profile.__exit__(kind, error, trace)
+
+    def totals(self) -> dict[str, CommStats]:
+        out = {"params": CommStats(), "grads": CommStats()}
+        for event in self._profile.events():
+            if not event.name.startswith(_BACKENDS):
+                continue
+            op = event.name.split(":", 1)[1]
+            kind = kind_of(op)
+            if kind is None or not event.input_shapes or not event.input_shapes[0]:
+                continue
+            numel = math.prod(event.input_shapes[0])
+            if "gather" in op:
+                numel *= self.world_size  # the local input, W times: the output
+            out[kind].calls += 1
+            out[kind].bytes += numel * self.element_size
+        return out

@@ -1,0 +1,131 @@
+"""The benchmark's models and their synthetic data, built from the app's model classes.
+
+A :class:`ModelPreset` couples a model builder with a deterministic batch function:
+``batch(step, rank)`` is the same for every strategy, so all of them see the same data.
+The models are the app's :class:`~zero_lab.app.models.MLP` and
+:class:`~zero_lab.app.models.TinyLM` (the LM with its head tied to the token embedding,
+as GPT-2 does)::
+
+    preset = MODELS["tutorial"]
+    model = preset.build()
+    x, y = preset.batch(step=0, rank=1)
+    preset.loss(model(x), y).backward()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from zero_lab.app.models import MLP, TinyLM
+
+__all__ = ["MODELS", "PLAN_ONLY", "ModelPreset", "blocks_of", "tied_lm"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A model and its synthetic data; ``batch(step, rank)`` is the same for every strategy."""
+
+    name: str
+    description: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[int, int], Batch]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def tied_lm(vocab: int, seq_len: int, d_model: int, n_layer: int) -> TinyLM:
+    """The app's TinyLM (4 heads) with the LM head tied to the token embedding."""
+    model = TinyLM(vocab, seq_len, d_model, n_layer, n_head=4)
+    model.head.weight = model.tok_emb.weight
+    return model
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a benchmark model (FSDP2 shards each one on its own)."""
+    if isinstance(model, TinyLM):
+        return list(model.blocks)
+    if isinstance(model, MLP):
+        return list(model.layers)
+    raise TypeError(f"no block structure known for {type(model).__name__}")
+
+
+def _generator(step: int, rank: int) -> torch.Generator:
+    return torch.Generator().manual_seed(10_000 * step + rank)
+
+
+def _regression_batch(batch: int, width: int) -> Callable[[int, int], Batch]:
+    def make(step: int, rank: int) -> Batch:
+        g = _generator(step, rank)
+        return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+    return make
+
+
+def _lm_batch(batch: int, seq_len: int, vocab: int) -> Callable[[int, int], Batch]:
+    def make(step: int, rank: int) -> Batch:
+        tokens = torch.randint(0, vocab, (batch, seq_len + 1), generator=_generator(step, rank))
+        return tokens[:, :-1], tokens[:, 1:]
+
+    return make
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _tutorial(depth: int) -> Callable[[], nn.Module]:
+    return lambda: MLP(2000, 2000, 2000, depth, activation=None)
+
+
+MODELS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset(
+            "tutorial",
+            "20×Linear(2000,2000), batch 20, MSE (torch's ZeRO tutorial)",
+            _tutorial(20),
+            _regression_batch(20, 2000),
+            F.mse_loss,
+        ),
+        ModelPreset(
+            "tutorial-quick",
+            "4×Linear(2000,2000) (the tutorial, 4 of its 20 layers), batch 20, MSE",
+            _tutorial(4),
+            _regression_batch(20, 2000),
+            F.mse_loss,
+        ),
+        ModelPreset(
+            "lm",
+            "tied-embedding LM: vocab 32000 × d 256, 4 blocks, 2×64 tokens",
+            lambda: tied_lm(32_000, 64, 256, 4),
+            _lm_batch(2, 64, 32_000),
+            _lm_loss,
+        ),
+        ModelPreset(
+            "lm-quick",
+            "tied-embedding LM: vocab 32000 × d 256, 2 blocks, 2×32 tokens",
+            lambda: tied_lm(32_000, 32, 256, 2),
+            _lm_batch(2, 32, 32_000),
+            _lm_loss,
+        ),
+        ModelPreset(
+            "tiny",
+            "MLP 16→48→48→16, tanh (for tests)",
+            lambda: MLP(16, 48, 16, 3, activation="tanh"),
+            _regression_batch(4, 16),
+            F.mse_loss,
+        ),
+    )
+}
+
+#: Models only the planner sees (built on the meta device): GPT-2 shapes, head tied.
+PLAN_ONLY: dict[str, Callable[[], nn.Module]] = {
+    "gpt2": lambda: tied_lm(50_257, 1024, 768, 12),
+    "gpt2-xl": lambda: tied_lm(50_257, 1024, 1600, 48),
+}

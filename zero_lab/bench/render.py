@@ -1,0 +1,75 @@
+"""Markdown tables and verdict lines of a benchmark run (pure: figures in, text out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from zero_lab.bench.targets import verdict_line
+
+__all__ = ["MEMORY_COLUMNS", "SPEED_COLUMNS", "format_table", "run_text", "targets_text"]
+
+Column = tuple[str, str, str]
+
+MEMORY_COLUMNS: tuple[Column, ...] = (
+    ("state_mib", "Adam state MiB", ".1f"),
+    ("state_vs_ddp", "÷ DDP", ".3f"),
+    ("state_vs_torch", "÷ torch", ".3f"),
+    ("planned_state_ok", "planner exact", ""),
+    ("tensor_mib", "tensors MiB", ".0f"),
+    ("peak_rss_delta_mib", "peak RSS Δ MiB", ".0f"),
+    ("imbalance", "imbalance", ".3f"),
+)
+SPEED_COLUMNS: tuple[Column, ...] = (
+    ("iter_ms", "iteration ms", ".1f"),
+    ("iter_vs_torch", "÷ torch", ".3f"),
+    ("iter_vs_ddp", "÷ DDP", ".3f"),
+    ("exchange_ms", "exchange ms", ".1f"),
+    ("collective_ms", "in collectives ms", ".1f"),
+    ("bytes_vs_min", "param bytes ÷ min", ".3f"),
+    ("calls_per_step", "calls", ".0f"),
+    ("grad_bytes_vs_min", "grad bytes ÷ min", ".3f"),
+    ("max_abs_diff_vs_ddp", "max abs Δparam vs DDP", ".1e"),
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+def format_table(table: dict[str, dict[str, Any]], columns: Sequence[Column]) -> str:
+    """A Markdown table, one row per strategy that has any figure in these columns."""
+    head = "| strategy | " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|---|" + "|".join("---:" for _ in columns) + "|"
+    rows = [
+        f"| {name} | " + " | ".join(_fmt(row[key], spec) for key, _, spec in columns) + " |"
+        for name, row in table.items()
+        if any(row[key] is not None for key, _, _ in columns)
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+def run_text(run: dict[str, Any]) -> str:
+    """One model at one world size: heading, notes, the memory table and the speed table."""
+    parts = [f"### {run['model']}, W={run['world_size']} — {run['description']}; {run['model_numel']:,} parameters"]
+    if run["note"]:
+        parts.append(f"({run['note']})")
+    parts.append(format_table(run["table"], MEMORY_COLUMNS))
+    reports = {n: r["report"] for n, r in run["results"].items() if r.get("report")}
+    for name, report in reports.items():
+        parts.append(f"{name} exchange report (rank 0): {report}")
+    if run["rounds"]:
+        parts.append(f"timing rounds: {run['rounds']}")
+        parts.append(format_table(run["table"], SPEED_COLUMNS))
+    return "\n\n".join(parts)
+
+
+def targets_text(verdicts: Sequence[dict[str, Any]]) -> str:
+    """The verdict on every target this run measured."""
+    if not verdicts:
+        return "### Targets (W=2)\n\n(no W=2 run measured a target)"
+    return "\n".join(["### Targets (W=2)", "", *(verdict_line(v) for v in verdicts)])

@@ -1,0 +1,256 @@
+"""The strategies the benchmark compares: a plain mapping from name to builder.
+
+Every strategy trains the same model copy with Adam(lr 1e-3) and differs only in how
+the data-parallel state is held and moved:
+
+* ``ddp`` — DDP (Gloo, default buckets) + Adam; ``ddp_aa`` the same again, the A/A
+  control whose ratio to ``ddp`` *is* the noise;
+* ``torch`` / ``torch_bv`` — torch's ``ZeroRedundancyOptimizer`` in DDP
+  (``parameters_as_bucket_view`` off / on); ``fairscale_oss`` — FairScale's ``OSS``;
+* ``zl_*`` — zero_lab in DDP: sorted-greedy / flat partition, ``_bv`` = bucket view,
+  and the overlap hooks (``hook_with_zero_step``, interleaved);
+* ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
+  and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
+  state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like).
+
+``Strategy.reference`` is the strategy a row's "÷ torch" ratio is taken against (the
+torch setup at equal settings); ``family`` groups strategies the round planner keeps
+together::
+
+    runner = STRATEGIES["zl_flat_bv"].build(template)   # a fresh copy of template
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.bench.models import blocks_of
+from zero_lab.bench.runner import Runner
+from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved
+from zero_lab.partition import Flat, Partitioner, SortedGreedy
+
+__all__ = ["LR", "STRATEGIES", "Strategy", "fairscale_status", "imbalance"]
+
+LR = 1e-3
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One setup; ``build(template)`` returns a :class:`Runner` over a fresh copy of ``template``.
+
+    ``partitioner`` is what the planner prices this strategy's state with (``None``:
+    every rank holds the whole state; FSDP2 rows are not planned); ``transient`` says
+    its exchange stages through a fresh model-sized buffer (the memory guard's margin);
+    ``exchange_in_step`` says the parameter exchange happens inside ``optimizer.step()``
+    (so step − local step is its time); ``sharded`` is False for the replicated rows.
+    """
+
+    name: str
+    label: str
+    build: Callable[[nn.Module], Runner]
+    reference: str | None = None
+    family: str | None = None
+    zero_lab: bool = False
+    partitioner: Callable[[], Partitioner] | None = None
+    planned: bool = True
+    transient: bool = False
+    exchange_in_step: bool = True
+    sharded: bool = True
+
+    @property
+    def group(self) -> str:
+        """The family the round planner keeps together (the strategy alone by default)."""
+        return self.family or self.name
+
+
+def imbalance(per_rank: list[int]) -> float:
+    """Max / ideal elements per rank."""
+    ideal = sum(per_rank) / len(per_rank)
+    return max(per_rank) / ideal if ideal else 1.0
+
+
+def _numel(groups: list[dict[str, Any]]) -> int:
+    return sum(p.numel() for g in groups for p in g["params"])
+
+
+def _ddp(template: nn.Module) -> Runner:
+    model = copy.deepcopy(template)
+    ddp = DDP(model)
+    adam = torch.optim.Adam(ddp.parameters(), lr=LR)
+    return Runner(model, ddp, adam, adam)
+
+
+def _torch_zero(bucket_view: bool) -> Callable[[nn.Module], Runner]:
+    def build(template: nn.Module) -> Runner:
+        model = copy.deepcopy(template)
+        ddp = DDP(model)
+        zero = TorchZero(ddp.parameters(), torch.optim.Adam, parameters_as_bucket_view=bucket_view, lr=LR)
+        balance = imbalance([_numel(groups) for groups in zero._partition_parameters()])
+        return Runner(model, ddp, zero, zero.optim, imbalance=balance)
+
+    return build
+
+
+def _fairscale_oss(template: nn.Module) -> Runner:
+    from fairscale.optim import OSS  # optional peer: `make bench-deps`
+
+    model = copy.deepcopy(template)
+    ddp = DDP(model)
+    oss = OSS(ddp.parameters(), optim=torch.optim.Adam, lr=LR)
+    balance = imbalance([_numel(groups) for groups in oss.partition_parameters()])
+    return Runner(model, ddp, oss, oss.optim, imbalance=balance)
+
+
+def _zero_lab(
+    partitioner: Callable[[], Partitioner], bucket_view: bool, **kwargs: Any
+) -> Callable[[nn.Module], Runner]:
+    def build(template: nn.Module) -> Runner:
+        model = copy.deepcopy(template)
+        ddp = DDP(model)
+        zero = ZeroRedundancyOptimizer(
+            ddp.parameters(),
+            torch.optim.Adam,
+            parameters_as_bucket_view=bucket_view,
+            partitioner=partitioner(),
+            lr=LR,
+            **kwargs,
+        )
+        return _zero_lab_runner(model, ddp, zero)
+
+    return build
+
+
+def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, **kwargs: Any) -> Runner:
+    report = getattr(zero, "exchange_report", None)
+    return Runner(
+        model,
+        ddp,
+        zero,
+        zero.optim,
+        comm_stats=lambda: zero.comm_stats,
+        imbalance=zero.partition.report().imbalance,
+        report=(lambda: _as_dict(report())) if report else None,
+        **kwargs,
+    )
+
+
+def _as_dict(report: Any) -> dict[str, Any]:
+    return dict(report) if isinstance(report, dict) else dict(vars(report))
+
+
+def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
+    def build(template: nn.Module) -> Runner:
+        model = copy.deepcopy(template)
+        ddp = DDP(model)
+        zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=LR)
+        make_hook = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
+        ddp.register_comm_hook(None, make_hook(allreduce_hook, ddp, zero))
+        return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)  # after the hook: it rebuilds zero.optim
+
+    return build
+
+
+def _fsdp2(reshard_after_forward: bool) -> Callable[[nn.Module], Runner]:
+    def build(template: nn.Module) -> Runner:
+        model = copy.deepcopy(template)
+        for block in blocks_of(model):
+            fully_shard(block, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, reshard_after_forward=reshard_after_forward)
+        adam = torch.optim.Adam(model.parameters(), lr=LR)
+        return Runner(model, model, adam, adam)
+
+    return build
+
+
+def fairscale_status() -> tuple[bool, str]:
+    """Whether FairScale's OSS imports with this torch, and its version or the error."""
+    try:
+        import fairscale
+        from fairscale.optim import OSS  # noqa: F401
+    except Exception as error:  # ImportError, or an incompatibility raised at import
+        return False, f"not importable ({type(error).__name__}: {error}); `make bench-deps` installs it"
+    return True, f"fairscale {fairscale.__version__}"
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("ddp", "DDP + Adam", _ddp, exchange_in_step=False, sharded=False),
+        Strategy(
+            "ddp_aa",
+            "DDP + Adam again: the A/A control (its ÷ DDP is the noise)",
+            _ddp,
+            reference="ddp",
+            exchange_in_step=False,
+            sharded=False,
+        ),
+        Strategy("torch", "torch ZeRO", _torch_zero(False), family="torch", partitioner=SortedGreedy),
+        Strategy("torch_bv", "torch ZeRO, bucket view", _torch_zero(True), family="torch", partitioner=SortedGreedy),
+        Strategy("fairscale_oss", "FairScale OSS", _fairscale_oss, reference="torch_bv", planned=False),
+        Strategy(
+            "zl_sg", "zero_lab sorted_greedy", _zero_lab(SortedGreedy, False), "torch", "zl_sg", True, SortedGreedy
+        ),
+        Strategy(
+            "zl_sg_bv",
+            "zero_lab sorted_greedy, bucket view",
+            _zero_lab(SortedGreedy, True),
+            "torch_bv",
+            "zl_sg",
+            True,
+            SortedGreedy,
+        ),
+        Strategy("zl_flat", "zero_lab flat", _zero_lab(Flat, False), "torch", "zl_flat", True, Flat, transient=True),
+        Strategy("zl_flat_bv", "zero_lab flat, bucket view", _zero_lab(Flat, True), "torch_bv", "zl_flat", True, Flat),
+        Strategy(
+            "zl_overlap",
+            "zero_lab overlap (hook_with_zero_step)",
+            _zero_lab_overlap(False),
+            "torch_bv",
+            "zl_overlap",
+            True,
+            planned=False,
+            transient=True,
+            exchange_in_step=False,
+        ),
+        Strategy(
+            "zl_overlap_il",
+            "zero_lab overlap (interleaved hook)",
+            _zero_lab_overlap(True),
+            "torch_bv",
+            "zl_overlap",
+            True,
+            planned=False,
+            transient=True,
+            exchange_in_step=False,
+        ),
+        Strategy(
+            "fsdp2",
+            "FSDP2 fully_shard per block + root, reshard_after_forward=False (ZeRO-2-like)",
+            _fsdp2(False),
+            "torch_bv",
+            "fsdp2",
+            planned=False,
+            exchange_in_step=False,
+        ),
+        Strategy(
+            "fsdp2_reshard",
+            "FSDP2 fully_shard per block + root, reshard_after_forward=True (ZeRO-3-like)",
+            _fsdp2(True),
+            "torch_bv",
+            "fsdp2",
+            planned=False,
+            exchange_in_step=False,
+        ),
+    )
+}
