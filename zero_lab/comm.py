@@ -1,9 +1,10 @@
 """The one module that calls ``torch.distributed`` collectives.
 
-Every collective zero_lab issues — the parameter exchange in all its forms
-(:mod:`zero_lab.exchange`), the overlap hooks' per-bucket sends, the Join gradient
-broadcast, checkpoint gathers, gradient-norm and metric reductions — goes through a
-:class:`Communicator`, which labels it with ``torch.profiler.record_function``
+Every collective of the core, the runtime and the app — the parameter exchange in
+all its forms (:mod:`zero_lab.exchange`), the overlap hooks' per-bucket sends, the
+Join gradient broadcast, checkpoint gathers, gradient-norm and metric reductions, the
+torchrun run-dir agreement — goes through a :class:`Communicator` (the benchmark adds
+only unmetered timing barriers and a memory check of its own), which labels it with ``torch.profiler.record_function``
 (``zero_lab::<op>``, and ``zero_lab::<op>/wait`` for the wait of an asynchronous one),
 counts its payload bytes and calls, and times it. Collectives run on the process
 group's timeout (set at ``init_process_group``), so a lost peer raises instead of hanging.

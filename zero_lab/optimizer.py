@@ -20,8 +20,8 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
 The shard API other modules use (overlap hooks, checkpoints): :attr:`all_params`,
 :meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
 :meth:`load_shard_states`, :attr:`communicator`, :meth:`repartition` (the one way to
-change the partitioner, which rebuilds the local optimizer *and* the exchange) and
-:meth:`wait_for_exchange`.
+change the partitioner, which rebuilds the local optimizer *and* the exchange),
+:meth:`wait_for_exchange` and :meth:`track_in_flight`.
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
@@ -177,9 +177,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             as fp32 masters: the optimizer and its state work in fp32, each step writes
             the rounded result back into the parameter, and the low-precision copy is
             what the ranks exchange (the DeepSpeed/Megatron mixed-precision recipe).
-        exchange: ``"broadcast"`` (one broadcast per rank's range), ``"all_gather"``
-            (``all_gather_into_tensor``) or ``"auto"`` (time both at the first step, all
-            ranks agree; see :meth:`exchange_report`).
+        exchange: ``"broadcast"`` (one broadcast per rank's range of each buffer, or per
+            shard without buffers), ``"all_gather"`` (one ``all_gather_into_tensor`` per
+            buffer) or ``"auto"`` (time both at the first step, the slowest rank's figures
+            decide so all ranks agree; see :meth:`exchange_report`).
     """
 
     def __init__(

@@ -42,8 +42,9 @@ With ``overlap=true`` the hooks' per-bucket sends are likewise left in flight at
 end of backward and waited for by the next forward. Everything on the optimizer that
 reads parameters or optimizer state waits first (``step``, ``state_dict``,
 ``consolidate_state_dict``, ``load_state_dict``, ``clip_grad_norm_``,
-``add_param_group``, Join, checkpoint save); ``zero_grad`` does not need to, because
-the exchange never touches gradients. A module must own the parameters its forward
+``add_param_group``, Join, checkpoint save); ``zero_grad`` does not, because the
+exchange never touches gradients (and loops call it before the forward, so waiting
+there would expose the whole exchange again). A module must own the parameters its forward
 reads (tied weights are: both modules register the same parameter)::
 
     handle = prefetch_exchange(model, opt)   # model: the module DDP wraps, or any module

@@ -102,9 +102,9 @@ class Shard:
 class BucketLayout:
     """A contiguous buffer holding ``params`` at ``offsets``; rank r owns ``bounds[r]``.
 
-    Buffers never mix kinds (device + dtype) or param groups. When every rank's
-    bounds have the same length the exchange is one all-gather; otherwise one
-    broadcast per rank.
+    Buffers never mix kinds (device + dtype) or param groups. The exchange moves each
+    buffer with one broadcast per rank's range or one all-gather (``exchange=``, see
+    :mod:`zero_lab.exchange`).
     """
 
     kind: str
@@ -428,7 +428,8 @@ class Flat:
     elements, padded to ``W * ceil(n / W)``; rank r owns ``[r*c, (r+1)*c)`` with
     ``c = ceil(n / W)``, so a parameter may straddle ranks and every rank's load is
     within one element per buffer of ``total / W`` (padding belongs to no one).
-    The exchange is one all-gather per buffer.
+    The exchange moves each buffer with one collective per rank (broadcast) or one
+    all-gather, whichever ``exchange=`` picks.
     """
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
