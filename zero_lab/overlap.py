@@ -228,6 +228,8 @@ class _OverlapEngine:
         ]
         if grads:
             self.zero.step_shards(grads)
+        if self.comm.world_size == 1:
+            return  # every shard is this rank's: nothing to send
         for owner, shards in plan.by_owner:
             live = [(p, a, b) for p, a, b in shards if self.index_of[id(p)] not in self.unused]
             if live:
