@@ -1,14 +1,17 @@
-"""The exchange at world size 1 (in-process Gloo group): no collectives, prefetch is a no-op,
-the optimizer matches plain Adam bitwise; bad ``exchange=`` and swapping the partitioner are refused."""
+"""The exchange at world size 1 (in-process Gloo group): no collectives (the overlap hooks send
+nothing either), prefetch is a no-op, the optimizer matches plain Adam bitwise; bad ``exchange=``
+and swapping the partitioner are refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
-from zero_lab.overlap import prefetch_exchange
+from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 
 
 def _model() -> nn.Module:
@@ -52,3 +55,19 @@ def test_partitioner_and_optim_change_only_through_repartition(single_rank_group
     opt.step()
     with pytest.raises(RuntimeError, match="before the first step"):
         opt.repartition(SortedGreedy())
+
+
+def test_world_of_one_overlap_hook_sends_nothing_and_matches_adam(single_rank_group):
+    model, reference = _model(), _model()
+    ddp = DDP(model)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=1e-2)
+    ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
+    plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    for step in range(3):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        for m, o in ((ddp, opt), (reference, plain)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert opt.comm_stats.calls == 0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
