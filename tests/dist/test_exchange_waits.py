@@ -12,7 +12,7 @@ out-of-order model of ``test_exchange``, and records zero_lab's own ``record_fun
   before every next forward);
 * Join with uneven inputs: every exchange a rank issued is waited for before each of its
   ``join_flags`` all-reduces; the Join gradient broadcast is labelled and its bytes counted;
-* overlap hooks (+ prefetch) with DdpBucket (whole and ``shard_buckets``) and Flat: the hooks'
+* overlap hooks (+ prefetch), both hooks, with DdpBucket (whole and ``shard_buckets``) and Flat: the hooks'
   sends are labelled, counted (each element once per step) and, with prefetch, waited for by
   the next forward (the sends themselves are issued on Gloo's callback threads, which the
   profiler does not record); Manual(order=...) with prefetch;
@@ -37,13 +37,20 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from tests.dist.test_exchange import TiedLM
 from zero_lab import Flat, Manual, ZeroRedundancyOptimizer
 from zero_lab.checkpoint import save_checkpoint
-from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
+from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Partitioner
 
 READERS = ("consolidate_state_dict", "state_dict", "save_checkpoint", "clip_grad_norm_", "step", "eval_forward")
 EXCHANGE_OPS = ("zero_lab::exchange_broadcast", "zero_lab::exchange_all_gather", "zero_lab::overlap_broadcast")
 WAITS = tuple(f"{op}/wait" for op in EXCHANGE_OPS)
 MARK = "test::reader"
+#: name: (partitioner, shard_buckets, interleaved hook)
+OVERLAP_CASES: dict[str, tuple[Partitioner | None, bool, bool]] = {
+    "ddp_bucket": (None, False, True),
+    "shard": (None, True, True),
+    "flat": (Flat(), False, True),
+    "after_all": (None, False, False),
+}
 
 
 def _tokens(step: int, rank: int) -> torch.Tensor:
@@ -55,7 +62,13 @@ def _backward(ddp: nn.Module, step: int) -> None:
     nn.functional.cross_entropy(ddp(idx).flatten(0, 1), idx.flatten()).backward()
 
 
-def _build(prefetch: bool, partitioner: Partitioner | None = None, overlap: bool = False, shard: bool = False):
+def _build(
+    prefetch: bool,
+    partitioner: Partitioner | None = None,
+    overlap: bool = False,
+    shard: bool = False,
+    interleaved: bool = True,
+):
     model = TiedLM()
     ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets on this small model
     opt = ZeroRedundancyOptimizer(
@@ -67,7 +80,8 @@ def _build(prefetch: bool, partitioner: Partitioner | None = None, overlap: bool
         lr=1e-2,
     )
     if overlap:
-        ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt, shard_buckets=shard))
+        wrap = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
+        ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, opt, shard_buckets=shard))
     handle = prefetch_exchange(model, opt) if prefetch else None
     return model, ddp, opt, handle
 
@@ -162,9 +176,9 @@ def _join_run(prefetch: bool) -> dict[str, Any]:
     }
 
 
-def _overlap_run(prefetch: bool, partitioner: Partitioner | None, shard: bool) -> dict[str, Any]:
+def _overlap_run(prefetch: bool, partitioner: Partitioner | None, shard: bool, interleaved: bool) -> dict[str, Any]:
     """Overlap hooks: three iterations, the third's bytes and the waits of the hooks' sends recorded."""
-    model, ddp, opt, handle = _build(prefetch, partitioner, overlap=True, shard=shard)
+    model, ddp, opt, handle = _build(prefetch, partitioner, overlap=True, shard=shard, interleaved=interleaved)
     for step in range(2):
         opt.zero_grad()
         _backward(ddp, step)
@@ -206,8 +220,8 @@ def waits_everywhere(directory: str) -> dict[str, Any]:
     for prefetch in (True, False):
         out[f"readers/{prefetch}"] = _readers_run(prefetch, rank_dir / f"readers-{prefetch}")
         out[f"join/{prefetch}"] = _join_run(prefetch)
-        for name, partitioner, shard in (("ddp_bucket", None, False), ("shard", None, True), ("flat", Flat(), False)):
-            out[f"overlap_{name}/{prefetch}"] = _overlap_run(prefetch, partitioner, shard)
+        for name, args in OVERLAP_CASES.items():
+            out[f"overlap_{name}/{prefetch}"] = _overlap_run(prefetch, *args)
         out[f"manual/{prefetch}"] = _manual_run(prefetch)
     return out
 
@@ -240,7 +254,7 @@ def test_readers_wait_for_the_exchange_in_flight_and_results_stay_bitwise(world)
         assert join_on["bytes"] == join_off["bytes"] == 3 * (4 * 2 + join_on["model_bytes"]) + join_on["rank1_bytes"]
         assert _equal(join_on["params"], join_off["params"])
 
-        for name in ("ddp_bucket", "shard", "flat"):
+        for name in OVERLAP_CASES:
             on, off = rows[f"overlap_{name}/True"], rows[f"overlap_{name}/False"]
             # the hooks' sends are issued on Gloo's callback threads, which the profiler does not
             # record; their waits (main thread) carry the label: synchronous, in the backward;
