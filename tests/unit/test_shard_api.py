@@ -24,15 +24,25 @@ def _private(names: object) -> set[str]:
     return {name for name in names if name.startswith("_") and not name.endswith("__")}
 
 
+def _is_named_access(node: ast.AST) -> bool:
+    """``getattr(x, "name", ...)``, ``setattr(x, "name", v)`` or ``hasattr(x, "name")``."""
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    )
+
+
 def _foreign_attributes(path: Path) -> list[tuple[int, str]]:
     """``(line, name)`` of every attribute read or written on something other than ``self``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
             found.append((node.lineno, node.attr))
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr"):
-            if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                found.append((node.lineno, node.args[1].value))
+        elif _is_named_access(node):
+            found.append((node.lineno, node.args[1].value))
     return found
 
 
