@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
-from tests import rank_programs as rp
 from tests.dist.worlds import run_ranks
 from tests.e2e.runs import process_alive
 from zero_lab.runtime.launch import Interrupted
@@ -40,7 +40,7 @@ def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, i
     signal_me_when_ranks_are_up(tmp_path, 2)
     start = time.monotonic()
     with pytest.raises(Interrupted, match=why) as caught:
-        run_ranks(rp.wait_for_stop, 2, ignore_sigterm, str(tmp_path), stop_grace_s=1.0)
+        run_ranks(wait_for_stop, 2, ignore_sigterm, str(tmp_path), stop_grace_s=1.0)
     assert caught.value.signum == signal.SIGTERM
     assert time.monotonic() - start < 30  # not the ranks' 60 s sleep
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
@@ -50,3 +50,18 @@ def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, i
         time.sleep(0.05)
     assert [pid for pid in pids if process_alive(pid)] == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the parent's handler was restored
+
+
+# ---------------------------------------------------------------- rank programs
+def wait_for_stop(ignore_sigterm: bool, pid_dir: str, seconds: float = 60.0) -> str:
+    """Write this rank's pid, then sleep: a rank that dies of SIGTERM, or ignores it."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(pid_dir, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return "slept"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from zero_lab.measure import optimizer_state_bytes
 from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.planner import plan_memory, specs_from_module
 

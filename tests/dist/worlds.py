@@ -1,7 +1,7 @@
 """Worlds of Gloo ranks for the ``tests/dist`` layer, all forked from one preloaded forkserver.
 
 The first world pays for the forkserver (≈ 2 s: torch, torch.distributed, torch._dynamo,
-zero_lab and the rank programs imported once); every later world costs ≈ 0.1–0.3 s.
+zero_lab and the shared training helpers imported once); every later world costs ≈ 0.1–0.3 s.
 A rank program is a module-level function of the test module that spawns it (the
 forkserver imports it by module path).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from zero_lab.runtime import launch
 
-launch.preload("tests.rank_programs")
+launch.preload("tests.dist.training")
 
 
 def run_ranks(
@@ -29,4 +29,3 @@ def run_ranks(
         deadline_s=timeout_s + 30,
         stop_grace_s=stop_grace_s,
     )
-
