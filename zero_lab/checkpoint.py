@@ -66,6 +66,7 @@ __all__ = [
     "digest_path",
     "export_plain_state_dict",
     "find_checkpoint",
+    "hyperparameters",
     "is_complete",
     "latest_checkpoint",
     "load_checked_file",
@@ -286,8 +287,9 @@ def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
     return table
 
 
-def _hyperparameters(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
-    return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in optimizer.param_groups]
+def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each param group without its parameters: the hyper-parameters a manifest records."""
+    return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]
 
 
 def save_checkpoint(
@@ -327,7 +329,7 @@ def save_checkpoint(
             "optimizer_class": class_path(type(optimizer.optim)),
             "partitioner": repr(optimizer.partitioner),
             "params": _param_table(optimizer),
-            "param_groups": _hyperparameters(optimizer),
+            "param_groups": hyperparameters(optimizer.param_groups),
             "files": files,
             "extra": extra or {},
         }
@@ -439,10 +441,7 @@ def export_plain_state_dict(directory: str | Path, out_path: str | Path) -> Path
             pieces.setdefault(index, []).append(((start, stop), state))
     state = {}
     for index in sorted(pieces):
-        numel = 1
-        for size in shapes[index]:
-            numel *= size
-        merged = reslice(pieces[index], shapes[index], (0, numel))
+        merged = reslice(pieces[index], shapes[index], (0, math.prod(shapes[index])))
         if merged is not None:
             state[index] = merged
     groups, offset = [], 0

@@ -252,7 +252,7 @@ def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     meta: dict[str, Any] = {
-        "command": " ".join(["python", "train.py", *overrides]),
+        "command": shlex.join(["python", "train.py", *overrides]),  # pasteable as is
         "argv": list(sys.argv),
         "overrides": overrides,
         "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},
