@@ -119,6 +119,16 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
+def _check_digest(path: Path, expected: dict[str, Any], subject: str, source: str) -> None:
+    """Raise unless ``path`` has the size and sha256 that ``source`` (its record) gives."""
+    found = _digest(path)
+    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
+        raise CheckpointError(
+            f"{subject} is corrupt: {path.name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
+            f"{source} says {expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
+        )
+
+
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
@@ -171,12 +181,7 @@ def load_checked_file(path: str | Path) -> Any:
             f"{path}: its size/sha256 record {record.name} is missing or unreadable ({error}); copy it with the "
             "checkpoint (zero_lab loads no unchecked checkpoint)"
         ) from error
-    found = _digest(path)
-    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
-        raise CheckpointError(
-            f"{path} is corrupt: {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), {record.name} says "
-            f"{expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
-        )
+    _check_digest(path, expected, str(path), record.name)
     return load_file(path)
 
 
@@ -187,12 +192,7 @@ def load_verified(directory: str | Path, name: str, manifest: dict[str, Any], mm
     expected = manifest["files"].get(name)
     if expected is None or not path.exists():
         raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing")
-    found = _digest(path)
-    if (found["bytes"], found["sha256"]) != (expected["bytes"], expected["sha256"]):
-        raise CheckpointError(
-            f"checkpoint {directory} is corrupt: {name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
-            f"the manifest says {expected['bytes']} bytes (sha256 {expected['sha256'][:12]}…)"
-        )
+    _check_digest(path, expected, f"checkpoint {directory}", "the manifest")
     return load_file(path, mmap=mmap)
 
 
