@@ -52,7 +52,7 @@ from zero_lab.app.validate import ConfigError, check, notices, to_container, was
 from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import torchrun
-from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, run_world
+from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, last_line, run_world
 from zero_lab.runtime.signals import signal_name
 
 __all__ = ["run"]
@@ -235,16 +235,10 @@ def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
             else (f"its process ended with {describe_exit(failure.exitcode)} before reporting")
         )
     else:
-        lines = [line for line in failure.details.strip().splitlines() if line.strip()]
-        what = lines[-1] if lines else "no details"
-    echoes = "".join(f"\n  (rank {r} failed after it: {_last_line(d)})" for r, d in sorted(failure.others.items()))
+        what = last_line(failure.details)
+    echoes = "".join(f"\n  (rank {r} failed after it: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
     log_path = run_dir / "logs" / f"rank{failure.rank}.log"
     return f"rank {failure.rank} failed: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
-
-
-def _last_line(details: str) -> str:
-    lines = [line for line in details.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "no details"
 
 
 def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
