@@ -13,7 +13,7 @@ import torch
 
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.main import _resume_hint
-from zero_lab.app.rundir import claim
+from zero_lab.app.rundir import claim, set_aside_earlier_run
 from zero_lab.checkpoint import (
     CheckpointError,
     checkpoints,
@@ -159,6 +159,25 @@ def test_a_default_run_dir_taken_by_another_job_gives_a_fresh_one(tmp_path):
     second = claim(wanted, explicit=False)
     assert (first, second) == (wanted, wanted.with_name("10-00-00-1"))
     assert (first / ".zero_lab.lock").read_text().strip().isdigit()
+
+
+def test_an_explicit_run_dir_reused_later_sets_the_earlier_runs_files_aside(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    write_json(run_dir / "summary.json", {"steps": 1})
+    (run_dir / "logs" / "rank1.error.txt").write_text("RuntimeError: from the earlier run\n")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "step_00000001.pt").write_bytes(b"x")
+    assert claim(run_dir, explicit=True) == run_dir
+    earlier = run_dir / "earlier" / "1"
+    assert sorted(p.name for p in earlier.iterdir()) == ["logs", "metrics.jsonl", "summary.json"]
+    assert (earlier / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    assert not any((run_dir / name).exists() for name in ("metrics.jsonl", "summary.json", "logs"))
+    assert (run_dir / "checkpoints" / "step_00000001.pt").exists()  # kept: resume=<this dir> reads it
+    (run_dir / "summary.json").write_text("{}")
+    assert set_aside_earlier_run(run_dir) == run_dir / "earlier" / "2"  # a third run: the next free folder
+    assert set_aside_earlier_run(run_dir) is None
 
 
 def test_the_resume_hint_is_shell_quoted(tmp_path):
