@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from zero_lab.app.build import is_zero
+from zero_lab.app.build import enum_str, is_zero
 from zero_lab.app.schema import HYDRA_KEYS
 from zero_lab.app.wandb_run import identity, run_config, run_summary, where
 from zero_lab.files import finite_json
@@ -115,7 +115,7 @@ class WandbSink:
         self._wandb = wandb
         self.run = _init_with_fallback(
             wandb,
-            str(getattr(mode, "value", mode)),
+            enum_str(mode),
             init_timeout_s,
             dir=str(run_dir),
             project=project,
