@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.main import _resume_hint
+from zero_lab.app.main import _describe_failure, _resume_hint
 from zero_lab.app.rundir import claim, set_aside_earlier_run
 from zero_lab.checkpoint import (
     CheckpointError,
@@ -28,6 +28,7 @@ from zero_lab.checkpoint import (
     save_file,
 )
 from zero_lab.files import write_json
+from zero_lab.runtime.launch import RankFailure
 
 
 def strict_json(text: str):
@@ -193,3 +194,17 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
         "partitioner.params_per_rank=[[a*],[b*]]",
         f"resume={run_dir}",
     ]
+
+
+def test_a_failure_every_rank_shares_is_not_called_an_echo(tmp_path):
+    refused = "Traceback (most recent call last):\n  ...\nCheckpointError: /x/step_00000003 is corrupt: model.pt"
+    reset = "Traceback (most recent call last):\n  ...\nRuntimeError: Read error: Connection reset by peer"
+    message = _describe_failure(RankFailure(0, refused, {1: refused, 2: reset}), tmp_path)
+    assert message.splitlines() == [
+        "rank 0 failed: CheckpointError: /x/step_00000003 is corrupt: model.pt",
+        f"  its log: {tmp_path}/logs/rank0.log",
+        f"  full traceback: {tmp_path}/logs/rank0.error.txt",
+        "  (rank 1 failed too, with the same error)",
+        "  (rank 2 failed after it: RuntimeError: Read error: Connection reset by peer)",
+    ]
+    assert (tmp_path / "logs" / "rank0.error.txt").read_text() == refused

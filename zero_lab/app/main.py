@@ -236,9 +236,16 @@ def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
         )
     else:
         what = last_line(failure.details)
-    echoes = "".join(f"\n  (rank {r} failed after it: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
+    echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
     log_path = run_dir / "logs" / f"rank{failure.rank}.log"
     return f"rank {failure.rank} failed: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
+
+
+def _echo(details: str, first: str) -> str:
+    """Another rank's failure beside the first: the same error (a checkpoint every rank
+    refused), or what it failed of after it (often only the first one's echo)."""
+    line = last_line(details)
+    return "failed too, with the same error" if line == last_line(first) else f"failed after it: {line[:200]}"
 
 
 def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
