@@ -66,6 +66,7 @@ __all__ = [
     "digest_path",
     "export_plain_state_dict",
     "find_checkpoint",
+    "hyperparameters",
     "is_complete",
     "latest_checkpoint",
     "load_checked_file",
@@ -116,6 +117,16 @@ def _digest(path: Path) -> dict[str, Any]:
         for block in iter(lambda: handle.read(1 << 20), b""):
             sha.update(block)
     return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def _check_digest(path: Path, expected: dict[str, Any], subject: str, source: str) -> None:
+    """Raise unless ``path`` has the size and sha256 that ``source`` (its record) gives."""
+    found = _digest(path)
+    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
+        raise CheckpointError(
+            f"{subject} is corrupt: {path.name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
+            f"{source} says {expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
+        )
 
 
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
@@ -170,12 +181,7 @@ def load_checked_file(path: str | Path) -> Any:
             f"{path}: its size/sha256 record {record.name} is missing or unreadable ({error}); copy it with the "
             "checkpoint (zero_lab loads no unchecked checkpoint)"
         ) from error
-    found = _digest(path)
-    if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
-        raise CheckpointError(
-            f"{path} is corrupt: {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), {record.name} says "
-            f"{expected.get('bytes')} bytes (sha256 {str(expected.get('sha256'))[:12]}…)"
-        )
+    _check_digest(path, expected, str(path), record.name)
     return load_file(path)
 
 
@@ -186,12 +192,7 @@ def load_verified(directory: str | Path, name: str, manifest: dict[str, Any], mm
     expected = manifest["files"].get(name)
     if expected is None or not path.exists():
         raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing")
-    found = _digest(path)
-    if (found["bytes"], found["sha256"]) != (expected["bytes"], expected["sha256"]):
-        raise CheckpointError(
-            f"checkpoint {directory} is corrupt: {name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
-            f"the manifest says {expected['bytes']} bytes (sha256 {expected['sha256'][:12]}…)"
-        )
+    _check_digest(path, expected, f"checkpoint {directory}", "the manifest")
     return load_file(path, mmap=mmap)
 
 
@@ -286,8 +287,9 @@ def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
     return table
 
 
-def _hyperparameters(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
-    return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in optimizer.param_groups]
+def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each param group without its parameters: the hyper-parameters a manifest records."""
+    return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]
 
 
 def save_checkpoint(
@@ -327,7 +329,7 @@ def save_checkpoint(
             "optimizer_class": class_path(type(optimizer.optim)),
             "partitioner": repr(optimizer.partitioner),
             "params": _param_table(optimizer),
-            "param_groups": _hyperparameters(optimizer),
+            "param_groups": hyperparameters(optimizer.param_groups),
             "files": files,
             "extra": extra or {},
         }
@@ -439,10 +441,7 @@ def export_plain_state_dict(directory: str | Path, out_path: str | Path) -> Path
             pieces.setdefault(index, []).append(((start, stop), state))
     state = {}
     for index in sorted(pieces):
-        numel = 1
-        for size in shapes[index]:
-            numel *= size
-        merged = reslice(pieces[index], shapes[index], (0, numel))
+        merged = reslice(pieces[index], shapes[index], (0, math.prod(shapes[index])))
         if merged is not None:
             state[index] = merged
     groups, offset = [], 0

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.main import _resume_hint
-from zero_lab.app.rundir import claim
+from zero_lab.app.main import _describe_failure, _resume_hint
+from zero_lab.app.rundir import claim, set_aside_earlier_run
 from zero_lab.checkpoint import (
     CheckpointError,
     checkpoints,
@@ -28,6 +28,7 @@ from zero_lab.checkpoint import (
     save_file,
 )
 from zero_lab.files import write_json
+from zero_lab.runtime.launch import RankFailure
 
 
 def strict_json(text: str):
@@ -161,6 +162,25 @@ def test_a_default_run_dir_taken_by_another_job_gives_a_fresh_one(tmp_path):
     assert (first / ".zero_lab.lock").read_text().strip().isdigit()
 
 
+def test_an_explicit_run_dir_reused_later_sets_the_earlier_runs_files_aside(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    write_json(run_dir / "summary.json", {"steps": 1})
+    (run_dir / "logs" / "rank1.error.txt").write_text("RuntimeError: from the earlier run\n")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "step_00000001.pt").write_bytes(b"x")
+    assert claim(run_dir, explicit=True) == run_dir
+    earlier = run_dir / "earlier" / "1"
+    assert sorted(p.name for p in earlier.iterdir()) == ["logs", "metrics.jsonl", "summary.json"]
+    assert (earlier / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    assert not any((run_dir / name).exists() for name in ("metrics.jsonl", "summary.json", "logs"))
+    assert (run_dir / "checkpoints" / "step_00000001.pt").exists()  # kept: resume=<this dir> reads it
+    (run_dir / "summary.json").write_text("{}")
+    assert set_aside_earlier_run(run_dir) == run_dir / "earlier" / "2"  # a third run: the next free folder
+    assert set_aside_earlier_run(run_dir) is None
+
+
 def test_the_resume_hint_is_shell_quoted(tmp_path):
     run_dir = tmp_path / "my runs" / "a b"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -174,3 +194,17 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
         "partitioner.params_per_rank=[[a*],[b*]]",
         f"resume={run_dir}",
     ]
+
+
+def test_a_failure_every_rank_shares_is_not_called_an_echo(tmp_path):
+    refused = "Traceback (most recent call last):\n  ...\nCheckpointError: /x/step_00000003 is corrupt: model.pt"
+    reset = "Traceback (most recent call last):\n  ...\nRuntimeError: Read error: Connection reset by peer"
+    message = _describe_failure(RankFailure(0, refused, {1: refused, 2: reset}), tmp_path)
+    assert message.splitlines() == [
+        "rank 0 failed: CheckpointError: /x/step_00000003 is corrupt: model.pt",
+        f"  its log: {tmp_path}/logs/rank0.log",
+        f"  full traceback: {tmp_path}/logs/rank0.error.txt",
+        "  (rank 1 failed too, with the same error)",
+        "  (rank 2 failed after it: RuntimeError: Read error: Connection reset by peer)",
+    ]
+    assert (tmp_path / "logs" / "rank0.error.txt").read_text() == refused

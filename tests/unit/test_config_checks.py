@@ -18,10 +18,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 import zero_lab.app
+from zero_lab.app import build
 from zero_lab.app.cli import parse_command_line
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight, sweep_jobs
-from zero_lab.app.schema import register_configs
+from zero_lab.app.schema import SUPPLIED_BY_APP, register_configs
 from zero_lab.app.validate import CHECKED_ENV, ConfigError, check, notices, was_checked
 from zero_lab.partition import ParamSpec, Partition, Shard
 
@@ -75,6 +76,18 @@ def test_group_keys_come_from_the_constructor_signature():
     assert "optim.bogus: not an argument of zero_lab.ZeroRedundancyOptimizer around Adam; it takes:" in message
     assert "lr, betas, eps" in message
     assert "optim.overlap_with_ddp: given by the app at the call site" in problems("+optim.overlap_with_ddp=true")
+
+
+def test_what_the_app_passes_to_the_optimizer_is_no_optim_key():
+    """build.py passes these at the call site; an ``optim.<key>`` of the same name would be
+    silently replaced there (``optim.exchange`` was, while ``exchange=`` decided)."""
+    tree = ast.parse(Path(build.__file__).read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "make_optimizer"]
+    passed = {keyword.arg for call in calls for keyword in call.keywords}
+    assert {"partitioner", "exchange"} <= passed <= SUPPLIED_BY_APP["optim"]
+    cfg, _, _ = compose_job([])  # zero_adam: its keys come from ZeroRedundancyOptimizer's signature
+    assert not passed & set(cfg.optim)
+    assert "optim.exchange: given by the app at the call site" in problems("+optim.exchange=broadcast")
 
 
 def test_a_new_partitioner_needs_only_its_class_and_its_yaml(tmp_path):

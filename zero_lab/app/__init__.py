@@ -6,8 +6,10 @@
 Modules, one job each: ``schema`` (typed plain keys; group schemas derived from the
 constructors), ``validate`` (builds and runs the real objects; ranges and combinations),
 ``preflight`` / ``cli`` (before Hydra starts), ``entry`` (the console entry point),
+``rundir`` (a Hydra callback: one run dir per job, claimed before anything is written),
 ``main`` (the Hydra task), ``build`` (model -> DDP -> optimizer), ``runner`` (the rank
 loop), ``data`` / ``models`` (synthetic tasks), ``metrics`` (one gather per step),
-``sinks`` (metrics.jsonl, W&B), ``checkpoint``, ``progress``,
-``objective`` (what a job returns to its sweeper).
+``sinks`` (metrics.jsonl, W&B) / ``wandb_run`` (what the W&B run shows), ``checkpoint``
+(the run's checkpoints and what a resume checks), ``progress``, ``paths`` (where the
+configs are), ``objective`` (what a job returns to its sweeper).
 """

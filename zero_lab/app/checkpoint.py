@@ -88,8 +88,8 @@ def save(training: Training, run_dir: str | Path, next_step: int, losses: list[f
 
 
 def optimizer_class(training: Training) -> str:
-    """The ``torch.optim`` class doing the steps (the wrapped one for ZeRO), as a dotted path."""
-    return class_path(getattr(training.optimizer, "_optimizer_class", type(training.optimizer)))
+    """The ``torch.optim`` class doing the steps (ZeRO's local ``optim``), as a dotted path."""
+    return class_path(type(training.optimizer.optim if training.zero else training.optimizer))
 
 
 class Restored:
@@ -142,7 +142,7 @@ def _check_step(found: Path, step: int, steps: int) -> None:
 
 def _hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each group's hyper-parameters as JSON would give them back (tuples as lists)."""
-    return json.loads(json.dumps([{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]))
+    return json.loads(json.dumps(sharded.hyperparameters(groups)))
 
 
 def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dict[str, list[Any]]:

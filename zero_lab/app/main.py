@@ -52,7 +52,7 @@ from zero_lab.app.validate import ConfigError, check, notices, to_container, was
 from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import torchrun
-from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, run_world
+from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, last_line, run_world
 from zero_lab.runtime.signals import signal_name
 
 __all__ = ["run"]
@@ -235,16 +235,17 @@ def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
             else (f"its process ended with {describe_exit(failure.exitcode)} before reporting")
         )
     else:
-        lines = [line for line in failure.details.strip().splitlines() if line.strip()]
-        what = lines[-1] if lines else "no details"
-    echoes = "".join(f"\n  (rank {r} failed after it: {_last_line(d)})" for r, d in sorted(failure.others.items()))
+        what = last_line(failure.details)
+    echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
     log_path = run_dir / "logs" / f"rank{failure.rank}.log"
     return f"rank {failure.rank} failed: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
 
 
-def _last_line(details: str) -> str:
-    lines = [line for line in details.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else "no details"
+def _echo(details: str, first: str) -> str:
+    """Another rank's failure beside the first: the same error (a checkpoint every rank
+    refused), or what it failed of after it (often only the first one's echo)."""
+    line = last_line(details)
+    return "failed too, with the same error" if line == last_line(first) else f"failed after it: {line[:200]}"
 
 
 def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +253,7 @@ def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     meta: dict[str, Any] = {
-        "command": " ".join(["python", "train.py", *overrides]),
+        "command": shlex.join(["python", "train.py", *overrides]),  # pasteable as is
         "argv": list(sys.argv),
         "overrides": overrides,
         "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},

@@ -28,12 +28,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.schema import HYDRA_KEYS
 from zero_lab.app.validate import ConfigError, check, mark_checked
 
 __all__ = ["compose_job", "describe_hydra_error", "preflight", "sweep_jobs"]
 
 MAX_JOBS = 64
-_HIDDEN_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "hydra")
+_HIDDEN_KEYS = (*HYDRA_KEYS, "hydra")
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:

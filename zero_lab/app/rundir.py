@@ -10,7 +10,11 @@ before Hydra creates the dir and writes ``.hydra/``:
 * a dir given explicitly (``hydra.run.dir=...``) may be reused by later runs, but not by two
   at once: the job holds an exclusive ``flock`` on ``<dir>/.zero_lab.lock`` while it runs
   (the kernel drops it when the process ends, even on ``kill -9``); a second job is refused
-  with a message naming the dir and the holder's pid;
+  with a message naming the dir and the holder's pid. A later run first moves the earlier
+  run's ``metrics.jsonl``, ``summary.json`` and ``logs/`` to ``<dir>/earlier/<k>/`` (one
+  line says so), so its own files are not appended to the earlier ones, and a stale summary
+  or error is never read as its own (by W&B or the report); ``checkpoints/`` stay, for
+  ``resume=<dir>``;
 * each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
   the same second fail loudly instead of mixing their files.
 
@@ -22,7 +26,9 @@ Under torchrun every rank runs the Hydra job in the one shared dir on purpose: n
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +39,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from zero_lab.app.cli import fail
 from zero_lab.runtime import torchrun
 
-__all__ = ["LOCK_NAME", "ClaimRunDir", "RunDirBusy", "claim"]
+__all__ = ["EARLIER_RUN_FILES", "LOCK_NAME", "ClaimRunDir", "RunDirBusy", "claim", "set_aside_earlier_run"]
 
 LOCK_NAME = ".zero_lab.lock"
+#: What a run writes that a later run in the same dir would append to or be mistaken for.
+EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "logs")
 _HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until this process exits
 
 
@@ -63,12 +71,38 @@ def _lock(directory: Path) -> None:
     _HELD[key] = fd
 
 
+def set_aside_earlier_run(directory: Path) -> Path | None:
+    """Move an earlier run's :data:`EARLIER_RUN_FILES` into ``<directory>/earlier/<k>/`` (the
+    first free ``k``); returns that folder, or ``None`` when the dir held none of them."""
+    present = [directory / name for name in EARLIER_RUN_FILES if (directory / name).exists()]
+    if not present:
+        return None
+    for k in itertools.count(1):
+        target = directory / "earlier" / str(k)
+        try:
+            target.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        break
+    for path in present:
+        os.replace(path, target / path.name)
+    names = ", ".join(path.name for path in present)
+    print(f"zero_lab: note: {directory} held an earlier run's {names}; moved to {target}", file=sys.stderr, flush=True)
+    return target
+
+
+def _take(directory: Path) -> None:
+    """Lock ``directory`` for this job, then set an earlier run's files aside."""
+    _lock(directory)
+    set_aside_earlier_run(directory)
+
+
 def claim(path: str | Path, explicit: bool) -> Path:
     """Claim ``path`` for this process (see the module docstring); returns the dir claimed."""
     path = Path(path)
     if explicit:
         path.mkdir(parents=True, exist_ok=True)
-        _lock(path)
+        _take(path)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     for suffix in range(1000):
@@ -106,6 +140,6 @@ class ClaimRunDir(Callback):
         if torchrun.active() or config.hydra.mode != RunMode.MULTIRUN:
             return
         try:
-            _lock(Path(str(config.hydra.runtime.output_dir)))
+            _take(Path(str(config.hydra.runtime.output_dir)))
         except RunDirBusy as error:
             fail(error)

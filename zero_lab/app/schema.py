@@ -42,6 +42,7 @@ from zero_lab.app.paths import CONF_DIR
 __all__ = [
     "APP_KEYS",
     "GROUPS",
+    "HYDRA_KEYS",
     "SUPPLIED_BY_APP",
     "Backend",
     "Config",
@@ -60,10 +61,13 @@ __all__ = [
 GROUPS = ("optim", "partitioner", "model", "data", "logger")
 
 #: Constructor arguments the app passes at the call site, never from the config, per group:
-#: the parameters and the ZeRO wiring (``app/build.py``; the process group is the world),
+#: the parameters and the ZeRO wiring (``app/build.py``, from the top-level ``bucket_view``,
+#: ``overlap`` and ``exchange`` keys and the ``partitioner`` group; the process group is the world),
 #: the sink's run dir and resolved config (``app/sinks.py``).
 SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
-    "optim": frozenset({"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp"}),
+    "optim": frozenset(
+        {"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp", "exchange"}
+    ),
     "logger": frozenset({"run_dir", "config"}),
 }
 

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from zero_lab.app.build import is_zero
-from zero_lab.app.wandb_run import MACHINERY, identity, run_config, run_summary, where
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from zero_lab.app.build import enum_str, is_zero
+from zero_lab.app.schema import HYDRA_KEYS
+from zero_lab.app.wandb_run import identity, run_config, run_summary, where
+from zero_lab.files import finite_json
 
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
 
@@ -41,11 +45,6 @@ class MetricSink(Protocol):
     def close(self, failed: bool = False) -> None: ...
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN/Inf: write them as null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 class JsonlSink:
     """Appends one JSON object per logged step to ``path`` (flushed every line)."""
 
@@ -54,7 +53,7 @@ class JsonlSink:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps(finite_json(record), allow_nan=False) + "\n")  # strict JSON: NaN -> null
         self._file.flush()
 
     def summary(self, values: dict[str, Any]) -> None:
@@ -116,7 +115,7 @@ class WandbSink:
         self._wandb = wandb
         self.run = _init_with_fallback(
             wandb,
-            str(getattr(mode, "value", mode)),
+            enum_str(mode),
             init_timeout_s,
             dir=str(run_dir),
             project=project,
@@ -176,13 +175,10 @@ def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta
     """Build ``cfg.logger`` (a ``_partial_`` target) for this run: group, name and tags from
     the sweep (:func:`~zero_lab.app.wandb_run.identity`) and the filterable run config
     (:func:`~zero_lab.app.wandb_run.run_config`)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     logger_cfg = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     assert isinstance(logger_cfg, dict)
     logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, is_zero(cfg.optim))
-    used = {k: v for k, v in logger_cfg.items() if k not in MACHINERY}
+    used = {k: v for k, v in logger_cfg.items() if k not in HYDRA_KEYS}
     return instantiate(logger_cfg)(run_dir=str(run_dir), config=run_config(config, meta.get("choices", {}), used))
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from zero_lab.app.schema import HYDRA_KEYS
+
 __all__ = ["identity", "run_config", "run_summary", "where"]
 
-MACHINERY = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_"})
 _GETTERS = frozenset({"hydra.utils.get_class", "hydra.utils.get_method", "hydra.utils.get_object"})
 #: summary.json per-rank lists -> W&B summary key prefix (the same names as the per-step keys)
 PER_RANK = {
@@ -42,7 +43,7 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
             out[prefix] = node["path"]  # optimizer_class: torch.optim.Adam
             return
         for key, value in node.items():
-            if key not in MACHINERY:
+            if key not in HYDRA_KEYS:
                 _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
     elif prefix:
         out[prefix] = node
@@ -66,8 +67,8 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
     if "tags" in out:
         choices = meta.get("choices") or {}
         groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
-        tags = [*(out["tags"] or []), *(f"{g}:{choices[g]}" for g in groups if choices.get(g))]
-        tags.append(f"world_size:{world_size}")
+        own = out["tags"] or []  # null unless the user set logger.tags
+        tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
         for override in meta.get("overrides", []):
             key, _, value = str(override).lstrip("+~").partition("=")
             if not key.startswith("hydra"):

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from zero_lab.runtime.signals import handling_stop_signals, signal_name
 
-__all__ = ["Interrupted", "RankFailure", "describe_exit", "run_world"]
+__all__ = ["Interrupted", "RankFailure", "describe_exit", "last_line", "run_world"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
 
@@ -64,7 +64,7 @@ class RankFailure(RuntimeError):
         self.details = details
         self.exitcode = exitcode
         self.others = others or {}
-        also = "".join(f"\n(rank {r} failed too: {_last_line(d)})" for r, d in sorted(self.others.items()))
+        also = "".join(f"\n(rank {r} failed too: {last_line(d)})" for r, d in sorted(self.others.items()))
         super().__init__(f"rank {rank} failed:\n{details}{also}")
 
 
@@ -80,9 +80,10 @@ class Interrupted(RuntimeError):
 _ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
-def _last_line(details: str) -> str:
+def last_line(details: str) -> str:
+    """The last non-blank line of a traceback (the error itself), or ``"no details"``."""
     lines = [line for line in details.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else details
+    return lines[-1] if lines else "no details"
 
 
 def describe_exit(exitcode: int) -> str:
