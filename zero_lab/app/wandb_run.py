@@ -66,7 +66,8 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
     if "tags" in out:
         choices = meta.get("choices") or {}
         groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
-        tags = [*out["tags"], *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
+        options = [f"{g}:{choices[g]}" for g in groups if choices.get(g)]
+        tags = [*(out["tags"] or []), *options, f"world_size:{world_size}"]  # the schema's default tags: None
         for override in meta.get("overrides", []):
             key, _, value = str(override).lstrip("+~").partition("=")
             if not key.startswith("hydra"):

@@ -1,0 +1,49 @@
+"""What a W&B run shows, from the composed configs (no wandb, no processes): the identity
+(group, name, tags) and the filterable run config of ``logger=wandb`` as the schema fills it
+in. The same files read back from real offline runs: tests/e2e/test_metrics.py."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from zero_lab.app.preflight import compose_job
+from zero_lab.app.schema import register_configs
+from zero_lab.app.wandb_run import MACHINERY, identity, run_config
+
+register_configs()
+
+
+def _logger_and_config(overrides: list[str]) -> tuple[dict, dict, dict]:
+    cfg, choices, _ = compose_job(overrides)
+    logger = OmegaConf.to_container(cfg.logger, enum_to_str=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return logger, config, {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))}
+
+
+def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_overrides():
+    logger, config, choices = _logger_and_config(["param_dtype=bfloat16"])
+    assert logger["tags"] is None  # the schema's default: the run's tags come from identity()
+    overrides = ["param_dtype=bfloat16", "hydra.run.dir=x"]
+    meta = {"choices": choices, "overrides": overrides, "group": "sweep-a", "name": "j"}
+    used = identity(logger, meta, world_size=2, zero=True)
+    assert used["tags"] == [
+        "optim:zero_adam",
+        "partitioner:sorted_greedy",
+        "model:mlp",
+        "world_size:2",
+        "param_dtype:bfloat16",
+    ]
+    assert (used["group"], used["name"]) == ("sweep-a", "j")
+    plain = identity({**logger, "tags": ["mine"]}, {"choices": {**choices, "optim": "adam"}}, world_size=4, zero=False)
+    assert plain["tags"] == ["mine", "optim:adam", "model:mlp", "world_size:4"]  # a plain optimizer has no partitioner
+
+    run = run_config(config, choices, {k: v for k, v in used.items() if k not in MACHINERY})
+    assert (run["optim"], run["partitioner"], run["logger"], run["param_dtype"]) == (
+        "zero_adam",
+        "sorted_greedy",
+        "wandb",
+        "bfloat16",
+    )
+    assert run["optim.optimizer_class"] == "torch.optim.Adam"
+    assert not [k for k in run if k.rsplit(".", 1)[-1] in MACHINERY]
+    assert run["logger.group"] == "sweep-a" and "logger.entity" not in run  # unset keys left out, not <nil>
