@@ -76,7 +76,8 @@ def test_overrides_parse_into_keys_without_hydras_own():
 
 
 def test_every_run_is_labelled_by_the_overrides_that_differ_and_none_merge(tmp_path):
-    for job, (dtype, master) in enumerate([(d, m) for d in ("float32", "bfloat16") for m in ("true", "false")]):
+    # what a -m sweep saves in .hydra/overrides.yaml: `optim.master_weights=true,false` becomes True / False
+    for job, (dtype, master) in enumerate([(d, m) for d in ("float32", "bfloat16") for m in ("True", "False")]):
         make_run(tmp_path / str(job), [f"param_dtype={dtype}", f"optim.master_weights={master}", "steps=4"])
     runs, failed = find_runs(tmp_path)
     assert failed == []
@@ -96,6 +97,13 @@ def test_a_key_some_runs_leave_alone_shows_their_own_value(tmp_path):
     make_run(tmp_path / "c", ["steps=8"], steps=8)  # steps from its resolved config
     labels = {run.path.name: run.label for run in find_runs(tmp_path)[0]}
     assert labels == {"a": "optim=adam steps=4", "b": "optim=zero_adam steps=4", "c": "optim=zero_adam steps=8"}
+
+
+def test_a_boolean_override_equal_to_the_default_sets_no_run_apart(tmp_path):
+    make_run(tmp_path / "a", ["optim.master_weights=False", "optim=adam"], optim="adam")
+    make_run(tmp_path / "b", [], optim="zero_adam")  # master_weights: false from its config
+    labels = {run.path.name: run.label for run in find_runs(tmp_path)[0]}
+    assert labels == {"a": "optim=adam", "b": "optim=zero_adam"}
 
 
 def test_runs_with_the_same_overrides_are_told_apart_by_their_dir(tmp_path):

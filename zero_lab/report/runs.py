@@ -225,9 +225,11 @@ def _dotted(config: dict[str, Any], key: str) -> Any:
 
 
 def _value(run: Run | Failed, key: str) -> str:
-    """The run's value of ``key``: its override, else its group choice, else its config's."""
+    """The run's value of ``key``: its override, else its group choice, else its config's;
+    booleans as the command line writes them (a ``-m`` sweep saves ``true`` as ``True``)."""
     if key in run.overrides:
-        return run.overrides[key]
+        value = run.overrides[key]
+        return value.lower() if value in ("True", "False") else value
     choice = (run.meta.get("choices") or {}).get(key)
     if choice is not None:
         return str(choice)
