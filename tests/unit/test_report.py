@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import matplotlib.image
 import pytest
 import yaml
 
 from zero_lab.report import write_report
+from zero_lab.report.plots import plot_time
 from zero_lab.report.runs import find_runs, parse_overrides, percentile
 from zero_lab.report.table import COLUMNS, format_bytes, format_ms, table_rows
 
@@ -202,3 +204,16 @@ def test_write_report_lists_every_run_links_its_dir_and_embeds_the_plots(tmp_pat
 def test_a_dir_without_runs_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no runs under"):
         write_report(tmp_path, tmp_path / "out")
+
+
+def test_the_time_plot_gives_every_run_a_row_of_its_own(tmp_path):
+    """Long labels of many runs: one horizontal bar each, so the figure grows in height, not width."""
+    shapes = []
+    for count in (2, 10):
+        for job in range(count):
+            overrides = [f"dist.world_size={2 + job}", "optim=zero_adam", f"partitioner=sorted_greedy_{job}"]
+            make_run(tmp_path / str(count) / str(job), overrides, world=2 + job)
+        plot_time(find_runs(tmp_path / str(count))[0], tmp_path / f"time{count}.png")
+        shapes.append(matplotlib.image.imread(tmp_path / f"time{count}.png").shape)
+    (low, width), (high, same_width) = (shape[:2] for shape in shapes)
+    assert width == same_width and high > low + 8 * 0.5 * 110  # ≥ half an inch per added run, at the report's dpi
