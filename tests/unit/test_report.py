@@ -144,6 +144,14 @@ def test_failed_and_incomplete_runs_are_listed_with_their_reason(tmp_path):
     }
 
 
+def test_a_long_failure_reason_is_cut_visibly(tmp_path):
+    crashed = make_run(tmp_path / "crashed", ["seed=1"], summary=False)
+    (crashed / "logs").mkdir()
+    (crashed / "logs" / "rank0.error.txt").write_text("Traceback ...\nCheckpointError: " + "x" * 400 + "\n")
+    (failed,) = find_runs(tmp_path)[1]
+    assert failed.reason == "rank 0 failed: CheckpointError: " + "x" * (299 - len("CheckpointError: ")) + "…"
+
+
 def test_units_scale_to_the_value():
     assert [format_bytes(v) for v in (0, 500, 33548, 2**20, 1.5 * 2**30, None)] == [
         "0 B",
