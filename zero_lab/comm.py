@@ -17,10 +17,13 @@ a :class:`Pending`; its ``wait()`` finishes them. Accounting, in :class:`CommSta
   contributed to or received from each collective: a broadcast of ``n`` bytes counts
   ``n`` on every rank, an all-gather into an ``n``-byte output counts ``n``;
 * ``exposed_seconds`` — time the caller was blocked: issuing plus waiting;
-* ``seconds`` — from issue until the wait returned. For a blocking collective this
-  equals the exposed time; for an asynchronous one the difference is work the caller
-  did meanwhile, i.e. communication hidden behind computation (an upper bound: the
-  collective may have finished before the wait).
+* ``seconds`` — wall time during which at least one collective was in flight, each
+  counted from its issue until its wait returned; collectives in flight together are
+  counted once (several units issued at once and then waited one by one span the time
+  from the first issue to the last wait, not the sum of their spans). For blocking
+  collectives this equals the exposed time; for asynchronous ones the difference is work
+  the caller did meanwhile, i.e. communication hidden behind computation (an upper
+  bound: a collective may have finished before its wait).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class Pending:
                 work.wait()
         end = time.perf_counter()
         self.comm.stats.exposed_seconds += end - start
-        self.comm.stats.seconds += end - self._issued_at
+        self.comm.count_in_flight(self._issued_at, end)
         self.done = True
 
 
@@ -98,6 +101,12 @@ class Communicator:
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         self.stats = CommStats()
+        self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
+
+    def count_in_flight(self, start: float, end: float) -> None:
+        """Add the part of ``[start, end]`` (``perf_counter`` times, ends in order) not yet in ``stats.seconds``."""
+        self.stats.seconds += max(0.0, end - max(start, self._counted_until))
+        self._counted_until = max(self._counted_until, end)
 
     def global_rank(self, rank: int) -> int:
         return dist.distributed_c10d.get_global_rank(self.group, rank)
@@ -107,9 +116,9 @@ class Communicator:
         start = time.perf_counter()
         with record_function(f"zero_lab::{op}"):
             yield
-        elapsed = time.perf_counter() - start
-        self.stats.seconds += elapsed
-        self.stats.exposed_seconds += elapsed
+        end = time.perf_counter()
+        self.count_in_flight(start, end)
+        self.stats.exposed_seconds += end - start
         self.stats.bytes += nbytes
         self.stats.calls += calls
 

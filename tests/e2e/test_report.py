@@ -88,7 +88,9 @@ def test_a_dtype_sweep_gives_one_row_per_run_and_lists_the_failed_one(dtype_repo
     assert rows["param_dtype=bfloat16 resume=null"]["÷ DDP"].endswith("(plan)")  # no DDP run in this sweep
     text = (out / "report.md").read_text()
     link = r"\[param_dtype=float32 resume=\S+bogus.pt\]\(\.\./app_runs/sweep/2/\)"
-    failed = re.search(rf"^- {link}: rank \d failed: \S*Error: ", text, re.M)  # the exception line
+    # the exception line: checked loads refuse a checkpoint that comes without its size/sha256 record
+    reason = r"rank \d failed: \S*CheckpointError: \S+bogus.pt: its size/sha256 record"
+    failed = re.search(rf"^- {link}: {reason}", text, re.M)
     assert failed, text
     assert "python train.py -m param_dtype=float32,bfloat16 steps=4 logger=none" in text  # the sweep's command
     for name in PLOTS:

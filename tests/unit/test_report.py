@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import matplotlib.image
 import pytest
 import yaml
 
 from zero_lab.report import write_report
+from zero_lab.report.plots import plot_time
 from zero_lab.report.runs import find_runs, parse_overrides, percentile
 from zero_lab.report.table import COLUMNS, format_bytes, format_ms, table_rows
 
@@ -76,7 +78,8 @@ def test_overrides_parse_into_keys_without_hydras_own():
 
 
 def test_every_run_is_labelled_by_the_overrides_that_differ_and_none_merge(tmp_path):
-    for job, (dtype, master) in enumerate([(d, m) for d in ("float32", "bfloat16") for m in ("true", "false")]):
+    # what a -m sweep saves in .hydra/overrides.yaml: `optim.master_weights=true,false` becomes True / False
+    for job, (dtype, master) in enumerate([(d, m) for d in ("float32", "bfloat16") for m in ("True", "False")]):
         make_run(tmp_path / str(job), [f"param_dtype={dtype}", f"optim.master_weights={master}", "steps=4"])
     runs, failed = find_runs(tmp_path)
     assert failed == []
@@ -96,6 +99,13 @@ def test_a_key_some_runs_leave_alone_shows_their_own_value(tmp_path):
     make_run(tmp_path / "c", ["steps=8"], steps=8)  # steps from its resolved config
     labels = {run.path.name: run.label for run in find_runs(tmp_path)[0]}
     assert labels == {"a": "optim=adam steps=4", "b": "optim=zero_adam steps=4", "c": "optim=zero_adam steps=8"}
+
+
+def test_a_boolean_override_equal_to_the_default_sets_no_run_apart(tmp_path):
+    make_run(tmp_path / "a", ["optim.master_weights=False", "optim=adam"], optim="adam")
+    make_run(tmp_path / "b", [], optim="zero_adam")  # master_weights: false from its config
+    labels = {run.path.name: run.label for run in find_runs(tmp_path)[0]}
+    assert labels == {"a": "optim=adam", "b": "optim=zero_adam"}
 
 
 def test_runs_with_the_same_overrides_are_told_apart_by_their_dir(tmp_path):
@@ -132,6 +142,14 @@ def test_failed_and_incomplete_runs_are_listed_with_their_reason(tmp_path):
         "seed=3": "stopped by SIGTERM after 2 of 4 steps",
         "seed=4": "no summary.json and no metrics: the job never started training (or is still starting)",
     }
+
+
+def test_a_long_failure_reason_is_cut_visibly(tmp_path):
+    crashed = make_run(tmp_path / "crashed", ["seed=1"], summary=False)
+    (crashed / "logs").mkdir()
+    (crashed / "logs" / "rank0.error.txt").write_text("Traceback ...\nCheckpointError: " + "x" * 400 + "\n")
+    (failed,) = find_runs(tmp_path)[1]
+    assert failed.reason == "rank 0 failed: CheckpointError: " + "x" * (299 - len("CheckpointError: ")) + "…"
 
 
 def test_units_scale_to_the_value():
@@ -194,3 +212,16 @@ def test_write_report_lists_every_run_links_its_dir_and_embeds_the_plots(tmp_pat
 def test_a_dir_without_runs_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no runs under"):
         write_report(tmp_path, tmp_path / "out")
+
+
+def test_the_time_plot_gives_every_run_a_row_of_its_own(tmp_path):
+    """Long labels of many runs: one horizontal bar each, so the figure grows in height, not width."""
+    shapes = []
+    for count in (2, 10):
+        for job in range(count):
+            overrides = [f"dist.world_size={2 + job}", "optim=zero_adam", f"partitioner=sorted_greedy_{job}"]
+            make_run(tmp_path / str(count) / str(job), overrides, world=2 + job)
+        plot_time(find_runs(tmp_path / str(count))[0], tmp_path / f"time{count}.png")
+        shapes.append(matplotlib.image.imread(tmp_path / f"time{count}.png").shape)
+    (low, width), (high, same_width) = (shape[:2] for shape in shapes)
+    assert width == same_width and high > low + 8 * 0.5 * 110  # ≥ half an inch per added run, at the report's dpi

@@ -1,53 +1,49 @@
-"""What the W&B run is given (group, name, tags, config), without a W&B client or a run."""
+"""What a W&B run shows, from the composed configs (no wandb, no processes): the identity
+(group, name, tags) and the filterable run config of ``logger=wandb`` as the schema fills it
+in. The same files read back from real offline runs: tests/e2e/test_metrics.py."""
 
 from __future__ import annotations
 
-import pytest
 from omegaconf import OmegaConf
 
 from zero_lab.app.preflight import compose_job
 from zero_lab.app.schema import register_configs
-from zero_lab.app.wandb_run import identity, run_config
+from zero_lab.app.wandb_run import MACHINERY, identity, run_config
 
 register_configs()
 
-META = {
-    "group": "multirun-2026-11-23-10-00-00",
-    "name": "optim=zero_adam,dist.world_size=4",
-    "choices": {"optim": "zero_adam", "partitioner": "flat", "model": "mlp"},
-    "overrides": ["optim=zero_adam", "dist.world_size=4", "hydra.job.chdir=false"],
-}
+
+def _logger_and_config(overrides: list[str]) -> tuple[dict, dict, dict]:
+    cfg, choices, _ = compose_job(overrides)
+    logger = OmegaConf.to_container(cfg.logger, enum_to_str=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return logger, config, {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))}
 
 
-@pytest.mark.parametrize("tags", [None, [], ["mine"]])
-def test_tags_are_the_users_then_the_strategy_the_world_size_and_the_overrides(tags):
-    logger = identity({"project": "p", "group": None, "name": None, "tags": tags}, META, 4, zero=True)
-    assert (logger["group"], logger["name"]) == (META["group"], META["name"])
-    # each tag once (the optim override repeats a choice); hydra.* overrides are not tags
-    strategy = ["optim:zero_adam", "partitioner:flat", "model:mlp", "world_size:4", "dist.world_size:4"]
-    assert logger["tags"] == [*(tags or []), *strategy]
+def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_overrides():
+    logger, config, choices = _logger_and_config(["param_dtype=bfloat16"])
+    assert logger["tags"] is None  # the schema's default: the run's tags come from identity()
+    overrides = ["param_dtype=bfloat16", "hydra.run.dir=x"]
+    meta = {"choices": choices, "overrides": overrides, "group": "sweep-a", "name": "j"}
+    used = identity(logger, meta, world_size=2, zero=True)
+    assert used["tags"] == [
+        "optim:zero_adam",
+        "partitioner:sorted_greedy",
+        "model:mlp",
+        "world_size:2",
+        "param_dtype:bfloat16",
+    ]
+    assert (used["group"], used["name"]) == ("sweep-a", "j")
+    plain = identity({**logger, "tags": ["mine"]}, {"choices": {**choices, "optim": "adam"}}, world_size=4, zero=False)
+    assert plain["tags"] == ["mine", "optim:adam", "model:mlp", "world_size:4"]  # a plain optimizer has no partitioner
 
-
-def test_a_plain_optimizer_is_not_tagged_with_a_partitioner_and_set_names_win():
-    logger = identity({"group": "g", "name": "n", "tags": None}, META, 2, zero=False)
-    assert (logger["group"], logger["name"]) == ("g", "n")
-    assert "partitioner:flat" not in logger["tags"] and "world_size:2" in logger["tags"]
-
-
-def test_a_logger_without_tags_gets_none():
-    assert "tags" not in identity({"group": None, "name": None}, META, 2, zero=True)
-
-
-def test_the_default_logger_gets_tags_group_and_name_from_the_job():
-    # logger.tags is null unless set (WandbSink's default): the job's tags are added all the same
-    for extra, own in (([], []), (["logger.tags=[mine]"], ["mine"])):
-        cfg, choices, _ = compose_job(["optim.lr=0.01", *extra])
-        logger = OmegaConf.to_container(cfg.logger, enum_to_str=True)
-        meta = {"choices": choices, "overrides": ["optim.lr=0.01", *extra], "group": "sweep-a", "name": "job0"}
-        out = identity(logger, meta, world_size=2, zero=True)
-        job = ["optim:zero_adam", "partitioner:sorted_greedy", "model:mlp", "world_size:2", "optim.lr:0.01"]
-        assert out["tags"][: len(own) + len(job)] == [*own, *job]
-        assert (out["group"], out["name"]) == ("sweep-a", "job0")
-        shown = run_config({"optim": {"lr": 0.01}}, choices, out)
-        assert shown["optim.lr"] == 0.01 and shown["optim"] == "zero_adam" and shown["logger.group"] == "sweep-a"
-        assert "logger.notes" not in shown  # unset keys are left out
+    run = run_config(config, choices, {k: v for k, v in used.items() if k not in MACHINERY})
+    assert (run["optim"], run["partitioner"], run["logger"], run["param_dtype"]) == (
+        "zero_adam",
+        "sorted_greedy",
+        "wandb",
+        "bfloat16",
+    )
+    assert run["optim.optimizer_class"] == "torch.optim.Adam"
+    assert not [k for k in run if k.rsplit(".", 1)[-1] in MACHINERY]
+    assert run["logger.group"] == "sweep-a" and "logger.entity" not in run  # unset keys left out, not <nil>

@@ -4,8 +4,8 @@
   runs' labels without the world size) through the fullest rank, every rank as a marked
   point (nudged sideways per series so equal values stay visible), and the ideal
   ``DDP state / W`` curve for each DDP baseline.
-* :func:`plot_time` — one stacked bar per run: median compute (step − exchange) and median
-  parameter exchange, whiskers from the 10th to the 90th percentile of each.
+* :func:`plot_time` — one stacked horizontal bar per run: median compute (step − exchange)
+  and median parameter exchange, whiskers from the 10th to the 90th percentile of each.
 * :func:`plot_loss` — every run's loss per (integer) step; runs whose curves coincide are
   drawn in different styles and widths, and the legend says which one they repeat.
 """
@@ -118,28 +118,30 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
 
 
 def plot_time(runs: list[Run], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(runs) + 3), 5.2))
-    xs = list(range(len(runs)))
-    for x, run in zip(xs, runs):
+    """Horizontal bars, one row per run in the table's order: long labels stay readable at any count."""
+    fig, ax = plt.subplots(figsize=(10, max(3.2, 0.55 * len(runs) + 1.8)))
+    ys = list(range(len(runs)))
+    for y, run in zip(ys, runs):
         steps, exchanges = run.per_step("time/step_s/max"), run.per_step("time/exchange_s/max")
         exchanges = exchanges or [0.0] * len(steps)
         compute = [s - e for s, e in zip(steps, exchanges)]
         ex_mid, ex_low, ex_high = _spread(exchanges)
         co_mid, co_low, co_high = _spread(compute)
-        ax.bar(x, ex_mid, width=0.6, color="tab:orange", edgecolor="black", hatch="//")
-        ax.bar(x, co_mid, width=0.6, bottom=ex_mid, color="tab:blue", edgecolor="black")
-        ax.errorbar(x - 0.12, ex_mid, yerr=[[ex_low], [ex_high]], color="black", capsize=3, linewidth=1)
-        ax.errorbar(x + 0.12, ex_mid + co_mid, yerr=[[co_low], [co_high]], color="black", capsize=3, linewidth=1)
+        ax.barh(y, ex_mid, height=0.6, color="tab:orange", edgecolor="black", hatch="//")
+        ax.barh(y, co_mid, height=0.6, left=ex_mid, color="tab:blue", edgecolor="black")
+        ax.errorbar(ex_mid, y - 0.12, xerr=[[ex_low], [ex_high]], color="black", capsize=3, linewidth=1)
+        ax.errorbar(ex_mid + co_mid, y + 0.12, xerr=[[co_low], [co_high]], color="black", capsize=3, linewidth=1)
     handles = [
         Patch(facecolor="tab:blue", edgecolor="black", label="compute (step − exchange)"),
         Patch(facecolor="tab:orange", edgecolor="black", hatch="//", label="parameter exchange"),
     ]
     names = [run.label if WORLD_KEY in run.label else f"{run.label} · W={run.world_size}" for run in runs]
-    ax.set_xticks(xs, [_wrap(name) for name in names], rotation=20, ha="right")
-    ax.set_ylabel("time per step (ms, slowest rank)")
+    ax.set_yticks(ys, [_wrap(name, 40) for name in names], fontsize=8)
+    ax.invert_yaxis()  # the first run on top, as in the table
+    ax.set_xlabel("time per step (ms, slowest rank)")
     ax.set_title("Step time per run: median, split into compute and exchange\n(whiskers: 10th–90th percentile)")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(handles=handles, fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _save(fig, path)
 
 

@@ -197,10 +197,12 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failur
 
 
 def _exception_line(traceback: str) -> str:
-    """The traceback's last ``SomeError: message`` line (its last line if none), ≤ 300 chars."""
+    """The traceback's last ``SomeError: message`` line (its last line if none), ≤ 300 chars
+    (a longer one is cut and ends in ``…``)."""
     lines = [line.strip() for line in traceback.splitlines() if line.strip()]
     found = [line for line in lines if _EXCEPTION.match(line)]
-    return (found or lines or ["no details"])[-1][:300]
+    line = (found or lines or ["no details"])[-1]
+    return line if len(line) <= 300 else line[:299] + "…"
 
 
 def _last_error_line(log: Path) -> str | None:
@@ -225,9 +227,11 @@ def _dotted(config: dict[str, Any], key: str) -> Any:
 
 
 def _value(run: Run | Failed, key: str) -> str:
-    """The run's value of ``key``: its override, else its group choice, else its config's."""
+    """The run's value of ``key``: its override, else its group choice, else its config's;
+    booleans as the command line writes them (a ``-m`` sweep saves ``true`` as ``True``)."""
     if key in run.overrides:
-        return run.overrides[key]
+        value = run.overrides[key]
+        return value.lower() if value in ("True", "False") else value
     choice = (run.meta.get("choices") or {}).get(key)
     if choice is not None:
         return str(choice)
