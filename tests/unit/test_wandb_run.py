@@ -7,8 +7,8 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from zero_lab.app.preflight import compose_job
-from zero_lab.app.schema import register_configs
-from zero_lab.app.wandb_run import MACHINERY, identity, run_config
+from zero_lab.app.schema import HYDRA_KEYS, register_configs
+from zero_lab.app.wandb_run import identity, run_config
 
 register_configs()
 
@@ -37,7 +37,7 @@ def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_over
     plain = identity({**logger, "tags": ["mine"]}, {"choices": {**choices, "optim": "adam"}}, world_size=4, zero=False)
     assert plain["tags"] == ["mine", "optim:adam", "model:mlp", "world_size:4"]  # a plain optimizer has no partitioner
 
-    run = run_config(config, choices, {k: v for k, v in used.items() if k not in MACHINERY})
+    run = run_config(config, choices, {k: v for k, v in used.items() if k not in HYDRA_KEYS})
     assert (run["optim"], run["partitioner"], run["logger"], run["param_dtype"]) == (
         "zero_adam",
         "sorted_greedy",
@@ -45,5 +45,5 @@ def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_over
         "bfloat16",
     )
     assert run["optim.optimizer_class"] == "torch.optim.Adam"
-    assert not [k for k in run if k.rsplit(".", 1)[-1] in MACHINERY]
+    assert not [k for k in run if k.rsplit(".", 1)[-1] in HYDRA_KEYS]
     assert run["logger.group"] == "sweep-a" and "logger.entity" not in run  # unset keys left out, not <nil>
