@@ -161,3 +161,33 @@ def test_ratios_across_rounds_are_marked_unpaired_in_tables_and_verdicts() -> No
     assert verdict["paired"] is True
     (versus_ddp,) = [v for v in targets.evaluate([run | {"model": "tutorial"}]) if "DDP + Adam's" in v["target"]]
     assert versus_ddp["paired"] is False and "different rounds" in targets.verdict_line(versus_ddp)
+
+
+def test_a_missed_timed_target_says_why_in_measured_exchange_figures() -> None:
+    run = _run(ddp_aa=1.0, torch_bv=1.0)
+    prefetch = [{"iter_s": 1.2, "metered_s": 0.4, "exposed_s": 0.3}] * 3
+    run["results"]["zl_prefetch"] = {"steps_by_round": {"0": prefetch}, "steps": prefetch}
+    for step in run["results"]["torch_bv"]["steps"]:
+        step["exchange_s"] = 0.05
+    (verdict,) = [v for v in targets.evaluate([run]) if v["target"].endswith("0.95 × torch_bv's")]
+    assert verdict["verdict"] == "missed" and verdict["paired"] is True
+    assert verdict["why"] == (
+        "zl_prefetch iteration 1200.0 ms, exchange in flight 400.0 ms of which exposed 300.0 ms "
+        "(75 %; 25 % of the iteration); torch_bv iteration 1000.0 ms, exchange (step − local step) 50.0 ms"
+    )
+    assert targets.verdict_line(verdict).endswith("\n  - measured: " + verdict["why"])
+    (met,) = [v for v in targets.evaluate([_run(ddp_aa=1.0, torch_bv=1.0, zl_flat_bv=0.9)]) if v["paired"]]
+    assert met["verdict"] == "met" and met["why"] == "" and "measured" not in targets.verdict_line(met)
+
+
+def test_exchange_line_names_the_mode_and_the_timings_it_chose_by() -> None:
+    report = {"mode": "flat_broadcast", "requested": "auto", "timings_s": {"broadcast": 0.0123, "all_gather": 0.0456}}
+    assert render.exchange_line("zl_flat_bv", report) == (
+        "zl_flat_bv: exchange flat_broadcast (requested auto); "
+        "timed at the first step (slowest rank): broadcast 12.3 ms, all_gather 45.6 ms"
+    )
+    forced = {"mode": "flat_all_gather", "requested": "all_gather", "timings_s": {}}
+    assert (
+        render.exchange_line("zl_flat_bv_ag", forced)
+        == "zl_flat_bv_ag: exchange flat_all_gather (requested all_gather)"
+    )
