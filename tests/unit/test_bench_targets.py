@@ -75,6 +75,7 @@ def test_memory_choice_and_presence_targets() -> None:
     assert _verdict(verdicts, "zl_flat Adam state")["verdict"] == "met"
     assert _verdict(verdicts, "zl_sg state bytes")["verdict"] == "met"
     assert _verdict(verdicts, "exchange=auto picks")["verdict"] == "missed"
+    assert _verdict(verdicts, "exchange=auto picks")["why"] == "zl_flat_bv timed at its first step: broadcast 1000.0 ms"
     assert _verdict(verdicts, "exchange=auto reports")["measured"] == ("broadcast",)
     assert _verdict(verdicts, "exchange=auto reports")["verdict"] == "missed"
     run["results"]["zl_flat_bv"]["report"] = {"collective": "broadcast", "timings_s": {"broadcast": 1, "all_gather": 2}}
@@ -172,8 +173,8 @@ def test_a_missed_timed_target_says_why_in_measured_exchange_figures() -> None:
     (verdict,) = [v for v in targets.evaluate([run]) if v["target"].endswith("0.95 × torch_bv's")]
     assert verdict["verdict"] == "missed" and verdict["paired"] is True
     assert verdict["why"] == (
-        "zl_prefetch iteration 1200.0 ms, exchange in flight 400.0 ms of which exposed 300.0 ms "
-        "(75 %; 25 % of the iteration); torch_bv iteration 1000.0 ms, exchange (step − local step) 50.0 ms"
+        "zl_prefetch iteration 1200.0 ms, exchange exposed 300.0 ms = 25 % of the iteration "
+        "(collectives in flight 400.0 ms, summed); torch_bv iteration 1000.0 ms, exchange (step − local step) 50.0 ms"
     )
     assert targets.verdict_line(verdict).endswith("\n  - measured: " + verdict["why"])
     (met,) = [v for v in targets.evaluate([_run(ddp_aa=1.0, torch_bv=1.0, zl_flat_bv=0.9)]) if v["paired"]]

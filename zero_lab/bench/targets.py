@@ -154,9 +154,10 @@ def _judge(target: Target, value: Any, band: float | None) -> tuple[str, float |
 def why(results: dict[str, Any], names: Sequence[str]) -> str:
     """Measured figures behind a timed verdict: per strategy, its iteration and exchange times.
 
-    zero_lab's own meter gives the time its collectives were in flight and the part the
-    loop was blocked (exposed); for the others, the exchange is ``step()`` − local step
-    where it happens inside ``step()``.
+    For zero_lab, its own meter: the exchange time the loop was blocked (exposed) and
+    the collectives' time from issue to completion, summed over collectives (several in
+    flight at once count each, so the sum can exceed the wall time); for the others, the
+    exchange is ``step()`` − local step where it happens inside ``step()``.
     """
     parts = []
     for name in names:
@@ -168,14 +169,27 @@ def why(results: dict[str, Any], names: Sequence[str]) -> str:
         in_flight, exposed = median_ms(steps, "metered_s"), median_ms(steps, "exposed_s")
         if STRATEGIES[name].zero_lab and in_flight and exposed is not None:
             text += (
-                f", exchange in flight {in_flight:.1f} ms of which exposed {exposed:.1f} ms "
-                f"({100 * exposed / in_flight:.0f} %; {100 * exposed / iteration:.0f} % of the iteration)"
+                f", exchange exposed {exposed:.1f} ms = {100 * exposed / iteration:.0f} % of the iteration "
+                f"(collectives in flight {in_flight:.1f} ms, summed)"
             )
         elif STRATEGIES[name].exchange_in_step and STRATEGIES[name].sharded:
             exchange = median_ms(steps, "exchange_s")
             text += "" if exchange is None else f", exchange (step − local step) {exchange:.1f} ms"
         parts.append(text)
     return "; ".join(parts)
+
+
+def _why_chosen(results: dict[str, Any], name: str) -> str:
+    """The timings an ``exchange="auto"`` choice was made by (slowest rank, first step)."""
+    timings = (results.get(name, {}).get("report") or {}).get("timings_s") or {}
+    measured = ", ".join(f"{collective} {1e3 * seconds:.1f} ms" for collective, seconds in timings.items())
+    return f"{name} timed at its first step: {measured}" if measured else ""
+
+
+def _reason(target: Target, results: dict[str, Any]) -> str:
+    if target.timed:
+        return why(results, [target.strategy, target.against or ""])
+    return _why_chosen(results, target.strategy) if target.measure == "choice" else ""
 
 
 def evaluate(runs: Sequence[dict[str, Any]], requested: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -202,7 +216,7 @@ def evaluate(runs: Sequence[dict[str, Any]], requested: Sequence[str] | None = N
                 {"model": model, "target": target.text, "measured": value, "bound": target.bound, "op": target.op}
                 | {"verdict": verdict, "by": by, "aa_band": band if timed else None}
                 | {"paired": paired(results, target.strategy, target.against) if timed else None}
-                | {"why": why(results, [target.strategy, target.against or ""]) if timed and verdict != "met" else ""}
+                | {"why": _reason(target, results) if verdict != "met" else ""}
             )
     return out
 
