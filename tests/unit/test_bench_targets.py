@@ -170,6 +170,9 @@ def test_a_missed_timed_target_says_why_in_measured_exchange_figures() -> None:
     run["results"]["zl_prefetch"] = {"steps_by_round": {"0": prefetch}, "steps": prefetch}
     for step in run["results"]["torch_bv"]["steps"]:
         step["exchange_s"] = 0.05
+    torch_bv = run["results"]["torch_bv"]  # also timed in a slower round: the reason quotes the paired one
+    torch_bv["steps_by_round"]["1"] = _steps(9.0, 9.0, 9.0, 9.0)
+    torch_bv["steps"] = torch_bv["steps"] + torch_bv["steps_by_round"]["1"]
     (verdict,) = [v for v in targets.evaluate([run]) if v["target"].endswith("0.95 × torch_bv's")]
     assert verdict["verdict"] == "missed" and verdict["paired"] is True
     assert verdict["why"] == (

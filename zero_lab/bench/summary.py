@@ -19,7 +19,7 @@ from zero_lab.bench.models import MODELS
 from zero_lab.bench.strategies import LR, STRATEGIES
 from zero_lab.planner import plan_memory, specs_from_module
 
-__all__ = ["MIB", "median_ms", "merge_ranks", "paired", "paired_ratio", "planned_state", "summarize"]
+__all__ = ["MIB", "common_rounds", "median_ms", "merge_ranks", "paired", "paired_ratio", "planned_state", "summarize"]
 
 MIB = 2**20
 
@@ -67,14 +67,15 @@ def _slowest(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _common_rounds(results: dict[str, Any], name: str, ref: str | None) -> list[str]:
+def common_rounds(results: dict[str, Any], name: str, ref: str | None) -> list[str]:
+    """The timing rounds (keys of ``steps_by_round``) both strategies ran in."""
     a, b = results.get(name, {}), results.get(ref or "", {})
     return sorted(set(a.get("steps_by_round", {})) & set(b.get("steps_by_round", {})))
 
 
 def paired(results: dict[str, Any], name: str, ref: str | None) -> bool:
     """Whether ``name`` and ``ref`` were timed in the same round (so their ratio is paired)."""
-    return bool(_common_rounds(results, name, ref))
+    return bool(common_rounds(results, name, ref))
 
 
 def paired_ratio(results: dict[str, Any], name: str, ref: str | None, key: str) -> float | None:
@@ -82,7 +83,7 @@ def paired_ratio(results: dict[str, Any], name: str, ref: str | None, key: str) 
     a, b = results.get(name, {}), results.get(ref or "", {})
     if "steps" not in a or "steps" not in b:
         return None
-    common = _common_rounds(results, name, ref)
+    common = common_rounds(results, name, ref)
     if common:
         pairs = zip(a["steps_by_round"][common[0]], b["steps_by_round"][common[0]])
         return median([x[key] / y[key] for x, y in pairs if y[key] > 0])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zero_lab.bench.strategies import STRATEGIES
-from zero_lab.bench.summary import median_ms, paired, paired_ratio
+from zero_lab.bench.summary import common_rounds, median_ms, paired, paired_ratio
 from zero_lab.exchange import COLLECTIVES
 
 __all__ = ["TARGETS", "Target", "aa_band", "evaluate", "verdict_line", "why"]
@@ -152,16 +152,18 @@ def _judge(target: Target, value: Any, band: float | None) -> tuple[str, float |
 
 
 def why(results: dict[str, Any], names: Sequence[str]) -> str:
-    """Measured figures behind a timed verdict: per strategy, its iteration and exchange times.
+    """Measured figures behind a timed verdict: per strategy, its median iteration and exchange
+    times (over the round both ran in, when they did: the steps the paired ratio compares).
 
     For zero_lab, its own meter: the exchange time the loop was blocked (exposed) and
     the collectives' time from issue to completion, summed over collectives (several in
     flight at once count each, so the sum can exceed the wall time); for the others, the
     exchange is ``step()`` − local step where it happens inside ``step()``.
     """
-    parts = []
+    parts, shared = [], common_rounds(results, *names[:2]) if len(names) > 1 else []
     for name in names:
-        steps = results.get(name, {}).get("steps", [])
+        row = results.get(name, {})
+        steps = row["steps_by_round"][shared[0]] if shared else row.get("steps", [])
         iteration = median_ms(steps, "iter_s")
         if iteration is None:
             continue
