@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.bench import rounds, summary, targets
+from zero_lab.bench import render, rounds, summary, targets
 from zero_lab.bench.strategies import STRATEGIES
 
 
@@ -65,7 +65,7 @@ def test_memory_choice_and_presence_targets() -> None:
         "zl_flat": {"state_bytes": [50, 51]},
         "zl_sg": {"state_bytes": [60, 40]},
         "torch": {"state_bytes": [60, 40]},
-        "zl_flat_bv": {"state_bytes": [1, 1], "report": {"mode": "all_gather"}},
+        "zl_flat_bv": {"state_bytes": [1, 1], "report": {"collective": "all_gather", "timings_s": {"broadcast": 1}}},
         "fsdp2": {"state_bytes": [1, 1], "steps": _steps(1.0)},
         "fsdp2_reshard": {"state_bytes": [1, 1]},  # memory, but no timing
     }
@@ -74,7 +74,14 @@ def test_memory_choice_and_presence_targets() -> None:
     assert _verdict(verdicts, "zl_flat Adam state")["measured"] == pytest.approx(0.51)
     assert _verdict(verdicts, "zl_flat Adam state")["verdict"] == "met"
     assert _verdict(verdicts, "zl_sg state bytes")["verdict"] == "met"
-    assert _verdict(verdicts, "exchange=auto")["verdict"] == "missed"
+    assert _verdict(verdicts, "exchange=auto picks")["verdict"] == "missed"
+    assert _verdict(verdicts, "exchange=auto picks")["why"] == "zl_flat_bv timed at its first step: broadcast 1000.0 ms"
+    assert _verdict(verdicts, "exchange=auto reports")["measured"] == ("broadcast",)
+    assert _verdict(verdicts, "exchange=auto reports")["verdict"] == "missed"
+    run["results"]["zl_flat_bv"]["report"] = {"collective": "broadcast", "timings_s": {"broadcast": 1, "all_gather": 2}}
+    verdicts = targets.evaluate([run])
+    assert _verdict(verdicts, "exchange=auto picks")["verdict"] == "met"
+    assert _verdict(verdicts, "exchange=auto reports")["verdict"] == "met"
     assert _verdict(verdicts, "FSDP2 (ZeRO-2-like)")["verdict"] == "met"
     assert _verdict(verdicts, "FSDP2 (ZeRO-3-like)")["verdict"] == "missed"
 
@@ -85,7 +92,7 @@ def test_targets_of_strategies_not_requested_are_left_out_and_verdicts_cite_no_i
     assert targets.evaluate([run | {"world_size": 4}]) == []
     for target in targets.TARGETS:
         assert "issue" not in target.text.lower()
-        assert target.strategy in STRATEGIES or target.strategy == "zl_prefetch"
+        assert target.strategy in STRATEGIES
 
 
 def test_plan_rounds_puts_everything_in_one_round_when_it_fits() -> None:
@@ -136,3 +143,55 @@ def test_paired_ratio_is_the_median_of_per_step_ratios() -> None:
     assert summary.paired_ratio(results, "zl_sg", "torch", "iter_s") == pytest.approx(0.9)
     assert summary.paired_ratio(results, "zl_flat", "torch", "iter_s") == pytest.approx(2.0)  # unpaired: medians
     assert summary.paired_ratio(results, "zl_sg", None, "iter_s") is None
+
+
+def test_ratios_across_rounds_are_marked_unpaired_in_tables_and_verdicts() -> None:
+    steps = _steps(1.0, 1.0)
+    results = {
+        "ddp": {"steps_by_round": {"0": steps}, "steps": steps},
+        "ddp_aa": {"steps_by_round": {"0": steps}, "steps": steps},
+        "torch_bv": {"steps_by_round": {"1": steps}, "steps": steps},
+        "zl_flat_bv": {"steps_by_round": {"1": _steps(2.0, 2.0)}, "steps": _steps(2.0, 2.0)},
+    }
+    table = summary.summarize(results, model_bytes=1, planned={})
+    assert table["zl_flat_bv"]["unpaired"] == ["iter_vs_ddp"] and table["ddp_aa"]["unpaired"] == []
+    text = render.format_table(table, render.SPEED_COLUMNS)
+    assert "| zl_flat_bv | 2000.0 | 2.000 | 2.000 † |" in text and "† not timed in the same round" in text
+    run = {"world_size": 2, "model": "lm", "results": results | {"zl_prefetch": results["zl_flat_bv"]}}
+    (verdict,) = [v for v in targets.evaluate([run]) if v["target"].startswith("zl_flat_bv")]
+    assert verdict["paired"] is True
+    (versus_ddp,) = [v for v in targets.evaluate([run | {"model": "tutorial"}]) if "DDP + Adam's" in v["target"]]
+    assert versus_ddp["paired"] is False and "different rounds" in targets.verdict_line(versus_ddp)
+
+
+def test_a_missed_timed_target_says_why_in_measured_exchange_figures() -> None:
+    run = _run(ddp_aa=1.0, torch_bv=1.0)
+    prefetch = [{"iter_s": 1.2, "metered_s": 0.4, "exposed_s": 0.3}] * 3
+    run["results"]["zl_prefetch"] = {"steps_by_round": {"0": prefetch}, "steps": prefetch}
+    for step in run["results"]["torch_bv"]["steps"]:
+        step["exchange_s"] = 0.05
+    torch_bv = run["results"]["torch_bv"]  # also timed in a slower round: the reason quotes the paired one
+    torch_bv["steps_by_round"]["1"] = _steps(9.0, 9.0, 9.0, 9.0)
+    torch_bv["steps"] = torch_bv["steps"] + torch_bv["steps_by_round"]["1"]
+    (verdict,) = [v for v in targets.evaluate([run]) if v["target"].endswith("0.95 × torch_bv's")]
+    assert verdict["verdict"] == "missed" and verdict["paired"] is True
+    assert verdict["why"] == (
+        "zl_prefetch iteration 1200.0 ms, exchange exposed 300.0 ms = 25 % of the iteration "
+        "(collectives in flight 400.0 ms, summed); torch_bv iteration 1000.0 ms, exchange (step − local step) 50.0 ms"
+    )
+    assert targets.verdict_line(verdict).endswith("\n  - measured: " + verdict["why"])
+    (met,) = [v for v in targets.evaluate([_run(ddp_aa=1.0, torch_bv=1.0, zl_flat_bv=0.9)]) if v["paired"]]
+    assert met["verdict"] == "met" and met["why"] == "" and "measured" not in targets.verdict_line(met)
+
+
+def test_exchange_line_names_the_mode_and_the_timings_it_chose_by() -> None:
+    report = {"mode": "flat_broadcast", "requested": "auto", "timings_s": {"broadcast": 0.0123, "all_gather": 0.0456}}
+    assert render.exchange_line("zl_flat_bv", report) == (
+        "zl_flat_bv: exchange flat_broadcast (requested auto); "
+        "timed at the first step (slowest rank): broadcast 12.3 ms, all_gather 45.6 ms"
+    )
+    forced = {"mode": "flat_all_gather", "requested": "all_gather", "timings_s": {}}
+    assert (
+        render.exchange_line("zl_flat_bv_ag", forced)
+        == "zl_flat_bv_ag: exchange flat_all_gather (requested all_gather)"
+    )

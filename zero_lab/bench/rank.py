@@ -4,11 +4,13 @@
    strategy, run ``memory_steps`` iterations, read the peak; then the optimizer-state
    and tensor bytes, the partition imbalance, and one more iteration under the
    :class:`~zero_lab.bench.meter.CollectiveMeter` (calls and bytes of every collective,
-   for strategies that do not meter their own).
+   for strategies that do not meter their own; zero_lab's own meter of the same
+   iteration beside it).
 2. **Timing phase** — the strategies of a round are built side by side and stepped
    round-robin, one iteration each per step, the order rotated every step, a barrier
-   before each iteration, so machine noise hits all alike. After the steps, every
-   strategy's parameters are compared with ``ddp``'s.
+   before each iteration, so machine noise hits all alike. After the steps (and a
+   prefetch strategy's last, deferred step), every strategy's parameters are compared
+   with ``ddp``'s.
 
 Both are collective: every rank runs the same strategies in the same order.
 """
@@ -62,9 +64,13 @@ def _run(runner: Runner, preset: ModelPreset, steps: int, first: int = 0) -> Non
 
 
 def _metered_iteration(runner: Runner, preset: ModelPreset, step: int, element_size: int) -> dict[str, Any]:
+    """Collectives of one iteration by kind, from the profiler; ``own``: zero_lab's meter of the same iteration."""
+    x, y = preset.batch(step, dist.get_rank())
     with CollectiveMeter(element_size, dist.get_world_size()) as meter:
-        _run(runner, preset, 1, first=step)
-    return {kind: {"calls": stats.calls, "bytes": stats.bytes} for kind, stats in meter.totals().items()}
+        record = runner.iteration(x, y, preset.loss)
+    out = {kind: {"calls": stats.calls, "bytes": stats.bytes} for kind, stats in meter.totals().items()}
+    own = {"calls": record.exchange_calls, "bytes": record.exchange_bytes} if runner.comm_stats else None
+    return out | {"own": own}
 
 
 def memory_phase(
@@ -117,7 +123,7 @@ def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str],
     names = list(runners)
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     if not names:
-        return {"strategies": [], "skipped": skipped, "records": {}, "max_abs_diff_vs_ddp": {}}
+        return {"strategies": [], "skipped": skipped, "records": {}, "max_abs_diff_vs_ddp": {}, "reports": {}}
     rank = dist.get_rank()
     for step in range(job.warmup + job.steps):
         x, y = preset.batch(step, rank)
@@ -126,13 +132,22 @@ def timing_round(preset: ModelPreset, template: nn.Module, names: Sequence[str],
             record = runners[name].iteration(x, y, preset.loss)
             if step >= job.warmup:
                 records[name].append(asdict(record))
+    for runner in runners.values():  # a deferred (prefetch) step still pending: same number of updates as ddp
+        runner.finish()
     reference = runners.get("ddp")
     diffs = {name: max_abs_diff(r.model, reference.model) if reference else None for name, r in runners.items()}
+    reports = {name: r.report() for name, r in runners.items() if r.report}  # exchange=auto decides per world
     for runner in runners.values():
         runner.close()
     del runners, reference
     host.release_memory()
-    return {"strategies": names, "skipped": skipped, "records": records, "max_abs_diff_vs_ddp": diffs}
+    return {
+        "strategies": names,
+        "skipped": skipped,
+        "records": records,
+        "max_abs_diff_vs_ddp": diffs,
+        "reports": reports,
+    }
 
 
 def bench_rank(job: RankJob) -> dict[str, Any]:

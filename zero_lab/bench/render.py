@@ -7,9 +7,11 @@ from typing import Any
 
 from zero_lab.bench.targets import verdict_line
 
-__all__ = ["MEMORY_COLUMNS", "SPEED_COLUMNS", "format_table", "run_text", "targets_text"]
+__all__ = ["MEMORY_COLUMNS", "SPEED_COLUMNS", "exchange_line", "format_table", "run_text", "targets_text"]
 
 Column = tuple[str, str, str]
+
+UNPAIRED_NOTE = "† not timed in the same round: a ratio of medians, not paired step by step"
 
 MEMORY_COLUMNS: tuple[Column, ...] = (
     ("state_mib", "Adam state MiB", ".1f"),
@@ -25,7 +27,8 @@ SPEED_COLUMNS: tuple[Column, ...] = (
     ("iter_vs_torch", "÷ torch", ".3f"),
     ("iter_vs_ddp", "÷ DDP", ".3f"),
     ("exchange_ms", "exchange ms", ".1f"),
-    ("collective_ms", "in collectives ms", ".1f"),
+    ("collective_ms", "Σ in collectives ms", ".1f"),
+    ("exposed_ms", "exposed ms", ".1f"),
     ("bytes_vs_min", "param bytes ÷ min", ".3f"),
     ("calls_per_step", "calls", ".0f"),
     ("grad_bytes_vs_min", "grad bytes ÷ min", ".3f"),
@@ -42,26 +45,41 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def format_table(table: dict[str, dict[str, Any]], columns: Sequence[Column]) -> str:
-    """A Markdown table, one row per strategy that has any figure in these columns."""
+    """A Markdown table, one row per strategy that has any figure in these columns (unpaired ratios marked †)."""
     head = "| strategy | " + " | ".join(title for _, title, _ in columns) + " |"
     rule = "|---|" + "|".join("---:" for _ in columns) + "|"
-    rows = [
-        f"| {name} | " + " | ".join(_fmt(row[key], spec) for key, _, spec in columns) + " |"
-        for name, row in table.items()
-        if any(row[key] is not None for key, _, _ in columns)
-    ]
-    return "\n".join([head, rule, *rows])
+    rows, marked = [], False
+    for name, row in table.items():
+        if all(row[key] is None for key, _, _ in columns):
+            continue
+        cells = []
+        for key, _, spec in columns:
+            mark = row[key] is not None and key in row.get("unpaired", ())
+            marked |= mark
+            cells.append(_fmt(row[key], spec) + (" †" if mark else ""))
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join([head, rule, *rows, *(["", UNPAIRED_NOTE] if marked else [])])
+
+
+def exchange_line(name: str, report: dict[str, Any]) -> str:
+    """What a zero_lab strategy's exchange does and, with ``auto``, the timings it chose by."""
+    line = f"{name}: exchange {report['mode']} (requested {report['requested']})"
+    timings = report.get("timings_s") or {}
+    if timings:
+        measured = ", ".join(f"{collective} {1e3 * seconds:.1f} ms" for collective, seconds in timings.items())
+        line += f"; timed at the first step (slowest rank): {measured}"
+    return line
 
 
 def run_text(run: dict[str, Any]) -> str:
-    """One model at one world size: heading, notes, the memory table and the speed table."""
+    """One model at one world size: heading, notes, the memory table, exchange choices, the speed table."""
     parts = [f"### {run['model']}, W={run['world_size']} — {run['description']}; {run['model_numel']:,} parameters"]
     if run["note"]:
         parts.append(f"({run['note']})")
     parts.append(format_table(run["table"], MEMORY_COLUMNS))
-    reports = {n: r["report"] for n, r in run["results"].items() if r.get("report")}
-    for name, report in reports.items():
-        parts.append(f"{name} exchange report (rank 0): {report}")
+    reports = [exchange_line(n, r["report"]) for n, r in run["results"].items() if r.get("report")]
+    if reports:
+        parts.append("\n".join(f"- {line}" for line in reports))
     if run["rounds"]:
         parts.append(f"timing rounds: {run['rounds']}")
         parts.append(format_table(run["table"], SPEED_COLUMNS))

@@ -5,7 +5,16 @@ An iteration is ``zero_grad``, a barrier, ``forward + backward``, ``optimizer.st
 ``perf_counter`` on this rank; the local optimizer's own ``step()`` is timed with step
 hooks, so *exchange* = ``step()`` − local step (the parameter exchange plus the
 wrapper's bookkeeping). zero_lab strategies also report their metered collectives
-(``comm_stats``: calls, bytes, seconds)::
+(``comm_stats``: calls, bytes, seconds in flight, seconds exposed).
+
+With ``step_deferred`` (``prefetch_exchange``: ``step()`` only issues the exchange and
+the next forward waits for it) the iteration is cut one step later: barrier,
+``step()`` of the previous iteration's gradients, ``zero_grad``, ``forward + backward``.
+Same work per iteration, but the exchange in flight meets its own forward inside the
+timed window, and nothing of it leaks into the next strategy's iteration (strategies
+are stepped round-robin; a barrier would otherwise drain it untimed). :meth:`finish`
+takes the last pending step, so after N iterations the parameters had N updates, as
+every other strategy's::
 
     runner = STRATEGIES["zl_sg_bv"].build(template)
     record = runner.iteration(x, y, F.mse_loss)
@@ -39,6 +48,7 @@ class StepRecord:
     exchange_bytes: int
     exchange_calls: int
     metered_s: float
+    exposed_s: float
 
 
 @dataclass
@@ -49,7 +59,8 @@ class Runner:
     ``comm_stats`` reads zero_lab's own collective meter (``None``: not metered here);
     ``imbalance`` is the partition's max / ideal elements per rank (``None``: not sharded
     by a partition); ``report`` returns what the optimizer says about itself (zero_lab's
-    exchange choice); ``on_close`` breaks reference cycles (hooks) so ``del`` frees memory.
+    exchange choice); ``on_close`` breaks reference cycles (hooks) so ``del`` frees memory;
+    ``step_deferred`` and ``settle`` (wait for an exchange in flight): see the module docstring.
     """
 
     model: nn.Module
@@ -61,6 +72,9 @@ class Runner:
     imbalance: float | None = None
     report: Callable[[], dict[str, Any]] | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    step_deferred: bool = False
+    settle: Callable[[], None] | None = None
+    _grads_pending: bool = field(default=False, init=False, repr=False)
     _local_s: float = field(default=0.0, init=False, repr=False)
     _local_start: float = field(default=0.0, init=False, repr=False)
 
@@ -78,26 +92,53 @@ class Runner:
         return self.comm_stats().snapshot() if self.comm_stats else CommStats()
 
     def iteration(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> StepRecord:
-        self.optimizer.zero_grad(set_to_none=True)
+        if not self.step_deferred:
+            self.optimizer.zero_grad(set_to_none=True)
         self._local_s = 0.0
         before = self._stats()
         dist.barrier()
         start = time.perf_counter()
-        loss_fn(self.forward(x), y).backward()
-        middle = time.perf_counter()
-        local_in_backward = self._local_s
-        if not self.steps_in_backward:  # with overlap, step() is a no-op that warns
-            self.optimizer.step()
-        end = time.perf_counter()
+        if self.step_deferred:
+            self._step_pending()
+            middle = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_fn(self.forward(x), y).backward()  # forward pre-hooks wait for the exchange, module by module
+            self._grads_pending = True
+            self._settle()  # normally a no-op: the forward used every parameter
+            end = time.perf_counter()
+            step_s, local_s = middle - start, self._local_s
+        else:
+            loss_fn(self.forward(x), y).backward()
+            middle = time.perf_counter()
+            local_in_backward = self._local_s
+            if not self.steps_in_backward:  # with overlap, step() is a no-op that warns
+                self.optimizer.step()
+            end = time.perf_counter()
+            step_s, local_s = end - middle, self._local_s - local_in_backward
         moved = self._stats().since(before)
         return StepRecord(
             iter_s=end - start,
-            step_s=end - middle,
-            local_s=self._local_s - local_in_backward,
+            step_s=step_s,
+            local_s=local_s,
             exchange_bytes=moved.bytes,
             exchange_calls=moved.calls,
             metered_s=moved.seconds,
+            exposed_s=moved.exposed_seconds,
         )
+
+    def _step_pending(self) -> None:
+        if self._grads_pending:
+            self.optimizer.step()
+            self._grads_pending = False
+
+    def _settle(self) -> None:
+        if self.settle is not None:
+            self.settle()
+
+    def finish(self) -> None:
+        """Take a deferred step still pending and wait for its exchange (collective; no-op otherwise)."""
+        self._step_pending()
+        self._settle()
 
     def close(self) -> None:
         """Break reference cycles that would keep this strategy's tensors alive after ``del``."""

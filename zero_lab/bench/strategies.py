@@ -7,8 +7,13 @@ the data-parallel state is held and moved:
   control whose ratio to ``ddp`` *is* the noise;
 * ``torch`` / ``torch_bv`` — torch's ``ZeroRedundancyOptimizer`` in DDP
   (``parameters_as_bucket_view`` off / on); ``fairscale_oss`` — FairScale's ``OSS``;
-* ``zl_*`` — zero_lab in DDP: sorted-greedy / flat partition, ``_bv`` = bucket view,
-  and the overlap hooks (``hook_with_zero_step``, interleaved);
+* ``zl_*`` — zero_lab in DDP: sorted-greedy / flat partition, ``_bv`` = bucket view
+  (``exchange="auto"``: the collective chosen by timing both at the first step; its
+  report is recorded), ``zl_flat_bv_bc`` / ``zl_flat_bv_ag`` the same with
+  ``exchange="broadcast"`` / ``"all_gather"`` forced, ``zl_prefetch`` = zero_lab's best
+  setting (flat, bucket view, auto, :func:`~zero_lab.overlap.prefetch_exchange`: the
+  exchange issued by ``step()`` and waited for by the next forward), and the overlap
+  hooks (``hook_with_zero_step``, interleaved);
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
   and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
   state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like).
@@ -37,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.bench.models import blocks_of
 from zero_lab.bench.runner import Runner
-from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved
+from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 
 __all__ = ["LR", "STRATEGIES", "Strategy", "fairscale_status", "imbalance"]
@@ -132,7 +137,6 @@ def _zero_lab(
 
 
 def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, **kwargs: Any) -> Runner:
-    report = getattr(zero, "exchange_report", None)
     return Runner(
         model,
         ddp,
@@ -140,13 +144,22 @@ def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, 
         zero.optim,
         comm_stats=lambda: zero.comm_stats,
         imbalance=zero.partition.report().imbalance,
-        report=(lambda: _as_dict(report())) if report else None,
+        report=lambda: zero.exchange_report().as_dict(),
         **kwargs,
     )
 
 
-def _as_dict(report: Any) -> dict[str, Any]:
-    return dict(report) if isinstance(report, dict) else dict(vars(report))
+def _zero_lab_prefetch(template: nn.Module) -> Runner:
+    """Flat, bucket view, ``exchange="auto"``, and the exchange hidden behind the next forward."""
+    model = copy.deepcopy(template)
+    ddp = DDP(model)
+    zero = ZeroRedundancyOptimizer(
+        ddp.parameters(), torch.optim.Adam, parameters_as_bucket_view=True, partitioner=Flat(), lr=LR
+    )
+    handle = prefetch_exchange(model, zero)
+    return _zero_lab_runner(
+        model, ddp, zero, step_deferred=True, settle=zero.wait_for_exchange, on_close=[handle.remove]
+    )
 
 
 def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
@@ -211,7 +224,43 @@ STRATEGIES: dict[str, Strategy] = {
             SortedGreedy,
         ),
         Strategy("zl_flat", "zero_lab flat", _zero_lab(Flat, False), "torch", "zl_flat", True, Flat, transient=True),
-        Strategy("zl_flat_bv", "zero_lab flat, bucket view", _zero_lab(Flat, True), "torch_bv", "zl_flat", True, Flat),
+        Strategy(
+            "zl_flat_bv",
+            "zero_lab flat, bucket view, exchange=auto",
+            _zero_lab(Flat, True),
+            "torch_bv",
+            "zl_flat",
+            True,
+            Flat,
+        ),
+        Strategy(
+            "zl_flat_bv_bc",
+            "zero_lab flat, bucket view, exchange=broadcast",
+            _zero_lab(Flat, True, exchange="broadcast"),
+            "torch_bv",
+            "zl_exchange",
+            True,
+            Flat,
+        ),
+        Strategy(
+            "zl_flat_bv_ag",
+            "zero_lab flat, bucket view, exchange=all_gather",
+            _zero_lab(Flat, True, exchange="all_gather"),
+            "torch_bv",
+            "zl_exchange",
+            True,
+            Flat,
+        ),
+        Strategy(
+            "zl_prefetch",
+            "zero_lab's best setting: flat, bucket view, exchange=auto, prefetch_exchange",
+            _zero_lab_prefetch,
+            "torch_bv",
+            "zl_prefetch",
+            True,
+            Flat,
+            exchange_in_step=False,
+        ),
         Strategy(
             "zl_overlap",
             "zero_lab overlap (hook_with_zero_step)",

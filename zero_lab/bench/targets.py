@@ -2,13 +2,16 @@
 
 A :class:`Target` names what is measured (an iteration-time or exchange-time ratio
 between two strategies of the same run, a state-bytes ratio or equality, the exchange
-mode zero_lab chose, or the presence of a row), the bound, and the models it applies
-to. Targets hold at W=2 (the benchmark's main world).
+collective zero_lab chose and the candidates it timed, or the presence of a row), the
+bound, and the models it applies to. Targets hold at W=2 (the benchmark's main world).
 
 Verdicts: ``met``; ``within noise`` when a timed ratio misses its bound by no more than
 the run's A/A band (``|ddp_aa ÷ ddp − 1|``, two identical strategies measured the same
 way: a difference that small is not a difference); ``missed`` otherwise, with the
-margin in per cent; ``info`` for figures printed for comparison only::
+margin in per cent; ``info`` for figures printed for comparison only. A timed verdict
+says whether its ratio is paired (both strategies in one round) and, unless met, *why*
+in measured figures: each side's iteration and exchange time, and for zero_lab how much
+of the time its collectives were in flight the loop stayed blocked (exposed)::
 
     verdicts = evaluate(runs)      # one dict per (target, model) that this run measured
 """
@@ -19,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zero_lab.bench.summary import paired_ratio
+from zero_lab.bench.strategies import STRATEGIES
+from zero_lab.bench.summary import common_rounds, median_ms, paired, paired_ratio
+from zero_lab.exchange import COLLECTIVES
 
-__all__ = ["TARGETS", "Target", "aa_band", "evaluate", "verdict_line"]
+__all__ = ["TARGETS", "Target", "aa_band", "evaluate", "verdict_line", "why"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +36,9 @@ class Target:
     ``measure``: ``iter`` (median paired iteration-time ratio ``strategy ÷ against``),
     ``exchange`` (the same for exchange time), ``state`` (worst-rank state bytes ÷
     ``against``'s), ``state_equal`` (the same bytes on every rank), ``choice`` (the value
-    of ``key`` in the strategy's own report equals ``bound``), ``present`` (the row has
-    both memory and time figures). ``op`` is ``<=`` or ``>=`` for ratios. ``models``
+    of ``key`` in the strategy's own report equals ``bound``), ``candidates`` (the
+    collectives timed in the report's ``timings_s`` are ``bound``), ``present`` (the row has both
+    memory and time figures). ``op`` is ``<=`` or ``>=`` for ratios. ``models``
     limits the target to those models (``-quick`` variants included); empty: all.
     """
 
@@ -41,7 +47,7 @@ class Target:
     strategy: str
     against: str | None = None
     op: str = "<="
-    bound: float | str | None = None
+    bound: float | str | tuple[str, ...] | None = None
     models: tuple[str, ...] = ()
     key: str | None = None
 
@@ -73,7 +79,15 @@ TARGETS: tuple[Target, ...] = (
         1.00,
         ("tutorial",),
     ),
-    Target("exchange=auto picks broadcast for flat on Gloo", "choice", "zl_flat_bv", bound="broadcast", key="mode"),
+    Target(
+        "exchange=auto picks broadcast for flat on Gloo", "choice", "zl_flat_bv", bound="broadcast", key="collective"
+    ),
+    Target(
+        "exchange=auto reports the time of every candidate collective",
+        "candidates",
+        "zl_flat_bv",
+        bound=tuple(sorted(COLLECTIVES)),
+    ),
     Target("FSDP2 (ZeRO-2-like) row has memory and time", "present", "fsdp2"),
     Target("FSDP2 (ZeRO-3-like) row has memory and time", "present", "fsdp2_reshard"),
     Target("zl_flat Adam state ≤ 0.51 × DDP's (worst rank)", "state", "zl_flat", "ddp", "<=", 0.51),
@@ -114,6 +128,8 @@ def _measured(target: Target, results: dict[str, Any]) -> Any:
         return one["state_bytes"] == other["state_bytes"]
     if target.measure == "choice":
         return (one.get("report") or {}).get(target.key or "")
+    if target.measure == "candidates":
+        return tuple(sorted((one.get("report") or {}).get("timings_s") or {}))
     raise ValueError(f"unknown target measure {target.measure!r}")
 
 
@@ -121,8 +137,8 @@ def _judge(target: Target, value: Any, band: float | None) -> tuple[str, float |
     """The verdict and, for a ratio that misses, by how much (fraction of the bound)."""
     if target.measure == "present":
         return ("met" if value else "missed"), None
-    if target.measure in ("state_equal", "choice"):
-        return ("met" if value == (target.bound if target.measure == "choice" else True) else "missed"), None
+    if target.measure in ("state_equal", "choice", "candidates"):
+        return ("met" if value == (True if target.measure == "state_equal" else target.bound) else "missed"), None
     if target.bound is None:
         return "info", None
     bound = float(target.bound)
@@ -133,6 +149,49 @@ def _judge(target: Target, value: Any, band: float | None) -> tuple[str, float |
     if target.timed and band is not None and by <= band:
         return "within noise", by
     return "missed", by
+
+
+def why(results: dict[str, Any], names: Sequence[str]) -> str:
+    """Measured figures behind a timed verdict: per strategy, its median iteration and exchange
+    times (over the round both ran in, when they did: the steps the paired ratio compares).
+
+    For zero_lab, its own meter: the exchange time the loop was blocked (exposed) and
+    the collectives' time from issue to completion, summed over collectives (several in
+    flight at once count each, so the sum can exceed the wall time); for the others, the
+    exchange is ``step()`` − local step where it happens inside ``step()``.
+    """
+    parts, shared = [], common_rounds(results, *names[:2]) if len(names) > 1 else []
+    for name in names:
+        row = results.get(name, {})
+        steps = row["steps_by_round"][shared[0]] if shared else row.get("steps", [])
+        iteration = median_ms(steps, "iter_s")
+        if iteration is None:
+            continue
+        text = f"{name} iteration {iteration:.1f} ms"
+        in_flight, exposed = median_ms(steps, "metered_s"), median_ms(steps, "exposed_s")
+        if STRATEGIES[name].zero_lab and in_flight and exposed is not None:
+            text += (
+                f", exchange exposed {exposed:.1f} ms = {100 * exposed / iteration:.0f} % of the iteration "
+                f"(collectives in flight {in_flight:.1f} ms, summed)"
+            )
+        elif STRATEGIES[name].exchange_in_step and STRATEGIES[name].sharded:
+            exchange = median_ms(steps, "exchange_s")
+            text += "" if exchange is None else f", exchange (step − local step) {exchange:.1f} ms"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _why_chosen(results: dict[str, Any], name: str) -> str:
+    """The timings an ``exchange="auto"`` choice was made by (slowest rank, first step)."""
+    timings = (results.get(name, {}).get("report") or {}).get("timings_s") or {}
+    measured = ", ".join(f"{collective} {1e3 * seconds:.1f} ms" for collective, seconds in timings.items())
+    return f"{name} timed at its first step: {measured}" if measured else ""
+
+
+def _reason(target: Target, results: dict[str, Any]) -> str:
+    if target.timed:
+        return why(results, [target.strategy, target.against or ""])
+    return _why_chosen(results, target.strategy) if target.measure == "choice" else ""
 
 
 def evaluate(runs: Sequence[dict[str, Any]], requested: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -154,9 +213,12 @@ def evaluate(runs: Sequence[dict[str, Any]], requested: Sequence[str] | None = N
             if value is None:
                 continue
             verdict, by = _judge(target, value, band)
+            timed = target.timed
             out.append(
                 {"model": model, "target": target.text, "measured": value, "bound": target.bound, "op": target.op}
-                | {"verdict": verdict, "by": by, "aa_band": band if target.timed else None}
+                | {"verdict": verdict, "by": by, "aa_band": band if timed else None}
+                | {"paired": paired(results, target.strategy, target.against) if timed else None}
+                | {"why": _reason(target, results) if verdict != "met" else ""}
             )
     return out
 
@@ -164,6 +226,8 @@ def evaluate(runs: Sequence[dict[str, Any]], requested: Sequence[str] | None = N
 def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, tuple | list):
+        return ", ".join(map(str, value)) or "none"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -174,5 +238,8 @@ def verdict_line(v: dict[str, Any]) -> str:
         extra.append(f"{'above' if v['op'] == '<=' else 'below'} the bound by {100 * v['by']:.1f} %")
     if v["aa_band"] is not None:
         extra.append(f"A/A band ±{100 * v['aa_band']:.1f} %")
+    if v.get("paired") is False:
+        extra.append("timed in different rounds: a ratio of medians, not paired")
     tail = f" ({'; '.join(extra)})" if extra else ""
-    return f"- {v['verdict']}: {v['model']}: {v['target']}: {_value(v['measured'])}{tail}"
+    reason = f"\n  - measured: {v['why']}" if v.get("why") else ""
+    return f"- {v['verdict']}: {v['model']}: {v['target']}: {_value(v['measured'])}{tail}{reason}"
