@@ -27,7 +27,7 @@ SPEED_COLUMNS: tuple[Column, ...] = (
     ("iter_vs_torch", "÷ torch", ".3f"),
     ("iter_vs_ddp", "÷ DDP", ".3f"),
     ("exchange_ms", "exchange ms", ".1f"),
-    ("collective_ms", "Σ in collectives ms", ".1f"),
+    ("collective_ms", "in flight ms", ".1f"),
     ("exposed_ms", "exposed ms", ".1f"),
     ("bytes_vs_min", "param bytes ÷ min", ".3f"),
     ("calls_per_step", "calls", ".0f"),
