@@ -19,28 +19,12 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tests.dist.training import TiedLM
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 
 LAYOUTS = {"per_shard": (None, False), "bucket": (None, True), "flat": (Flat(), False), "flat_view": (Flat(), True)}
 STEPS = 4
-
-
-class TiedLM(nn.Module):
-    """Embedding tied to the output head; ``shared`` runs twice; ``late`` is registered first, runs last."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.late = nn.Linear(8, 8)
-        self.embed = nn.Embedding(16, 8)
-        self.shared = nn.Linear(8, 8)
-        self.head = nn.Linear(8, 16, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        h = self.shared(self.shared(self.embed(idx)).tanh()).tanh()
-        return self.head(self.late(h))
 
 
 def _tokens(step: int, rank: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from tests.dist.test_exchange import TiedLM
+from tests.dist.training import TiedLM
 from zero_lab import Flat, Manual, ZeroRedundancyOptimizer
 from zero_lab.checkpoint import save_checkpoint
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange

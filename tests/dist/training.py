@@ -175,3 +175,20 @@ def parity(cases: list[Case]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+class TiedLM(nn.Module):
+    """Embedding tied to the output head; ``shared`` runs twice; ``late`` is registered first, runs last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.late = nn.Linear(8, 8)
+        self.embed = nn.Embedding(16, 8)
+        self.shared = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.shared(self.shared(self.embed(idx)).tanh()).tanh()
+        return self.head(self.late(h))
