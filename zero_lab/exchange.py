@@ -31,7 +31,9 @@ nothing is issued (the local step already updated every parameter).
 
 Asynchronous use (``zero_lab.overlap.prefetch_exchange``): :meth:`ParamExchange.start`
 issues everything and returns; :meth:`ParamExchange.wait` finishes the units holding
-given parameters (or all). The Join gradient broadcast (:func:`share_grads_with_joined`)
+given parameters (or all). Given a :class:`FirstUse`, ``start`` issues the units in the
+order the forward first reads their parameters (rank 0's order, adopted by every rank),
+so the first layer's buffer lands first. The Join gradient broadcast (:func:`share_grads_with_joined`)
 and the overlap hooks' per-bucket sends (:func:`issue_owner_broadcast`) live here too,
 all through :class:`~zero_lab.comm.Communicator`.
 """
@@ -53,6 +55,7 @@ __all__ = [
     "COLLECTIVES",
     "EXCHANGES",
     "ExchangeReport",
+    "FirstUse",
     "InFlight",
     "ParamExchange",
     "issue_owner_broadcast",
@@ -103,6 +106,47 @@ class InFlight:
         if self._finish is not None:
             self._finish()
         self.done = True
+
+
+class FirstUse:
+    """Parameters in the order a forward first reads them; one agreed order for all ranks.
+
+    ``prefetch_exchange``'s pre-hooks :meth:`note` each module's parameters as the forward
+    reaches them. At the next exchange :meth:`agree` broadcasts rank 0's positions (one
+    int64 per parameter, once), so every rank issues the units in the same order even if
+    their forwards differed; if rank 0 has seen no forward yet, every rank tries again at
+    the next exchange. :meth:`ordered` sorts units by their earliest-used parameter
+    (units never used keep their place, after the used ones).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}
+        self.position: dict[int, int] | None = None  # agreed: parameter index -> first-use rank
+
+    def note(self, params: Iterable[int]) -> None:
+        if self.position is None:
+            for index in params:
+                self._seen.setdefault(index, len(self._seen))
+
+    def agree(self, comm: Communicator, num_params: int, device: torch.device) -> None:
+        """Adopt rank 0's order (collective: every rank calls it at the same exchange)."""
+        if self.position is not None:
+            return
+        order = torch.full((num_params,), -1, dtype=torch.int64, device=device)
+        for index, position in self._seen.items():
+            if index < num_params:
+                order[index] = position
+        comm.broadcast_many([(order, 0)], op="exchange_order")
+        agreed = {index: position for index, position in enumerate(order.tolist()) if position >= 0}
+        if agreed:
+            self.position = agreed
+
+    def ordered(self, units: Sequence[_Buffer | _ShardBroadcast]) -> Sequence[_Buffer | _ShardBroadcast]:
+        position = self.position
+        if not position:
+            return units
+        never = len(position)
+        return sorted(units, key=lambda unit: min((position.get(i, never) for i in unit.param_indices), default=never))
 
 
 @dataclass(frozen=True)
@@ -321,6 +365,11 @@ class ParamExchange:
         else:
             self.rebuild()
 
+    @property
+    def unit_count(self) -> int:
+        candidates = COLLECTIVES if self.collective not in COLLECTIVES else (self.collective,)
+        return max(len(self._units(c)) for c in candidates)
+
     def _units(self, collective: str) -> Sequence[_Buffer | _ShardBroadcast]:
         if self.layout == "per_shard" and collective == "broadcast":
             return self._shard_units
@@ -332,16 +381,20 @@ class ParamExchange:
         self.start()
         self.wait()
 
-    def start(self) -> None:
-        """Issue the exchange; :meth:`wait` finishes it. With ``auto`` the first call
-        also chooses the collective, which finishes the exchange before returning."""
+    def start(self, first_use: FirstUse | None = None) -> None:
+        """Issue the exchange (in ``first_use`` order when given); :meth:`wait` finishes it.
+        With ``auto`` the first call also chooses the collective, which finishes the
+        exchange before returning."""
         self.wait()
         if self.comm.world_size == 1:
             return
+        if first_use is not None:
+            first_use.agree(self.comm, len(self.params), self.params[0].device)
         if self.collective == "auto":
             self._tune()
             return
-        for unit in self._units(self.collective):
+        units = self._units(self.collective)
+        for unit in first_use.ordered(units) if first_use is not None else units:
             self._inflight.append((unit.param_indices, unit.issue(self.comm, self.collective)))
 
     def track(self, params: frozenset[int], inflight: InFlight) -> None:

@@ -46,7 +46,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from zero_lab.comm import CommStats, Communicator
-from zero_lab.exchange import ExchangeReport, InFlight, ParamExchange, share_grads_with_joined
+from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
@@ -226,6 +226,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
         self.async_exchange = False  # set by zero_lab.overlap.prefetch_exchange
+        self.first_use = FirstUse()  # noted by prefetch_exchange's pre-hooks: the exchange's issue order
         self._build_shards()
         self._initialized = True
 
@@ -307,6 +308,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         if self._overlap_with_ddp:
             return ExchangeReport("overlap_per_bucket", "overlap", "broadcast", self._exchange_choice)
         return self._exchange.report()
+
+    @property
+    def exchange_units(self) -> int:
+        """How many separately awaitable units (buffers, or shards) the exchange issues per
+        step; with ``auto`` still undecided, the most any candidate collective would."""
+        return self._exchange.unit_count
 
     # ------------------------------------------------------------------ partition
 
@@ -438,7 +445,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
 
     def _exchange_params(self) -> None:
         if self.async_exchange:
-            self._exchange.start()
+            self._exchange.start(self.first_use)
         else:
             self._exchange.run()
 

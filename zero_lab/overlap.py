@@ -35,9 +35,14 @@ Prefetch (Megatron's ``overlap_param_gather``): :func:`prefetch_exchange` makes
 ``opt.step()`` only *issue* the parameter exchange; a forward pre-hook on every module
 that owns parameters waits only for the exchange units (buffers, or single shards in
 the per-shard broadcast layout) holding that module's own parameters, so the
-exchange of later layers runs while earlier layers compute. Units are issued in a
-fixed order every rank shares (buffer order; per shard: registration order, which is
-roughly first-use order); modules wait in whatever order the forward calls them.
+exchange of later layers runs while earlier layers compute. The pre-hooks also note
+the order the forward first reaches each parameter; from the next step on, ``step()``
+issues the units in that order (rank 0's, adopted by every rank through one small
+broadcast, :class:`~zero_lab.exchange.FirstUse`), so the first layer's unit lands
+first; modules wait in whatever order the forward calls them. Hiding needs several
+units: ``Flat()`` is one buffer per param group and dtype (a warning says so),
+``Flat(bucket_cap_mb=1)`` one per layer of at least 1 MiB (buffers never split a module
+when the optimizer got ``named_parameters()``).
 With ``overlap=true`` the hooks' per-bucket sends are likewise left in flight at the
 end of backward and waited for by the next forward. Everything on the optimizer that
 reads parameters or optimizer state waits first (``step``, ``state_dict``,
@@ -56,6 +61,7 @@ reads (tied weights are: both modules register the same parameter)::
 # No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations
 # by identity (``bucket: dist.GradBucket``), and string annotations fail that check.
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -310,11 +316,21 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
         if indices:
             hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
     zero.async_exchange = True
+    if zero.exchange_units == 1 and zero.world_size > 1 and not zero.overlap_with_ddp:
+        mib = sum(p.numel() * p.element_size() for p in zero.all_params) / 2**20
+        warnings.warn(
+            f"prefetch_exchange: the parameter exchange is a single buffer ({mib:.2f} MiB), so the first module "
+            "waits for all of it and only the time before the forward can hide it; cut it into about one buffer "
+            "per layer with Flat(bucket_cap_mb=<about one layer's MiB>) (app: partitioner=flat "
+            "partitioner.bucket_cap_mb=1 bucket_view=true)",
+            stacklevel=2,
+        )
     return PrefetchHandle(zero, hooks)
 
 
 def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable[..., None]:
     def wait(module: torch.nn.Module, args: Any) -> None:
+        zero.first_use.note(indices)
         zero.wait_for_exchange(indices)
 
     return wait

@@ -422,15 +422,30 @@ def _label(specs: Sequence[ParamSpec], index: int) -> str:
 
 
 class Flat:
-    """Element-granular partition: one padded buffer per (param group, kind), cut evenly.
+    """Element-granular partition: padded buffers per (param group, kind), each cut evenly.
 
-    Parameters of a group and kind are laid out in order in one buffer of ``n``
-    elements, padded to ``W * ceil(n / W)``; rank r owns ``[r*c, (r+1)*c)`` with
-    ``c = ceil(n / W)``, so a parameter may straddle ranks and every rank's load is
-    within one element per buffer of ``total / W`` (padding belongs to no one).
-    The exchange moves each buffer with one collective per rank (broadcast) or one
+    Parameters of a group and kind are laid out in registration order in buffers of
+    ``n`` elements, each padded to ``W * ceil(n / W)``; in each buffer rank r owns
+    ``[r*c, (r+1)*c)`` with ``c = ceil(n / W)``, so a parameter may straddle ranks and
+    every rank's load is within one element per buffer of ``total / W`` (padding
+    belongs to no one). Without ``bucket_cap_mb`` a group and kind is one buffer; with
+    it, a buffer is closed before the module (the consecutive parameters sharing a name
+    prefix; each parameter when unnamed) that would take it past the cap, and a module
+    larger than the cap gets a buffer of its own, so parameters never straddle buffers.
+    Several buffers in forward order are what lets
+    :func:`~zero_lab.overlap.prefetch_exchange` hide the exchange: the first layer
+    waits only for its own buffer while the later ones are still in flight. The
+    exchange moves each buffer with one collective per rank (broadcast) or one
     all-gather, whichever ``exchange=`` picks.
     """
+
+    def __init__(self, bucket_cap_mb: float | None = None):
+        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
+            raise ValueError(
+                f"bucket_cap_mb={bucket_cap_mb!r} must be a positive number of MiB, or None for one buffer "
+                "per param group and dtype"
+            )
+        self.bucket_cap_mb = bucket_cap_mb
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
@@ -440,21 +455,53 @@ class Flat:
         shards: list[Shard] = []
         layouts: list[BucketLayout] = []
         for (group, kind), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
-            offsets, total = [], 0
-            for index in members:
-                offsets.append(total)
-                total += specs[index].numel
-            if total == 0:
-                continue
-            chunk = math.ceil(total / world_size)
-            bounds = tuple((r * chunk, (r + 1) * chunk) for r in range(world_size))
-            layouts.append(BucketLayout(kind, group, tuple(members), tuple(offsets), bounds, chunk * world_size))
-            for index, offset in zip(members, offsets):
-                shards.extend(_cut(index, offset, specs[index].numel, chunk, world_size))
+            for bucket in self._capped(members, specs):
+                offsets, total = [], 0
+                for index in bucket:
+                    offsets.append(total)
+                    total += specs[index].numel
+                if total == 0:
+                    continue
+                chunk = math.ceil(total / world_size)
+                bounds = tuple((r * chunk, (r + 1) * chunk) for r in range(world_size))
+                layouts.append(BucketLayout(kind, group, tuple(bucket), tuple(offsets), bounds, chunk * world_size))
+                for index, offset in zip(bucket, offsets):
+                    shards.extend(_cut(index, offset, specs[index].numel, chunk, world_size))
         return Partition(tuple(specs), world_size, tuple(shards), tuple(layouts))
 
+    def _capped(self, members: Sequence[int], specs: Sequence[ParamSpec]) -> list[list[int]]:
+        """``members`` (in order) cut into runs of at most ``bucket_cap_mb`` MiB (one run without a cap).
+
+        Consecutive parameters of one module (same name up to the last dot) stay together,
+        so a layer's weight and bias share a buffer; a module larger than the cap gets one
+        of its own. Without names every parameter is its own unit.
+        """
+        if self.bucket_cap_mb is None:
+            return [list(members)]
+        cap = self.bucket_cap_mb * 1024 * 1024
+        modules: list[list[int]] = []
+        previous: str | None = None
+        for index in members:
+            name = specs[index].name
+            owner = name.rsplit(".", 1)[0] if name and "." in name else None
+            if owner is not None and owner == previous:
+                modules[-1].append(index)
+            else:
+                modules.append([index])
+            previous = owner
+        runs: list[list[int]] = [[]]
+        filled = 0
+        for module in modules:
+            size = sum(specs[i].nbytes for i in module)
+            if runs[-1] and filled + size > cap:
+                runs.append([])
+                filled = 0
+            runs[-1].extend(module)
+            filled += size
+        return runs
+
     def __repr__(self) -> str:
-        return "Flat()"
+        return "Flat()" if self.bucket_cap_mb is None else f"Flat(bucket_cap_mb={self.bucket_cap_mb!r})"
 
 
 def _cut(index: int, offset: int, numel: int, chunk: int, world_size: int) -> list[Shard]:

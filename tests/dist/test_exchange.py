@@ -3,13 +3,16 @@
 One world per world size runs every configuration on a model with a tied embedding/head,
 a module called twice and a module called out of registration order, and compares
 checksums of the parameters, of an eval forward taken between steps (while a prefetched
-exchange may be in flight) and of the consolidated optimizer state.
+exchange may be in flight) and of the consolidated optimizer state. With prefetch, every
+rank issues the units in rank 0's first-use order (rank 1 is fed a different one), and a
+single-unit exchange is warned about.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import warnings
 from typing import Any
 
 import pytest
@@ -23,7 +26,18 @@ from tests.dist.training import TiedLM
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 
-LAYOUTS = {"per_shard": (None, False), "bucket": (None, True), "flat": (Flat(), False), "flat_view": (Flat(), True)}
+#: TiedLM's parameters take 288, 512 and 288 bytes by module: a 300-byte cap gives three buffers
+CAPPED = Flat(bucket_cap_mb=300 / 2**20)
+LAYOUTS = {
+    "per_shard": (None, False),
+    "bucket": (None, True),
+    "flat": (Flat(), False),
+    "flat_view": (Flat(), True),
+    "flat_capped": (CAPPED, True),
+}
+#: model.parameters(): late.weight 0, late.bias 1, embed.weight 2 (= head.weight), shared.* 3, 4;
+#: the forward reads embed, shared, late, then head (embed's weight again)
+FIRST_USE = {2: 0, 3: 1, 4: 2, 0: 3, 1: 4}
 STEPS = 4
 
 
@@ -59,7 +73,12 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, re
         )
     if overlap:
         ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
-    handle = prefetch_exchange(model, opt) if prefetch else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = prefetch_exchange(model, opt) if prefetch else None
+    units = opt.exchange_units  # with auto undecided: the most any candidate collective would issue
+    if prefetch and dist.get_rank() == 1:
+        opt.first_use.note([0, 1])  # a different order on rank 1: rank 0's must win
     evals = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -81,6 +100,9 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, re
         "evals": _digest(evals),
         "state": _digest(v for s in state["state"].values() for k, v in sorted(s.items()) if torch.is_tensor(v)),
         "report": opt.exchange_report().as_dict(),
+        "units": units,
+        "single_buffer_warning": any("single buffer" in str(w.message) for w in caught),
+        "first_use": opt.first_use.position,
     }
 
 
@@ -110,6 +132,11 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
             assert run["params"] == reference["params"], name
             assert run["evals"] == reference["evals"], name
             assert run["state"] == reference["state"], name
+            if name.endswith("/True"):
+                assert run["first_use"] == FIRST_USE, name  # rank 0's order, adopted by rank 1 too
+                assert run["single_buffer_warning"] == (run["units"] == 1), name
+        assert rank_result["flat_capped/broadcast/True"]["units"] == 3
+        assert rank_result["flat_view/broadcast/True"]["single_buffer_warning"]
         repartitioned = rank_result["repartitioned_flat"]
         assert repartitioned["params"] == plain["flat/broadcast/False"]["params"]
         assert repartitioned["report"]["layout"] == "flat"

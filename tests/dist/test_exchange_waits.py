@@ -172,6 +172,7 @@ def _join_run(prefetch: bool) -> dict[str, Any]:
         "bytes": used.bytes,
         "rank1_bytes": 4 * rank1_numel,
         "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "num_params": len(list(model.parameters())),
         "params": _finish(model, handle),
     }
 
@@ -250,8 +251,11 @@ def test_readers_wait_for_the_exchange_in_flight_and_results_stay_bitwise(world)
         assert join_on["unbalanced_at_join_flags"] and set(join_on["unbalanced_at_join_flags"]) == {0}
         assert join_on["join_grads_labels"] == 1  # rank 1 joined for one step: one gradient broadcast
         # per step-like call: a W-float join_flags all-reduce and one exchange of every element;
-        # once: rank 1's shard gradients broadcast to it
-        assert join_on["bytes"] == join_off["bytes"] == 3 * (4 * 2 + join_on["model_bytes"]) + join_on["rank1_bytes"]
+        # once: rank 1's shard gradients broadcast to it; with prefetch, once: the agreed
+        # first-use order (one int64 per parameter)
+        expected = 3 * (4 * 2 + join_on["model_bytes"]) + join_on["rank1_bytes"]
+        assert join_off["bytes"] == expected
+        assert join_on["bytes"] == expected + 8 * join_on["num_params"]
         assert _equal(join_on["params"], join_off["params"])
 
         for name in OVERLAP_CASES:

@@ -1,6 +1,6 @@
 """The exchange at world size 1 (in-process Gloo group): no collectives (the overlap hooks send
 nothing either), prefetch is a no-op, the optimizer matches plain Adam bitwise; bad ``exchange=``
-and swapping the partitioner are refused."""
+and swapping the partitioner are refused; :class:`FirstUse` orders units by first use."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.comm import Communicator
+from zero_lab.exchange import FirstUse
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 
 
@@ -71,3 +73,26 @@ def test_world_of_one_overlap_hook_sends_nothing_and_matches_adam(single_rank_gr
             o.step()
     assert opt.comm_stats.calls == 0
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+
+
+class _Unit:
+    def __init__(self, *params: int):
+        self.param_indices = frozenset(params)
+
+
+def test_first_use_orders_units_by_their_earliest_used_parameter(single_rank_group):
+    first_use = FirstUse()
+    units = [_Unit(0, 1), _Unit(2), _Unit(3, 4), _Unit(5)]
+    assert first_use.ordered(units) == units  # nothing agreed yet: buffer order
+    comm = Communicator()
+    first_use.agree(comm, 6, torch.device("cpu"))
+    assert first_use.position is None and comm.stats.calls == 1  # nothing seen: try again next time
+    first_use.note([2])
+    first_use.note([4, 3])
+    first_use.note([2, 1])  # already seen parameters keep their place
+    first_use.agree(comm, 6, torch.device("cpu"))
+    assert first_use.position == {2: 0, 4: 1, 3: 2, 1: 3}
+    first_use.note([0, 5])  # ignored once agreed
+    first_use.agree(comm, 6, torch.device("cpu"))  # agreed once: no further broadcast
+    assert comm.stats.calls == 2
+    assert [sorted(u.param_indices) for u in first_use.ordered(units)] == [[2], [3, 4], [0, 1], [5]]

@@ -16,6 +16,7 @@ SUMMARY = {
     "final_loss": 0.25,
     "step_time_s": 0.031,
     "exchange_time_s": 0.004,
+    "exchange_exposed_s": 0.001,
     "optim_state_bytes": [3_153_936, 3_152_916],
     "samples_per_s": 1032.0,
 }

@@ -177,6 +177,37 @@ def test_flat_lays_out_per_group_and_kind():
     ]
 
 
+def test_flat_bucket_cap_cuts_buffers_at_parameter_boundaries_in_order():
+    sizes = [100, 100, 300, 50, 50, 50, 10]  # float32: 400, 400, 1200, 200, ... bytes
+    cap_mb = 800 / 2**20  # 800 bytes
+    partition = Flat(bucket_cap_mb=cap_mb)(specs_of(sizes), 3)
+    # closed before the parameter that would pass 800 bytes; the 1200-byte one alone
+    assert [lay.params for lay in partition.layouts] == [(0, 1), (2,), (3, 4, 5, 6)]
+    for layout in partition.layouts:
+        total = sum(sizes[i] for i in layout.params)
+        chunk = -(-total // 3)
+        assert layout.numel == 3 * chunk and layout.equal_segments
+        assert list(layout.offsets) == [sum(sizes[i] for i in layout.params[:k]) for k in range(len(layout.params))]
+    # every rank within one element per buffer of total / W
+    assert max(partition.report().numel_per_rank) - sum(sizes) / 3 <= len(partition.layouts)
+    assert Flat(bucket_cap_mb=1e6)(specs_of(sizes), 3).layouts == Flat()(specs_of(sizes), 3).layouts
+    assert repr(Flat(bucket_cap_mb=25.0)) == "Flat(bucket_cap_mb=25.0)"
+
+
+def test_flat_bucket_cap_keeps_a_modules_parameters_together():
+    names = ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias", "scale"]
+    sizes = [200, 10, 200, 10, 50, 10, 1]
+    partition = Flat(bucket_cap_mb=400 / 2**20)(specs_of(sizes, names=names), 2)  # 400 bytes < one layer
+    # each layer alone (larger than the cap, never split); the small last layer shares with `scale`
+    assert [lay.params for lay in partition.layouts] == [(0, 1), (2, 3), (4, 5, 6)]
+
+
+@pytest.mark.parametrize("cap", [0, -1.0])
+def test_flat_bucket_cap_must_be_positive(cap):
+    with pytest.raises(ValueError, match=r"bucket_cap_mb=.* must be a positive number of MiB"):
+        Flat(bucket_cap_mb=cap)
+
+
 def test_flat_beats_sorted_greedy_on_an_embedding_heavy_model():
     sizes = [50_000 * 64] + [64 * 64] * 8 + [64] * 8
     greedy = SortedGreedy()(specs_of(sizes), 4).report().imbalance

@@ -294,6 +294,7 @@ def _summary(
         "imbalance": last.get("memory/imbalance", 1.0),
         "step_time_s": median("time/step_s/max") if records else None,
         "exchange_time_s": median("time/exchange_s/max") if records else None,
+        "exchange_exposed_s": median("comm/exchange_exposed_s/max") if records else None,
         "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
         "samples_per_s": median("train/samples_per_s") if records else None,
     }

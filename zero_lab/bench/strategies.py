@@ -11,8 +11,9 @@ the data-parallel state is held and moved:
   (``exchange="auto"``: the collective chosen by timing both at the first step; its
   report is recorded), ``zl_flat_bv_bc`` / ``zl_flat_bv_ag`` the same with
   ``exchange="broadcast"`` / ``"all_gather"`` forced, ``zl_prefetch`` = zero_lab's best
-  setting (flat, bucket view, auto, :func:`~zero_lab.overlap.prefetch_exchange`: the
-  exchange issued by ``step()`` and waited for by the next forward), and the overlap
+  setting (flat cut into :data:`PREFETCH_BUCKET_CAP_MB` MiB buffers, bucket view, auto,
+  :func:`~zero_lab.overlap.prefetch_exchange`: the exchange issued by ``step()``, each
+  layer's forward waiting only for its own buffer), and the overlap
   hooks (``hook_with_zero_step``, interleaved);
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
   and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
@@ -28,6 +29,7 @@ together::
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,8 @@ from zero_lab.partition import Flat, Partitioner, SortedGreedy
 __all__ = ["LR", "STRATEGIES", "Strategy", "fairscale_status", "imbalance"]
 
 LR = 1e-3
+#: zl_prefetch's Flat buffer cap, MiB: buffers never split a module, so this is one per layer (or module)
+PREFETCH_BUCKET_CAP_MB = 1.0
 
 
 @dataclass(frozen=True)
@@ -150,11 +154,15 @@ def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, 
 
 
 def _zero_lab_prefetch(template: nn.Module) -> Runner:
-    """Flat, bucket view, ``exchange="auto"``, and the exchange hidden behind the next forward."""
+    """Flat in several buffers, bucket view, ``exchange="auto"``, the exchange hidden behind the next forward."""
     model = copy.deepcopy(template)
     ddp = DDP(model)
     zero = ZeroRedundancyOptimizer(
-        ddp.parameters(), torch.optim.Adam, parameters_as_bucket_view=True, partitioner=Flat(), lr=LR
+        model.named_parameters(),  # names: buffers keep each module whole
+        torch.optim.Adam,
+        parameters_as_bucket_view=True,
+        partitioner=Flat(bucket_cap_mb=PREFETCH_BUCKET_CAP_MB),
+        lr=LR,
     )
     handle = prefetch_exchange(model, zero)
     return _zero_lab_runner(
@@ -253,12 +261,13 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "zl_prefetch",
-            "zero_lab's best setting: flat, bucket view, exchange=auto, prefetch_exchange",
+            f"zero_lab's best setting: flat in ≤{PREFETCH_BUCKET_CAP_MB:g} MiB buffers (whole modules), "
+            "bucket view, exchange=auto, prefetch_exchange",
             _zero_lab_prefetch,
             "torch_bv",
             "zl_prefetch",
             True,
-            Flat,
+            functools.partial(Flat, bucket_cap_mb=PREFETCH_BUCKET_CAP_MB),
             exchange_in_step=False,
         ),
         Strategy(
