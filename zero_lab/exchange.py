@@ -20,7 +20,9 @@ each buffer (per shard in the ``per_shard`` layout); ``all_gather`` — one
 ``all_gather_into_tensor`` per buffer (unequal segments are padded to the longest in
 a staging buffer); ``auto`` — at the first exchange, both are timed on the real
 buffers (one warm-up, then :data:`TUNE_REPS` alternating repetitions; the exchange is
-idempotent once the local step is done), each rank takes its median per candidate, an
+idempotent once the local step is done), each rank takes its fastest repetition per
+candidate (load from other processes only ever adds time, so the minimum is the
+least disturbed figure), an
 all-reduce MAX makes the slowest rank's figures decide, so every rank picks the same;
 the choice and the timings are in :meth:`ParamExchange.report`. On one host with Gloo
 broadcasts win by 4-6x; on NCCL all-gather usually does.
@@ -40,7 +42,6 @@ all through :class:`~zero_lab.comm.Communicator`.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ class ExchangeReport:
     layout: str  # "flat", "bucket" or "per_shard"
     collective: str  # "broadcast", "all_gather", "auto" (not decided yet) or "none" (world size 1)
     requested: str  # the constructor's exchange=
-    timings_s: dict[str, float] = field(default_factory=dict)  # auto: median exchange time per candidate
+    timings_s: dict[str, float] = field(default_factory=dict)  # auto: fastest exchange per candidate
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -434,7 +435,7 @@ class ParamExchange:
         for _ in range(TUNE_REPS):
             for collective in COLLECTIVES:
                 samples[collective].append(self._run_with(collective))
-        local = torch.tensor([statistics.median(samples[c]) for c in COLLECTIVES], dtype=torch.float64)
+        local = torch.tensor([min(samples[c]) for c in COLLECTIVES], dtype=torch.float64)
         agreed = self.comm.all_reduce(local.to(self.params[0].device), dist.ReduceOp.MAX, op="exchange_tune")
         self.timings_s = dict(zip(COLLECTIVES, agreed.cpu().tolist()))
         self.collective = min(COLLECTIVES, key=lambda c: self.timings_s[c])
