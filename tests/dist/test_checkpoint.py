@@ -55,9 +55,9 @@ def test_checkpoint_layout_and_manifest(saved):
         ("sorted_greedy", 1, None),
         ("sorted_greedy", 2, Flat()),
         ("flat", 3, None),
-        ("flat", 4, Flat()),
+        ("flat", 4, Flat(bucket_cap_mb=1e-4)),  # resumed into many ~100-byte buffers
     ],
-    ids=["W2", "W2->3", "W2->1", "greedy->flat", "flat->greedy-W3", "flat-W2->W4"],
+    ids=["W2", "W2->3", "W2->1", "greedy->flat", "flat->greedy-W3", "flat-W2->W4-buffers"],
 )
 def test_resume_reshards_and_continues_exactly(world, saved, tmp_path, source, world_size, partitioner):
     directory, uninterrupted = saved[source]
