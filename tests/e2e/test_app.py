@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.runs import (
     REPO,
@@ -72,26 +73,31 @@ def test_zero_adam_matches_plain_adam_through_the_app(sweep):
     assert zero["param_checksum"] == adam["param_checksum"]  # same arithmetic: bitwise equal
 
 
-@pytest.mark.parametrize(
-    ("job", "checkpoint"),
-    [("1", "step_00000003"), ("0", "step_00000003.pt")],
-    ids=["sharded-zero", "plain-adam-into-zero"],
-)
-def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, tmp_path, job, checkpoint):
-    uninterrupted = sweep / job
-    result = train(
-        "optim=zero_adam",
-        "logger=none",
-        "steps=6",
-        f"resume={uninterrupted / 'checkpoints' / checkpoint}",
-        f"hydra.run.dir={tmp_path}",
-    )
+#: Resumes of the sweep's step-3 checkpoints as ZeRO-Adam: test id -> (sweep job, checkpoint).
+RESUMES = {"sharded-zero": ("1", "step_00000003"), "plain-adam-into-zero": ("0", "step_00000003.pt")}
+
+
+@pytest.fixture(scope="module")
+def resumed(sweep, tmp_path_factory) -> Path:
+    """Every resume of :data:`RESUMES` as one ``-m resume=A,B`` sweep: job ``i`` resumes the ``i``-th."""
+    out = tmp_path_factory.mktemp("resumed")
+    sources = ",".join(str(sweep / job / "checkpoints" / checkpoint) for job, checkpoint in RESUMES.values())
+    result = train("-m", "optim=zero_adam", "logger=none", "steps=6", f"resume={sources}", f"hydra.sweep.dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
-    resumed, original = summary(tmp_path), summary(uninterrupted)
-    assert resumed["start_step"] == 3
-    assert resumed["losses"] == original["losses"]  # every later step equal, bit for bit
-    assert resumed["param_checksum"] == original["param_checksum"]
-    assert [row["step"] for row in metrics(tmp_path)] == [3, 4, 5]
+    return out
+
+
+@pytest.mark.parametrize("case", list(RESUMES))
+def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, resumed, case):
+    job, checkpoint = RESUMES[case]
+    uninterrupted, run_dir = sweep / job, resumed / str(list(RESUMES).index(case))
+    ran = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert ran["resume"] == str(uninterrupted / "checkpoints" / checkpoint)  # the job resumed what this case names
+    resumed_summary, original = summary(run_dir), summary(uninterrupted)
+    assert (resumed_summary["start_step"], resumed_summary["choices"]["optim"]) == (3, "zero_adam")
+    assert resumed_summary["losses"] == original["losses"]  # every later step equal, bit for bit
+    assert resumed_summary["param_checksum"] == original["param_checksum"]
+    assert [row["step"] for row in metrics(run_dir)] == [3, 4, 5]
 
 
 def test_joblib_sweep_gives_the_same_trajectory_at_any_world_size(tmp_path):
