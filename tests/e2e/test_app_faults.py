@@ -13,7 +13,15 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.runs import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
+from tests.e2e.runs import (
+    REPO,
+    TORCHRUN,
+    assert_close,
+    assert_no_leftover_processes,
+    child_env,
+    summary,
+    train_together,
+)
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 from zero_lab.runtime.signals import StopRequest
 
@@ -83,9 +91,11 @@ def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(default_run,
     assert done < reference["steps"], f"the signal landed after step {done}: nothing left to resume"
     assert stopped["losses"] == reference["losses"][:done]
     resumed, resharded = tmp_path / "resumed", tmp_path / "resharded"
-    for run_dir, extra in ((resumed, ()), (resharded, ("dist.world_size=4", "partitioner=flat"))):
-        result = train("logger=none", f"steps={reference['steps']}", f"resume={interrupted}", *extra,
-                       f"hydra.run.dir={run_dir}")  # fmt: skip
+    both = ("logger=none", f"steps={reference['steps']}", f"resume={interrupted}")
+    for result in train_together(
+        (*both, f"hydra.run.dir={resumed}"),
+        (*both, "dist.world_size=4", "partitioner=flat", f"hydra.run.dir={resharded}"),
+    ):
         assert result.returncode == 0, result.stderr[-3000:]
     exact = summary(resumed)
     assert exact["start_step"] == done
