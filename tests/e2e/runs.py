@@ -2,8 +2,9 @@
 
 Every subprocess carries a marker in its environment, so a test can prove no process it
 started outlived it (:func:`assert_no_leftover_processes`). The default run and a small
-sweep are made once per session (:func:`run_once`; fixtures in ``tests/e2e/conftest.py``) and read
-by several test modules.
+sweep are made once per session (:func:`runs_once`; fixtures in ``tests/e2e/conftest.py``) and read
+by several test modules. Runs that do not depend on each other are made together, two at a
+time (:func:`together`): the suite's time is mostly these subprocesses starting up.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def together(*calls: Callable[[], T], jobs: int = 2) -> list[T]:
 
     For independent ``train.py`` runs: a job spends its first seconds (interpreter, torch and
     Hydra imports, the config check) on one core, so on a 2-core runner two jobs started
-    together end well before two in a row (measured: 15 s instead of 24 s for two 2-step runs
-    of 2 ranks)."""
+    together end well before two in a row (measured on a shared 2-core machine, so roughly:
+    15 s instead of 24 s for two ``python train.py logger=none steps=2``)."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(lambda call: call(), calls))
 

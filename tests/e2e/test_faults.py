@@ -91,13 +91,13 @@ def resumes(base, adam_run) -> dict[str, tuple[subprocess.CompletedProcess[str],
         functools.partial(
             train,
             *args,
-            f"hydra.run.dir={base / name / 'run'}",
+            f"hydra.run.dir={base / 'runs' / name}",
             env=offline_server if name == "override" else None,
         )
         for name, args in resume_cases(base, adam_run).items()
     ]
     results = together(*calls)
-    return {name: (result, base / name / "run") for name, result in zip(resume_cases(base, adam_run), results)}
+    return {name: (result, base / "runs" / name) for name, result in zip(resume_cases(base, adam_run), results)}
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:
