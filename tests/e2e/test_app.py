@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.runs import (
     REPO,
@@ -21,7 +22,7 @@ from tests.e2e.runs import (
     assert_no_leftover_processes,
     child_env,
     metrics,
-    run_once,
+    runs_once,
     summary,
     train,
     wandb_records,
@@ -72,26 +73,59 @@ def test_zero_adam_matches_plain_adam_through_the_app(sweep):
     assert zero["param_checksum"] == adam["param_checksum"]  # same arithmetic: bitwise equal
 
 
-@pytest.mark.parametrize(
-    ("job", "checkpoint"),
-    [("1", "step_00000003"), ("0", "step_00000003.pt")],
-    ids=["sharded-zero", "plain-adam-into-zero"],
-)
-def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, tmp_path, job, checkpoint):
-    uninterrupted = sweep / job
-    result = train(
-        "optim=zero_adam",
-        "logger=none",
-        "steps=6",
-        f"resume={uninterrupted / 'checkpoints' / checkpoint}",
-        f"hydra.run.dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    resumed, original = summary(tmp_path), summary(uninterrupted)
-    assert resumed["start_step"] == 3
-    assert resumed["losses"] == original["losses"]  # every later step equal, bit for bit
-    assert resumed["param_checksum"] == original["param_checksum"]
-    assert [row["step"] for row in metrics(tmp_path)] == [3, 4, 5]
+#: Resumes of the sweep's step-3 checkpoints as ZeRO-Adam: test id -> (sweep job, checkpoint).
+RESUMES = {"sharded-zero": ("1", "step_00000003"), "plain-adam-into-zero": ("0", "step_00000003.pt")}
+
+
+#: The overlap runs compared with the sweep's ZeRO-Adam job: test id -> overrides.
+OVERLAPS = {
+    "zero_step": ("overlap=true",),
+    "ddp_bucket-interleaved": ("overlap=true", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
+                               "overlap_hook=interleaved"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(sweep, tmp_path_factory) -> dict[str, Path]:
+    """This module's runs that need nothing but the session's, made together, two at a time
+    (:func:`~tests.e2e.runs.runs_once`): run (or sweep) dirs by name.
+
+    - ``resumed``: every resume of :data:`RESUMES` as one ``-m resume=A,B`` sweep (job ``i``: the ``i``-th);
+    - ``overlap-<id>``: ZeRO-Adam with each of :data:`OVERLAPS`, 6 steps like the sweep;
+    - ``clip``: plain Adam vs flat ZeRO-Adam (broadcast exchange), both clipped to ``max_grad_norm=0.05``;
+    - ``bf16``: ``param_dtype=bfloat16`` x ``overlap=false,true`` x ``optim.master_weights=true,false``;
+    - ``prefetch``: the default job with ``exchange=broadcast prefetch=true``.
+    """
+    sources = ",".join(str(sweep / job / "checkpoints" / checkpoint) for job, checkpoint in RESUMES.values())
+    quiet = ("logger=none",)
+    made = {
+        "resumed": ((*quiet, "optim=zero_adam", "steps=6", f"resume={sources}"), True),
+        "bf16": ((*quiet, "param_dtype=bfloat16", "overlap=false,true", "optim.master_weights=true,false"), True),
+        "clip": ((*quiet, "optim=adam,zero_adam", "partitioner=flat", "exchange=broadcast", "optim.max_grad_norm=0.05",
+                  "steps=6"), True),
+        **{f"overlap-{case}": ((*quiet, "optim=zero_adam", *overrides, "steps=6"), False)
+           for case, overrides in OVERLAPS.items()},
+        "prefetch": ((*quiet, "exchange=broadcast", "prefetch=true"), False),
+    }  # fmt: skip
+    return runs_once(tmp_path_factory.getbasetemp() / "test_app", made)
+
+
+def jobs(sweep_dir: Path) -> list[Path]:
+    """A sweep's job dirs in job order."""
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: int(p.name))
+
+
+@pytest.mark.parametrize("case", list(RESUMES))
+def test_resume_continues_exactly_like_the_uninterrupted_run(sweep, runs, case):
+    job, checkpoint = RESUMES[case]
+    uninterrupted, run_dir = sweep / job, runs["resumed"] / str(list(RESUMES).index(case))
+    ran = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert ran["resume"] == str(uninterrupted / "checkpoints" / checkpoint)  # the job resumed what this case names
+    resumed_summary, original = summary(run_dir), summary(uninterrupted)
+    assert (resumed_summary["start_step"], resumed_summary["choices"]["optim"]) == (3, "zero_adam")
+    assert resumed_summary["losses"] == original["losses"]  # every later step equal, bit for bit
+    assert resumed_summary["param_checksum"] == original["param_checksum"]
+    assert [row["step"] for row in metrics(run_dir)] == [3, 4, 5]
 
 
 def test_joblib_sweep_gives_the_same_trajectory_at_any_world_size(tmp_path):
@@ -110,48 +144,37 @@ def test_joblib_sweep_gives_the_same_trajectory_at_any_world_size(tmp_path):
     assert_no_leftover_processes()
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [("overlap=true",), ("overlap=true", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
-                         "overlap_hook=interleaved")],
-    ids=["zero_step", "ddp_bucket-interleaved"],
-)  # fmt: skip
-def test_overlap_matches_the_plain_zero_step(overrides, sweep, tmp_path):
-    result = train("optim=zero_adam", *overrides, "logger=none", "steps=6", f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_close(summary(tmp_path)["losses"], summary(sweep / "1")["losses"], 1e-6)
-    assert metrics(tmp_path)[-1]["comm/exchange_bytes/max"] > 0  # the hook's exchange is metered
+@pytest.mark.parametrize("case", list(OVERLAPS))
+def test_overlap_matches_the_plain_zero_step(case, sweep, runs):
+    run_dir = runs[f"overlap-{case}"]
+    ran = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    assert set(OVERLAPS[case]) <= set(ran)  # the run this case names
+    assert_close(summary(run_dir)["losses"], summary(sweep / "1")["losses"], 1e-6)
+    assert metrics(run_dir)[-1]["comm/exchange_bytes/max"] > 0  # the hook's exchange is metered
 
 
 # ----------------------------------------------------------------------------- clipping and precision
-def _sweep(tmp_path: Path, *args: str) -> list[dict]:
-    result = train("-m", "logger=none", *args, f"hydra.sweep.dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [summary(job) for job in sorted((p for p in tmp_path.iterdir() if p.is_dir()), key=lambda p: int(p.name))]
-
-
-def test_max_grad_norm_clips_flat_zero_exactly_like_plain_adam(tmp_path):
-    args = ("optim=adam,zero_adam", "partitioner=flat", "exchange=broadcast", "optim.max_grad_norm=0.05", "steps=6")
-    adam, flat = _sweep(tmp_path, *args)
+def test_max_grad_norm_clips_flat_zero_exactly_like_plain_adam(runs):
+    adam, flat = (summary(job) for job in jobs(runs["clip"]))
     assert (adam["zero"], flat["zero"], flat["partition"]["imbalance"]) == (False, True, 1.0)
     assert_close(flat["losses"], adam["losses"], 1e-6)
-    norms = {job: [row["train/grad_norm"] for row in metrics(tmp_path / job)] for job in ("0", "1")}
+    norms = {job: [row["train/grad_norm"] for row in metrics(runs["clip"] / job)] for job in ("0", "1")}
     assert_close(norms["1"], norms["0"], 1e-6)  # the sharded norm is the full model's
     assert min(norms["0"]) > 0.05  # every step was really clipped
     # one broadcast per rank, and not the norm's all-reduce
-    assert {row["comm/exchange_calls/max"] for row in metrics(tmp_path / "1")} == {2}
+    assert {row["comm/exchange_calls/max"] for row in metrics(runs["clip"] / "1")} == {2}
 
 
-def test_bf16_with_fp32_master_shards_tracks_the_fp32_run(default_run, tmp_path):
+def test_bf16_with_fp32_master_shards_tracks_the_fp32_run(default_run, runs):
     """Stated tolerance: with master weights every step's loss is within 0.1 % of the fp32
     run's (measured 0.028 % on the default 0.79 M-param MLP); pure bf16 Adam drifts at least
     2x further (measured 0.068 %: at fan-in 256-512 the weights are small enough that most
     lr=1e-3 updates survive bf16 rounding; on the earlier 8 k-param MLP it drifted 0.9 %)."""
-    jobs = _sweep(tmp_path, "param_dtype=bfloat16", "overlap=false,true", "optim.master_weights=true,false")
-    assert [(job["overlap"], job["master_weights"], job["param_dtype"]) for job in jobs] == [
+    made = [summary(job) for job in jobs(runs["bf16"])]
+    assert [(job["overlap"], job["master_weights"], job["param_dtype"]) for job in made] == [
         (overlap, master, "bfloat16") for overlap in (False, True) for master in (True, False)
     ]
-    master, pure, master_overlap, pure_overlap = jobs
+    master, pure, master_overlap, pure_overlap = made
     fp32 = summary(default_run)["losses"]  # the same job in fp32
 
     def drift(losses: list[float]) -> float:
@@ -244,7 +267,7 @@ def test_a_failing_rank_stops_the_world_with_a_short_message(tmp_path):
 
 
 # ----------------------------------------------------------------------------- exchange
-def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, tmp_path):
+def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, runs):
     """exchange=auto (default) records its choice and timings in metrics, summary and W&B config;
     exchange=broadcast with prefetch=true ends with bitwise the same parameters."""
     auto = summary(default_run)["exchange"]
@@ -256,8 +279,7 @@ def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, t
     configs = [r for r in wandb_records(default_run) if "exchange_report" in json.dumps(r)]
     assert configs, "the W&B run's config lacks exchange_report"
 
-    prefetched = run_once(tmp_path, "prefetch", "exchange=broadcast", "prefetch=true", "logger=none")
-    result = summary(prefetched)
+    result = summary(runs["prefetch"])
     assert result["prefetch"] is True and result["exchange"]["mode"] == "per_shard_broadcast"
     assert result["param_checksum"] == summary(default_run)["param_checksum"]
     assert 0 <= result["exchange_exposed_s"] <= result["exchange_time_s"] + 1e-9

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.runs import REPO, TORCHRUN, assert_close, assert_no_leftover_processes, child_env, summary, train
+from tests.e2e.runs import (
+    REPO,
+    TORCHRUN,
+    assert_close,
+    assert_no_leftover_processes,
+    child_env,
+    summary,
+    train_together,
+)
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 from zero_lab.runtime.signals import StopRequest
 
@@ -62,33 +70,33 @@ def test_stop_request_records_the_signal_and_restores_the_handler():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(tmp_path):
+def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(default_run, tmp_path):
+    """The uninterrupted run is the session's ``default_run``: the same job (ZeRO-Adam, W=2),
+    20 steps; neither the logger nor checkpointing changes what is computed."""
     interrupted = tmp_path / "interrupted"
-    proc = start(interrupted, FOREVER, "checkpoint_every=4")
-    wait_for(interrupted / "checkpoints" / "step_00000004" / "manifest.json", proc)
+    proc = start(interrupted, FOREVER, "checkpoint_every=2")
+    wait_for(interrupted / "checkpoints" / "step_00000002" / "manifest.json", proc)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     stopped = summary(interrupted)
     done = len(stopped["losses"])
-    assert stopped["stopped_by"] == "SIGTERM" and done >= 4
+    assert stopped["stopped_by"] == "SIGTERM" and done >= 2
     assert f"stopped by SIGTERM after {done} steps; checkpoint {interrupted}/checkpoints/step_{done:08d}" in stderr
     assert f"resume={interrupted}" in stderr and "Traceback" not in stderr
     assert not list((interrupted / "checkpoints").glob(".*partial"))  # the stop-time save finished
     assert_no_leftover_processes()
 
-    total = done + 3
-    resumed, resharded, uninterrupted = tmp_path / "resumed", tmp_path / "resharded", tmp_path / "uninterrupted"
-    for run_dir, extra in (
-        (resumed, ()),
-        (resharded, ("dist.world_size=4", "partitioner=flat")),
-        (uninterrupted, ()),
-    ):
-        args = (f"resume={interrupted}",) if run_dir != uninterrupted else ()
-        result = train("logger=none", f"steps={total}", *args, *extra, f"hydra.run.dir={run_dir}")
-        assert result.returncode == 0, result.stderr[-3000:]
-    reference = summary(uninterrupted)
+    reference = summary(default_run)
+    assert done < reference["steps"], f"the signal landed after step {done}: nothing left to resume"
     assert stopped["losses"] == reference["losses"][:done]
+    resumed, resharded = tmp_path / "resumed", tmp_path / "resharded"
+    both = ("logger=none", f"steps={reference['steps']}", f"resume={interrupted}")
+    for result in train_together(
+        (*both, f"hydra.run.dir={resumed}"),
+        (*both, "dist.world_size=4", "partitioner=flat", f"hydra.run.dir={resharded}"),
+    ):
+        assert result.returncode == 0, result.stderr[-3000:]
     exact = summary(resumed)
     assert exact["start_step"] == done
     assert exact["losses"] == reference["losses"]  # every later step equal, bit for bit

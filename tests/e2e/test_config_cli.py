@@ -1,37 +1,55 @@
-"""The config checks through the real ``python train.py``: what a user types and sees."""
+"""The config checks through the real ``python train.py``: what a user types and sees.
+
+The module's three commands are independent and run together, two at a time (``made``)."""
 
 from __future__ import annotations
 
-from tests.e2e.runs import summary, train
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+
+from tests.e2e.runs import summary, train_together
 
 
-def test_a_comma_list_without_minus_m_says_to_add_multirun(tmp_path):
-    result = train("optim=adam,zero_adam", f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, tuple[CompletedProcess[str], Path]]:
+    """name -> (result, run or sweep dir) of: a comma list without ``-m``; a manual-partitioning
+    sweep over world sizes; a plain optimizer given a partitioner it does not use."""
+    base = tmp_path_factory.mktemp("config_cli")
+    commands = {
+        "comma": ("optim=adam,zero_adam", f"hydra.run.dir={base / 'comma'}"),
+        "manual": ("-m", "partitioner=manual", "dist.world_size=2,4", "steps=2", "logger=none",
+                   f"hydra.sweep.dir={base / 'manual'}"),
+        "plain": ("optim=adam", "partitioner=flat", "dist.world_size=1", "steps=1", "logger=none",
+                  f"hydra.run.dir={base / 'plain'}"),
+    }  # fmt: skip
+    return {name: (result, base / name) for name, result in zip(commands, train_together(*commands.values()))}
+
+
+def test_a_comma_list_without_minus_m_says_to_add_multirun(made):
+    result, run_dir = made["comma"]
     assert result.returncode == 2
     assert "optim=adam,zero_adam" in result.stderr and "add -m (--multirun)" in result.stderr
-    assert not (tmp_path / "run").exists()
+    assert not run_dir.exists()
 
 
-def test_manual_partitioning_sweeps_over_world_sizes(tmp_path):
-    result = train(
-        "-m", "partitioner=manual", "dist.world_size=2,4", "steps=2", "logger=none", f"hydra.sweep.dir={tmp_path}"
-    )
+def test_manual_partitioning_sweeps_over_world_sizes(made):
+    result, sweep_dir = made["manual"]
     assert result.returncode == 0, result.stderr[-3000:]
     for job, world in (("0", 2), ("1", 4)):
-        run = summary(tmp_path / job)
+        run = summary(sweep_dir / job)
         numel = run["partition"]["numel_per_rank"]
         assert (run["world_size"], len(numel), sum(numel)) == (world, world, run["model_params"])
         assert all(n > 0 for n in numel)  # contiguous runs of layers, nobody idle
 
 
-def test_a_plain_optimizer_says_which_overrides_it_does_not_use(tmp_path):
-    result = train(
-        "optim=adam", "partitioner=flat", "dist.world_size=1", "steps=1", "logger=none", f"hydra.run.dir={tmp_path}"
-    )
+def test_a_plain_optimizer_says_which_overrides_it_does_not_use(made):
+    result, run_dir = made["plain"]
     assert result.returncode == 0, result.stderr[-3000:]
     notes = [line for line in result.stderr.splitlines() if line.startswith("zero_lab: note:")]
     assert notes == [
         "zero_lab: note: partitioner=flat: not used by torch.optim.Adam, a plain optimizer (every rank keeps the "
         "full state); pick optim=zero_* to shard"
     ]
-    assert summary(tmp_path)["zero"] is False
+    assert summary(run_dir)["zero"] is False

@@ -1,11 +1,13 @@
 """Issue 15 end to end, each case reproduced with the real ``python train.py``: concurrent jobs,
 a SIGKILLed rank, tampered / renamed checkpoints, resumes across optimizers and
 hyper-parameters, a diverging loss, and W&B online without a server. Runs are shared
-between assertions where one run shows several things."""
+between assertions where one run shows several things, and independent runs are made
+together, two at a time (``first_runs``, ``resumes``)."""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import re
 import shutil
@@ -16,19 +18,42 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.runs import REPO, assert_no_leftover_processes, child_env, metrics, summary, train
+from tests.e2e.runs import (
+    REPO,
+    assert_no_leftover_processes,
+    child_env,
+    metrics,
+    summary,
+    together,
+    train,
+    train_together,
+)
 from tests.e2e.test_app_faults import FOREVER, start, wait_for
 
 CKPT = "checkpoint_every=1"
 
 
 @pytest.fixture(scope="module")
-def adam_run(tmp_path_factory) -> Path:
-    """ZeRO-Adam (lr 0.001), 4 steps, a checkpoint after every step, only the 2 newest kept."""
-    run_dir = tmp_path_factory.mktemp("faults") / "adam"
-    result = train("logger=none", "steps=4", CKPT, "keep_checkpoints=2", f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def first_runs(base) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """Made together: ZeRO-Adam (lr 0.001), 4 steps, a checkpoint after every step, only the 2
+    newest kept; and a run whose loss diverges (``optim.lr=1e30``: finite, but it blows up)."""
+    adam, diverged = base / "adam", base / "diverged"
+    made, failed = train_together(
+        ("logger=none", "steps=4", CKPT, "keep_checkpoints=2", f"hydra.run.dir={adam}"),
+        ("logger=none", "optim.lr=1e30", "steps=8", CKPT, f"hydra.run.dir={diverged}"),
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    return adam, diverged, failed
+
+
+@pytest.fixture(scope="module")
+def adam_run(first_runs) -> Path:
+    return first_runs[0]
 
 
 def copy_checkpoint(adam_run: Path, to: Path) -> Path:
@@ -36,9 +61,47 @@ def copy_checkpoint(adam_run: Path, to: Path) -> Path:
     return to
 
 
-def refused(tmp_path: Path, *args: str) -> str:
-    """Run ``train.py *args``; it must fail with one ``zero_lab:`` message and no traceback."""
-    result = train("logger=none", *args, f"hydra.run.dir={tmp_path / 'run'}")
+def resume_cases(base: Path, adam_run: Path) -> dict[str, tuple[str, ...]]:
+    """The resumes of ``adam_run`` checked below (``resumes`` makes the checkpoint copies)."""
+    return {
+        "corrupted": ("logger=none", "optim=adam", "steps=5", f"resume={base / 'corrupted' / 'step_00000003'}"),
+        "renamed": ("logger=none", "steps=5", f"resume={base / 'renamed' / 'step_00000002'}"),
+        "best": ("logger=none", "steps=3", f"resume={base / 'best'}"),
+        "other_class": ("logger=none", "optim=zero_sgd", "steps=5", f"resume={adam_run}"),
+        "changed_lr": ("logger=none", "optim.lr=0.05", "steps=5", f"resume={adam_run}"),
+        "reset": ("logger=none", "optim=sgd", "steps=5", f"resume={adam_run}", "resume_optimizer=reset"),
+        # the changed lr with the override on record, logged to W&B "online" against a server that
+        # is not there (see ``resumes``): the init gives up after logger.init_timeout_s and logs offline
+        "override": ("optim.lr=0.05", "steps=5", f"resume={adam_run}", "resume_optimizer=override", "logger=wandb",
+                     "logger.mode=online", "logger.init_timeout_s=2"),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def resumes(base, adam_run) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Every case of :func:`resume_cases` run together (2 at a time): name -> (result, run dir)."""
+    model = copy_checkpoint(adam_run, base / "corrupted" / "step_00000003") / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit
+    model.write_bytes(bytes(data))
+    copy_checkpoint(adam_run, base / "renamed" / "step_00000002")
+    copy_checkpoint(adam_run, base / "best")  # copied under another name: the manifest's step counts
+    offline_server = child_env() | {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}
+    calls = [
+        functools.partial(
+            train,
+            *args,
+            f"hydra.run.dir={base / 'runs' / name}",
+            env=offline_server if name == "override" else None,
+        )
+        for name, args in resume_cases(base, adam_run).items()
+    ]
+    results = together(*calls)
+    return {name: (result, base / "runs" / name) for name, result in zip(resume_cases(base, adam_run), results)}
+
+
+def refused(result: subprocess.CompletedProcess[str]) -> str:
+    """The run must have failed with one ``zero_lab:`` message and no traceback; its stderr."""
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     return result.stderr
@@ -48,45 +111,29 @@ def test_keep_checkpoints_prunes_all_but_the_newest(adam_run):
     assert sorted(p.name for p in (adam_run / "checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
 
 
-def test_a_corrupted_model_pt_resumed_with_a_plain_optimizer_is_refused(adam_run, tmp_path):
-    checkpoint = copy_checkpoint(adam_run, tmp_path / "step_00000003")
-    model = checkpoint / "model.pt"
-    data = bytearray(model.read_bytes())
-    data[len(data) // 2] ^= 0x01  # one flipped bit
-    model.write_bytes(bytes(data))
-    stderr = refused(tmp_path, "optim=adam", "steps=5", f"resume={checkpoint}")
-    assert f"checkpoint {checkpoint} is corrupt: model.pt" in stderr
+def test_a_corrupted_model_pt_resumed_with_a_plain_optimizer_is_refused(resumes, base):
+    stderr = refused(resumes["corrupted"][0])
+    assert f"checkpoint {base / 'corrupted' / 'step_00000003'} is corrupt: model.pt" in stderr
 
 
-def test_a_renamed_checkpoint_is_refused(adam_run, tmp_path):
-    renamed = copy_checkpoint(adam_run, tmp_path / "step_00000002")
-    stderr = refused(tmp_path, "steps=5", f"resume={renamed}")
+def test_a_renamed_checkpoint_is_refused(resumes, base):
+    stderr = refused(resumes["renamed"][0])
     assert "its name says step 2 but it holds step 3" in stderr
-    best = copy_checkpoint(adam_run, tmp_path / "best")  # copied under another name: the manifest's step counts
-    stderr = refused(tmp_path, "steps=3", f"resume={best}")
-    assert f"{best} is at step 3; steps=3 leaves nothing to run" in stderr
+    stderr = refused(resumes["best"][0])
+    assert f"{base / 'best'} is at step 3; steps=3 leaves nothing to run" in stderr
 
 
-def test_resuming_with_another_optimizer_class_names_both(adam_run, tmp_path):
-    stderr = refused(tmp_path, "optim=zero_sgd", "steps=5", f"resume={adam_run}")
+def test_resuming_with_another_optimizer_class_names_both(resumes):
+    stderr = refused(resumes["other_class"][0])
     assert "holds the state of torch.optim.adam.Adam; this run builds torch.optim.sgd.SGD" in stderr
     assert "resume_optimizer=reset" in stderr
 
 
-def test_changed_hyperparameters_are_refused_or_overridden_on_record(adam_run, tmp_path):
-    stderr = refused(tmp_path, "optim.lr=0.05", "steps=5", f"resume={adam_run}")
+def test_changed_hyperparameters_are_refused_or_overridden_on_record(resumes):
+    stderr = refused(resumes["changed_lr"][0])
     assert "group0.lr: 0.001 in the checkpoint, 0.05 here" in stderr and "resume_optimizer=override" in stderr
 
-    # The same resume with the override on record, logged to W&B "online" against a server
-    # that is not there: the init gives up after logger.init_timeout_s and logs offline.
-    run_dir = tmp_path / "override"
-    env = child_env() | {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}
-    args = ["optim.lr=0.05", "steps=5", f"resume={adam_run}", "resume_optimizer=override"]
-    online = ["logger=wandb", "logger.mode=online", "logger.init_timeout_s=2"]
-    result = subprocess.run(
-        [sys.executable, "train.py", *args, *online, f"hydra.run.dir={run_dir}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    result, run_dir = resumes["override"]
     assert result.returncode == 0, result.stderr[-3000:]
     done = summary(run_dir)
     assert (done["start_step"], done["resume_optimizer"]) == (4, "override")
@@ -97,17 +144,14 @@ def test_changed_hyperparameters_are_refused_or_overridden_on_record(adam_run, t
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def test_a_plain_optimizer_of_another_class_resumes_with_reset(adam_run, tmp_path):
-    run_dir = tmp_path / "reset"
-    result = train("logger=none", "optim=sgd", "steps=5", f"resume={adam_run}", "resume_optimizer=reset",
-                   f"hydra.run.dir={run_dir}")  # fmt: skip
+def test_a_plain_optimizer_of_another_class_resumes_with_reset(resumes):
+    result, run_dir = resumes["reset"]
     assert result.returncode == 0, result.stderr[-3000:]
     assert (summary(run_dir)["start_step"], summary(run_dir)["resume_optimizer"]) == (4, "reset")
 
 
-def test_a_non_finite_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
-    result = train("logger=none", "optim.lr=1e30", "steps=8", CKPT, f"hydra.run.dir={run_dir}")  # finite lr, diverges
+def test_a_non_finite_loss_stops_the_run_keeping_the_last_good_checkpoint(first_runs):
+    _, run_dir, result = first_runs
     assert result.returncode == 1, result.stderr[-3000:]
     step = int(re.search(r"non-finite loss at step (\d+)", result.stderr).group(1))
     assert f"last good checkpoint: {run_dir}/checkpoints/step_{step:08d}" in result.stderr
@@ -152,9 +196,12 @@ def test_two_default_jobs_started_at_once_get_their_own_run_dirs(tmp_path):
              (now + datetime.timedelta(seconds=s) for s in range(180))]  # fmt: skip
     for directory in taken:
         directory.mkdir(parents=True, exist_ok=True)
+    # One rank each: what is shared is the default run dir, not the world (6 processes importing torch at
+    # once on a 2-core runner would only make the test slow).
+    command = [sys.executable, str(REPO / "train.py"), "logger=none", "steps=2", "dist.world_size=1"]
     jobs = [
-        subprocess.Popen([sys.executable, str(REPO / "train.py"), "logger=none", "steps=2"], cwd=tmp_path,
-                         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
         for _ in range(2)
     ]  # fmt: skip
     for job in jobs:

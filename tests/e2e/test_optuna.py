@@ -1,15 +1,18 @@
 """Optuna through the real ``python train.py -m experiment=optuna_zero``: the study's
 ``optimization_results.yaml`` holds exactly the objective values the trials wrote to their
-summary.json, for the parameters they really ran with."""
+summary.json, for the parameters they really ran with. The module's commands are independent
+and run together, two at a time."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e.runs import assert_no_leftover_processes, summary, train
+from tests.e2e.runs import assert_no_leftover_processes, summary, together, train
 
 
 def study(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], list[Path]]:
@@ -29,8 +32,25 @@ def ran_with(trial: Path) -> dict[str, Any]:
     return {"optim.lr": cfg.optim.lr, "partitioner": ran["choices"]["partitioner"], "bucket_view": ran["bucket_view"]}
 
 
-def test_single_objective_study_reports_the_best_final_loss_the_runs_wrote(tmp_path):
-    results, trials = study(tmp_path)
+MULTI = ("objective=[final_loss,optim_state_bytes]", "hydra.sweeper.direction=[minimize,minimize]")
+MISMATCHED = ("-m", "experiment=optuna_zero", "objective=[final_loss,step_time_s]")  # 2 objectives, 1 direction
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, Any]:
+    """The module's three commands, independent, run together (two at a time): the single- and
+    the multi-objective study (results and trial dirs), and the mismatched one (its result and sweep dir)."""
+    base = tmp_path_factory.mktemp("optuna")
+    single, multi, mismatched = together(
+        functools.partial(study, base / "single"),
+        functools.partial(study, base / "multi", *MULTI),
+        functools.partial(train, *MISMATCHED, f"hydra.sweep.dir={base / 'mismatched'}"),
+    )
+    return {"single": single, "multi": multi, "mismatched": (mismatched, base / "mismatched")}
+
+
+def test_single_objective_study_reports_the_best_final_loss_the_runs_wrote(made):
+    results, trials = made["single"]
     losses = [summary(trial)["final_loss"] for trial in trials]
     assert results["best_value"] == min(losses)  # exactly the float the run wrote
     best = trials[losses.index(min(losses))]
@@ -39,10 +59,8 @@ def test_single_objective_study_reports_the_best_final_loss_the_runs_wrote(tmp_p
     assert_no_leftover_processes()
 
 
-def test_multi_objective_study_reports_a_pareto_front_of_the_runs_values(tmp_path):
-    results, trials = study(
-        tmp_path, "objective=[final_loss,optim_state_bytes]", "hydra.sweeper.direction=[minimize,minimize]"
-    )
+def test_multi_objective_study_reports_a_pareto_front_of_the_runs_values(made):
+    results, trials = made["multi"]
     written = {
         tuple(sorted(ran_with(t).items())): [summary(t)["final_loss"], max(summary(t)["optim_state_bytes"])]
         for t in trials
@@ -52,8 +70,8 @@ def test_multi_objective_study_reports_a_pareto_front_of_the_runs_values(tmp_pat
         assert solution["values"] == written[tuple(sorted(solution["params"].items()))]
 
 
-def test_objectives_and_directions_of_different_lengths_stop_before_any_trial_trains(tmp_path):
-    result = train("-m", "experiment=optuna_zero", "objective=[final_loss,step_time_s]", f"hydra.sweep.dir={tmp_path}")
+def test_objectives_and_directions_of_different_lengths_stop_before_any_trial_trains(made):
+    result, sweep_dir = made["mismatched"]
     assert result.returncode == 2
     assert "hydra.sweeper.direction=[minimize,minimize]" in result.stderr
-    assert not list(tmp_path.glob("*/summary.json")) and not list(tmp_path.glob("*/logs"))
+    assert not list(sweep_dir.glob("*/summary.json")) and not list(sweep_dir.glob("*/logs"))

@@ -3,6 +3,7 @@ that failed, a single run; the HTML page opened, sorted and followed in real hea
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from tests.e2e.browser import Chromium, find_chromium
-from tests.e2e.runs import REPO, run_once, summary, train
+from tests.e2e.runs import REPO, run_once, summary, together, train
 from zero_lab.report.table import COLUMNS, format_bytes
 
 PLOTS = ("memory.png", "time.png", "loss.png")
@@ -41,9 +42,20 @@ def table(out: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def sweep_report(sweep, tmp_path_factory) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("report")
-    result = report(sweep, out)
+def reports(sweep, default_run, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """name -> (result, out dir) of ``scripts/report.py`` on the session's sweep, on its default
+    run, and on a dir without runs; independent, so made together (two at a time)."""
+    base = tmp_path_factory.mktemp("report")
+    empty = base / "empty"
+    empty.mkdir()
+    inputs = {"sweep": sweep, "single": default_run, "empty": empty}
+    calls = [functools.partial(report, path, base / f"{name}-out") for name, path in inputs.items()]
+    return {name: (result, base / f"{name}-out") for name, result in zip(inputs, together(*calls))}
+
+
+@pytest.fixture(scope="module")
+def sweep_report(sweep, reports) -> tuple[Path, Path]:
+    result, out = reports["sweep"]
     assert result.returncode == 0, result.stderr
     return sweep, out
 
@@ -143,13 +155,13 @@ def test_the_page_renders_sorts_and_links_in_headless_chromium(dtype_report, tmp
         assert "summary.json" in browser.evaluate(page, "document.body.innerText")
 
 
-def test_report_on_a_single_run_dir(default_run, tmp_path):
-    result = report(default_run, tmp_path)
+def test_report_on_a_single_run_dir(reports):
+    result, out = reports["single"]
     assert result.returncode == 0, result.stderr
     assert "report: 1 run(s), 0 failed or incomplete" in result.stdout
-    assert all((tmp_path / name).is_file() for name in (*PLOTS, "report.md", "report.html"))
+    assert all((out / name).is_file() for name in (*PLOTS, "report.md", "report.html"))
 
 
-def test_report_on_a_dir_without_runs_fails_clearly(tmp_path):
-    result = report(tmp_path, tmp_path / "out")
+def test_report_on_a_dir_without_runs_fails_clearly(reports):
+    result, _ = reports["empty"]
     assert result.returncode != 0 and "no runs under" in result.stderr
