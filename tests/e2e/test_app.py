@@ -283,7 +283,7 @@ def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, r
     assert result["prefetch"] is True and result["exchange"]["mode"] == "per_shard_broadcast"
     assert result["param_checksum"] == summary(default_run)["param_checksum"]
     assert 0 <= result["exchange_exposed_s"] <= result["exchange_time_s"] + 1e-9
-    closing = (prefetched / ".done").read_text()  # the run's stdout
+    closing = (runs["prefetch"] / ".done").read_text()  # the run's stdout
     share = result["exchange_exposed_s"] / result["step_time_s"]
     assert f"parameter exchange: {share:.0%} of the step exposed (median " in closing, closing
     assert "ms in flight, prefetch hid the rest)" in closing
