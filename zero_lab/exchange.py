@@ -306,6 +306,7 @@ class ParamExchange:
         self.buffers: list[_Buffer] = []
         self._shard_units: list[_ShardBroadcast] = []
         self._inflight: list[tuple[frozenset[int], InFlight]] = []
+        self._first_use_order: tuple[str, Sequence[_Buffer | _ShardBroadcast]] | None = None  # (collective, units)
         self.rebuild()
 
     # ------------------------------------------------------------------ layout
@@ -325,6 +326,7 @@ class ParamExchange:
     def rebuild(self) -> None:
         """(Re)build buffers, e.g. after parameters changed trainability."""
         self.wait()
+        self._first_use_order = None
         trainable = [p.requires_grad for p in self.params]
         if self.layout == "flat":
             if not self.buffers:
@@ -358,6 +360,7 @@ class ParamExchange:
         """Adopt a partition extended by an added group; existing flat buffers are kept
         (the local optimizer's slice views point into them)."""
         self.wait()
+        self._first_use_order = None
         self.params[:] = list(params)  # the buffers hold this list
         self.partition = partition
         if self.layout == "flat":
@@ -394,9 +397,17 @@ class ParamExchange:
         if self.collective == "auto":
             self._tune()
             return
-        units = self._units(self.collective)
-        for unit in first_use.ordered(units) if first_use is not None else units:
+        for unit in self._issue_order(first_use):
             self._inflight.append((unit.param_indices, unit.issue(self.comm, self.collective)))
+
+    def _issue_order(self, first_use: FirstUse | None) -> Sequence[_Buffer | _ShardBroadcast]:
+        """The units of this collective in first-use order once agreed (sorted once per build), else build order."""
+        units = self._units(self.collective)
+        if first_use is None or not first_use.position:
+            return units
+        if self._first_use_order is None or self._first_use_order[0] != self.collective:
+            self._first_use_order = (self.collective, first_use.ordered(units))
+        return self._first_use_order[1]
 
     def track(self, params: frozenset[int], inflight: InFlight) -> None:
         """Count collectives issued elsewhere (the overlap hooks' sends) as this exchange's in-flight work."""

@@ -21,18 +21,23 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
 
 
+def _train_side_by_side(pairs: list[tuple[nn.Module, torch.optim.Optimizer]], steps: int = 3) -> None:
+    """Each (model, optimizer) pair takes the same ``steps`` steps on the same inputs."""
+    for step in range(steps):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        for module, optimizer in pairs:
+            optimizer.zero_grad()
+            module(x).pow(2).sum().backward()
+            optimizer.step()
+
+
 @pytest.mark.parametrize("partitioner", [SortedGreedy(), Flat()])
 def test_world_of_one_issues_nothing_and_matches_adam(single_rank_group, partitioner):
     model, reference = _model(), _model()
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-2)
     plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
     handle = prefetch_exchange(model, opt)
-    for step in range(3):
-        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
-        for m, o in ((model, opt), (reference, plain)):
-            o.zero_grad()
-            m(x).pow(2).sum().backward()
-            o.step()
+    _train_side_by_side([(model, opt), (reference, plain)])
     handle.remove()
     assert opt.comm_stats.calls == 0
     assert opt.exchange_report().collective == "none"
@@ -65,12 +70,7 @@ def test_world_of_one_overlap_hook_sends_nothing_and_matches_adam(single_rank_gr
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=1e-2)
     ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
     plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
-    for step in range(3):
-        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
-        for m, o in ((ddp, opt), (reference, plain)):
-            o.zero_grad()
-            m(x).pow(2).sum().backward()
-            o.step()
+    _train_side_by_side([(ddp, opt), (reference, plain)])
     assert opt.comm_stats.calls == 0
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
 

@@ -200,13 +200,14 @@ def _exchange_share(summary: dict[str, Any]) -> str:
         return f"inside backward (overlap=true: not timed apart), {_size(volume)} per step"
     if not step:
         return f"{_size(volume)} per step"
-    share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
-    if summary["prefetch"] and summary.get("exchange_exposed_s") is not None:
+    if summary["prefetch"]:
         exposed = summary["exchange_exposed_s"]
         share = (
             f"{exposed / step:.0%} of the step exposed (median {1e3 * exposed:.1f} of {1e3 * step:.1f} ms; "
             f"{1e3 * exchange:.1f} ms in flight, prefetch hid the rest)"
         )
+    else:
+        share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
     return f"{share}, {_size(volume)} per step"
 
 
