@@ -1,0 +1,14 @@
+"""Build glue that pyproject.toml cannot state: the top-level ``conf/`` ships as ``zero_lab.conf``.
+
+The configs live in ``conf/`` next to ``zero_lab/`` (one folder per config group), and are
+read only through the import system (``pkg://zero_lab.conf``), so a checkout installed with
+``pip install -e .`` and a wheel serve the same files: the editable install maps the package
+``zero_lab.conf`` onto ``conf/``; a wheel carries ``conf/`` as ``zero_lab/conf/``.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    packages=[*find_packages(include=["zero_lab", "zero_lab.*"]), "zero_lab.conf"],
+    package_dir={"zero_lab.conf": "conf"},
+)

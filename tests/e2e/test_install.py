@@ -1,0 +1,47 @@
+"""The configs live in the top-level ``conf/`` and an installed wheel still carries and runs them.
+
+The wheel is built from the checkout (``pip wheel --no-deps``), unpacked (a pure-Python wheel
+installs by unpacking) into a temporary site dir that comes first on ``sys.path``, and
+``zero-lab-train``'s entry point trains from a directory outside the checkout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+from tests.e2e.runs import REPO, child_env
+
+ENTRY = "import zero_lab; print('package:', zero_lab.__file__, flush=True); from zero_lab.app.entry import main; main()"
+
+
+def test_conf_is_top_level_and_the_wheel_carries_it_and_trains(tmp_path):
+    assert (REPO / "conf" / "config.yaml").is_file() and not (REPO / "zero_lab" / "conf").exists()
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), REPO],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("zero_lab-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.startswith("zero_lab/conf/")}
+        archive.extractall(tmp_path / "site")
+    in_checkout = {f"zero_lab/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
+    assert in_checkout and in_checkout <= shipped  # every YAML of every group, config.yaml included
+
+    env = child_env() | {"PYTHONPATH": str(tmp_path / "site")}
+    job = subprocess.run(
+        [sys.executable, "-c", ENTRY, "logger=none", "steps=2", "dist.world_size=1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert f"package: {tmp_path / 'site'}" in job.stdout  # the wheel's package, not the checkout's
+    assert "zero_lab: final loss" in job.stdout + job.stderr
+    assert list((tmp_path / "outputs").glob("*/*/summary.json"))
