@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup train test check test-all lint format clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"

@@ -14,13 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import torch
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from zero_lab.app.build import enum_str
-from zero_lab.app.preflight import preflight
+from zero_lab.app.preflight import describe_hydra_error, preflight, user_config_dirs
+from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import torchrun
 
@@ -39,7 +42,9 @@ def fail(error: BaseException | str, code: int = EXIT_CONFIG) -> NoReturn:
 def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, bool]:
     """``(args, hydra_mode)``: the overrides, ``-m`` and ``--config-name`` of a ``train.py``
     command line, and whether it asks for one of Hydra's own modes (``--help``, ``--cfg``,
-    ``--info``, shell completion, another config dir, ...), where nothing is trained.
+    ``--info``, shell completion, another primary config path, ...), where nothing is trained.
+    ``--config-dir`` (a dir of the user's own YAMLs, searched after ours) is no mode: its jobs
+    are checked like any other.
 
     The flags are those ``python train.py --help`` documents (Hydra 1.3); Hydra parses the
     command line again itself, so an unknown flag is Hydra's to report.
@@ -67,16 +72,27 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, bool]:
         parser.add_argument(flag, *filter(None, [short]), nargs="?", const=True)
     args, _ = parser.parse_known_args(argv)
     modes = (args.help, args.hydra_help, args.info, args.version, args.cfg, args.shell_completion, args.config_path)
-    return args, any(modes) or bool(args.config_dir or args.experimental_rerun)
+    return args, any(modes) or bool(args.experimental_rerun)
 
 
 def prepare(argv: list[str]) -> list[str]:
     """Return ``argv`` (plus torchrun overrides); exit with one message on a bad config."""
     args, hydra_mode = parse_command_line(argv[1:])
+    user_dir = str(args.config_dir) if isinstance(args.config_dir, str) else None
+    try:  # the schemas of the user's own YAMLs too: their keys are their _target_'s arguments
+        register_configs(extra_dirs=user_config_dirs(args.overrides, user_dir))
+    except HydraException as error:  # a malformed hydra.searchpath: Hydra says it again, in full
+        if not hydra_mode:
+            fail(describe_hydra_error(error))
     if hydra_mode:
         return argv  # Hydra's own modes: nothing will be trained
     try:
-        cfg, hydra_node = preflight(args.overrides, multirun=args.multirun, config_name=args.config_name or "config")
+        cfg, hydra_node = preflight(
+            args.overrides,
+            multirun=args.multirun,
+            config_name=args.config_name or "config",
+            user_dir=Path(user_dir).expanduser().resolve() if user_dir else None,
+        )
         if torchrun.active():
             return argv + _torchrun_setup(cfg, hydra_node, args.overrides, args.multirun)
     except ConfigError as error:

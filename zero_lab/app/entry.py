@@ -18,7 +18,6 @@ from omegaconf import DictConfig
 from zero_lab.app.cli import prepare
 from zero_lab.app.main import Objective, run
 from zero_lab.app.paths import CONF_PACKAGE
-from zero_lab.app.schema import register_configs
 
 __all__ = ["main"]
 
@@ -29,7 +28,6 @@ def _hydra_main(cfg: DictConfig) -> Objective | None:
 
 
 def main() -> None:
-    """Check the command line, then hand it to Hydra."""
-    register_configs()
+    """Check the command line (registering the schemas of ours and the user's configs), then hand it to Hydra."""
     sys.argv = prepare(sys.argv)
     _hydra_main()

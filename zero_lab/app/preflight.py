@@ -16,6 +16,7 @@ multi-line report or a rank's traceback.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,13 +26,19 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    ConfigTypeError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.schema import HYDRA_KEYS
 from zero_lab.app.validate import ConfigError, check, mark_checked
 
-__all__ = ["compose_job", "describe_hydra_error", "preflight", "sweep_jobs"]
+__all__ = ["compose_job", "describe_hydra_error", "preflight", "sweep_jobs", "user_config_dirs"]
 
 MAX_JOBS = 64
 _HIDDEN_KEYS = (*HYDRA_KEYS, "hydra")
@@ -55,12 +62,39 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
+def user_config_dirs(overrides: Sequence[str], config_dir: str | None = None) -> list[Path]:
+    """The user's config dirs, in Hydra's search order: ``--config-dir``, then the entries of a
+    ``hydra.searchpath=[...]`` override (``file://<dir>``, ``pkg://<module>`` or a plain path)."""
+    found = [Path(config_dir).expanduser().resolve()] if config_dir else []
+    for override in OverridesParser.create().parse_overrides([o for o in overrides if "searchpath" in o]):
+        if override.get_key_element() != "hydra.searchpath":
+            continue
+        for entry in override.value() or []:
+            where = _search_path_dir(str(entry))
+            if where is not None:
+                found.append(where)
+    return found
+
+
+def _search_path_dir(entry: str) -> Path | None:
+    if entry.startswith("pkg://"):
+        spec = importlib.util.find_spec(entry.removeprefix("pkg://").replace("/", "."))
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        return Path(locations[0]) if locations else None
+    return Path(entry.removeprefix("file://")).expanduser().resolve()
+
+
 def compose_job(
-    overrides: Sequence[str], config_name: str = "config", config_dir: Path = CONF_DIR
+    overrides: Sequence[str],
+    config_name: str = "config",
+    config_dir: Path = CONF_DIR,
+    user_dir: Path | None = None,
 ) -> tuple[DictConfig, dict[str, Any], DictConfig]:
-    """Compose one job: ``(cfg without hydra, group choices, hydra node)``."""
+    """Compose one job: ``(cfg without hydra, group choices, hydra node)``. ``user_dir`` is
+    ``--config-dir``: searched after ``config_dir``, before any ``hydra.searchpath`` entry, as Hydra does."""
+    overrides = _with_user_dir(list(overrides), user_dir) if user_dir is not None else list(overrides)
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name="train"):
-        full = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        full = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     hydra_node = full.hydra
     choices = OmegaConf.to_container(hydra_node.runtime.choices)
     with open_dict(full):
@@ -68,10 +102,27 @@ def compose_job(
     return full, dict(choices), hydra_node  # type: ignore[arg-type]
 
 
+def _with_user_dir(overrides: list[str], user_dir: Path) -> list[str]:
+    """``--config-dir`` as the first entry of ``hydra.searchpath`` (the compose API has no such flag)."""
+    entries = [f"file://{user_dir}"]
+    rest = []
+    for override in overrides:
+        parsed = OverridesParser.create().parse_override(override)
+        if parsed.get_key_element() == "hydra.searchpath":
+            entries += [str(e) for e in parsed.value() or []]
+        else:
+            rest.append(override)
+    return [*rest, f"hydra.searchpath=[{','.join(entries)}]"]
+
+
 def preflight(
-    overrides: Sequence[str], multirun: bool = False, config_name: str = "config"
+    overrides: Sequence[str], multirun: bool = False, config_name: str = "config", user_dir: Path | None = None
 ) -> tuple[DictConfig, DictConfig]:
-    """Compose and check every job; return the first job's ``(cfg, hydra node)``. Raises ConfigError."""
+    """Compose and check every job; return the first job's ``(cfg, hydra node)``. Raises ConfigError.
+
+    ``user_dir`` is ``--config-dir``: its YAMLs (and those of ``hydra.searchpath`` entries) are
+    composed and checked as ours are; their schemas must be registered first
+    (:func:`zero_lab.app.schema.register_configs` with :func:`user_config_dirs`)."""
     try:
         jobs = sweep_jobs(overrides) if multirun else [list(overrides)]
     except HydraException as error:
@@ -81,7 +132,7 @@ def preflight(
     for job in jobs[:MAX_JOBS]:
         name = " ".join(job) if multirun and len(jobs) > 1 else None
         try:
-            cfg, choices, hydra_node = compose_job(job, config_name)
+            cfg, choices, hydra_node = compose_job(job, config_name, user_dir=user_dir)
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError([describe_hydra_error(error)], job=name) from None
         try:
@@ -104,6 +155,15 @@ def describe_hydra_error(error: BaseException) -> str:
     override = _override_in(str(error))
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         return _unknown_key(cause, override)
+    if isinstance(cause, ConfigTypeError) and "deletion" in str(cause) and override:
+        key = override.lstrip("~").split("=", 1)[0]
+        group = key.split(".", 1)[0]
+        return (
+            f"{override}: the keys of {group} are its _target_'s arguments and cannot be removed; set the value "
+            f"instead ({key}=<value>, or null where the argument is optional); for a class with other arguments "
+            f"write its own YAML in a config dir of yours: --config-dir DIR with DIR/{group}/<name>.yaml "
+            "(docs/own-model.md)"
+        )
     if isinstance(cause, ValidationError):
         key = getattr(cause, "full_key", None) or override
         value = f"={override.split('=', 1)[1]}" if override and "=" in override else ""

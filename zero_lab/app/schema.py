@@ -15,8 +15,9 @@ place where an argument, its type and its default are stated.
     from zero_lab.app.schema import register_configs
     register_configs()  # before hydra.main / hydra.compose
 
-To add a group option: write ``conf/<group>/<name>.yaml`` with a ``_target_`` and, first in
-its defaults list, ``- /schema/<group>@_here_: <name>``. Nothing to add here. To add a
+To add a group option: write ``conf/<group>/<name>.yaml`` (or a YAML in a config dir of your
+own, ``--config-dir``) with a ``_target_``. Nothing to add here: the root config merges the
+derived schema under every option (``derived/<group>``). To add a
 plain top-level key: one field in :class:`Config` (or :class:`DistConfig`), one line in
 ``conf/config.yaml``, and a rule in :mod:`zero_lab.app.validate` if it has a range.
 """
@@ -29,6 +30,7 @@ import inspect
 import math
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,15 +211,35 @@ def option_schema(group: str, name: str, node: DictConfig) -> type:
     return dataclasses.make_dataclass(f"{group}_{name}_schema", spec)
 
 
-def register_configs(conf_dir: Path = CONF_DIR) -> None:
-    """Store the root schema as ``config_schema`` and every option's as ``schema/<group>/<name>``."""
+def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ()) -> None:
+    """Store the root schema as ``config_schema`` and every option's derived schema.
+
+    Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
+    (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored twice: as
+    ``schema/<group>/<name>`` (what a YAML names with ``- /schema/<group>@_here_: <name>``) and
+    as ``derived/<group>/<name>``, which the root config merges under whatever option a group
+    picks (``optional derived/<group>@<group>: ${<group>}``), so a user's YAML needs no such line:
+    its keys are its ``_target_``'s arguments as ours are. On a name that several dirs hold, the
+    first dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets
+    no schema here; the pre-start check names it.
+    """
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for group in GROUPS:
-        for path in sorted((conf_dir / group).glob("*.yaml")):
-            node = OmegaConf.load(path)
-            assert isinstance(node, DictConfig)
-            store.store(group=f"schema/{group}", name=path.stem, node=option_schema(group, path.stem, node))
+        seen: set[str] = set()
+        for directory in (conf_dir, *extra_dirs):
+            for path in sorted(Path(directory, group).glob("*.yaml")):
+                if path.stem in seen:
+                    continue
+                seen.add(path.stem)
+                try:
+                    node = OmegaConf.load(path)
+                    assert isinstance(node, DictConfig)
+                    schema = option_schema(group, path.stem, node)
+                except Exception:  # no _target_, or one that cannot be imported: validate.py names it
+                    continue
+                store.store(group=f"schema/{group}", name=path.stem, node=schema)
+                store.store(group=f"derived/{group}", name=path.stem, node=schema)
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

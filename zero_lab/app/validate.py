@@ -25,6 +25,8 @@ Adding a plain key with a range: one line in :func:`_check_ranges` (``bounds``).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import inspect
 import math
@@ -40,7 +42,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
 from zero_lab.app.objective import check_objective
-from zero_lab.app.schema import APP_KEYS, GROUPS, HYDRA_KEYS, SUPPLIED_BY_APP, constructor_arguments, forwarded_classes
+from zero_lab.app.schema import (
+    APP_KEYS,
+    GROUPS,
+    HYDRA_KEYS,
+    SUPPLIED_BY_APP,
+    Config,
+    DistConfig,
+    constructor_arguments,
+    forwarded_classes,
+)
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.optimizer import ZeroRedundancyOptimizer, check_partition_fits
 from zero_lab.partition import approximate_ddp_buckets
@@ -135,6 +146,22 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from _leaves(value, f"{prefix}{index}.")
     else:
         yield prefix.rstrip("."), node
+
+
+def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Top-level and ``dist.`` keys are :class:`~zero_lab.app.schema.Config`'s fields: one added
+    with ``+`` (``+warmup_steps=10``) would be accepted and ignored, so it is refused as a typo is."""
+    out = []
+    for prefix, node, schema in (("", cfg, Config), ("dist.", cfg.get("dist"), DistConfig)):
+        if not isinstance(node, DictConfig):
+            continue
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        for key in (str(k) for k in node if k not in allowed):
+            close = difflib.get_close_matches(key, allowed, n=1)
+            guess = f"did you mean {prefix}{close[0]}? " if close else ""
+            where = prefix.rstrip(".") or "the top level"
+            out.append(f"{prefix}{key}: no such key; {guess}{where} takes: {', '.join(allowed)}")
+    return out
 
 
 def _check_finite(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -233,9 +260,15 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         if unknown:
             names = ", ".join(f"{group}.{key}" for key in unknown)
             wraps = "".join(f" around {c.__name__}" for c in forwarded_classes(node))
+            own = (
+                f"; to train a class of your own, give it its own YAML (--config-dir DIR with DIR/{group}/<name>.yaml "
+                f"naming its _target_, then {group}=<name>): its keys are then that class's arguments"
+                if group in ("model", "data")
+                else ""
+            )
             out.append(
                 f"{names}: not {'an argument' if len(unknown) == 1 else 'arguments'} of {target_name}{wraps}; "
-                f"it takes: {', '.join(arguments)}"
+                f"it takes: {', '.join(arguments)}{own}"
             )
         for key, parameter in arguments.items():
             if parameter.default is inspect.Parameter.empty and key not in node:
@@ -413,6 +446,7 @@ def _check_objective(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
 
 
 _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
+    _check_known_keys,
     _check_finite,
     _check_ranges,
     _check_devices,

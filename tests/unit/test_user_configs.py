@@ -1,0 +1,112 @@
+"""A researcher's own configs, checked as ours are (no processes): unknown top-level keys are
+refused with or without ``+``; YAMLs in their own ``--config-dir`` / ``hydra.searchpath`` get
+keys derived from *their* ``_target_``, the pre-start check and "did you mean"."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from zero_lab.app.cli import parse_command_line
+from zero_lab.app.preflight import compose_job, preflight, user_config_dirs
+from zero_lab.app.schema import register_configs
+from zero_lab.app.validate import ConfigError
+
+register_configs()
+
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    task = "regression"
+
+    def __init__(self, in_dim: int, out_dim: int, width: int = 16, scale: float = 1.0):
+        super().__init__()
+        self.body = nn.Linear(in_dim, width)
+        self.head = nn.Linear(width, out_dim)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x))) * self.scale
+'''
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A module outside the repo (``usermodels_cfgtest.Net``) and its YAML in the user's config dir."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "usermodels_cfgtest.py").write_text(USER_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    conf = tmp_path / "myconf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "model" / "net.yaml").write_text(
+        textwrap.dedent("""\
+            _target_: usermodels_cfgtest.Net
+            in_dim: 256
+            out_dim: 256
+        """)
+    )
+    register_configs(extra_dirs=[conf])
+    yield conf
+    sys.modules.pop("usermodels_cfgtest", None)
+
+
+def problems(*overrides: str, **kwargs) -> str:
+    with pytest.raises(ConfigError) as caught:
+        preflight(list(overrides), **kwargs)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+warmup_steps=10", "warmup_steps: no such key; the top level takes: optim, partitioner"),
+        ("+stepz=3", "stepz: no such key; did you mean steps?"),
+        ("+compile=true", "compile: no such key;"),
+        ("+dist.world_sise=2", "dist.world_sise: no such key; did you mean dist.world_size? dist takes: world_size"),
+    ],
+)
+def test_unknown_top_level_keys_are_refused_with_or_without_plus(override, expected):
+    assert expected in problems(override)
+
+
+def test_a_user_yaml_gets_keys_from_its_own_target(user_dir):
+    cfg, choices, _ = compose_job(["model=net", "model.width=32"], user_dir=user_dir)
+    assert choices["model"] == "net"
+    assert (cfg.model.width, cfg.model.scale) == (32, 1.0)  # width, scale: Net's defaults, not in net.yaml
+    preflight(["model=net", "model.width=32"], user_dir=user_dir)  # the whole pre-start check passes
+    message = problems("model=net", "model.widht=32", user_dir=user_dir)
+    assert "model.widht: no such key; did you mean model.width? model takes: in_dim, out_dim, width, scale" in message
+    assert "model.width=wide: Value 'wide' of type 'str' could not be converted to Integer" in problems(
+        "model=net", "model.width=wide", user_dir=user_dir
+    )
+
+
+def test_hydra_searchpath_is_the_same_as_config_dir(user_dir):
+    overrides = [f"hydra.searchpath=[file://{user_dir}]", "model=net", "model.width=8"]
+    assert user_config_dirs(overrides) == [user_dir.resolve()]
+    cfg, _, _ = compose_job(overrides)
+    assert cfg.model.width == 8
+    assert "model.widht: no such key; did you mean model.width?" in problems(*overrides[:2], "model.widht=3")
+
+
+def test_config_dir_is_checked_not_a_hydra_mode(tmp_path):
+    args, mode = parse_command_line(["--config-dir", str(tmp_path), "model=net"])
+    assert (mode, args.config_dir, args.overrides) == (False, str(tmp_path), ["model=net"])
+
+
+def test_removing_a_schema_key_says_what_to_do():
+    message = problems("~model.hidden")
+    assert "~model.hidden: the keys of model are its _target_'s arguments and cannot be removed" in message
+    assert "--config-dir DIR with DIR/model/<name>.yaml" in message
+
+
+def test_a_foreign_target_on_the_command_line_points_to_a_yaml_of_its_own():
+    message = problems("model._target_=torch.nn.Linear", "+model.in_features=4", "+model.out_features=4")
+    assert "model.in_dim, model.hidden" in message
+    assert "not arguments of torch.nn.Linear" in message
+    assert "give it its own YAML (--config-dir DIR with DIR/model/<name>.yaml" in message
