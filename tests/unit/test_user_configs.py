@@ -16,7 +16,7 @@ from zero_lab.app.validate import ConfigError
 
 register_configs()
 
-USER_MODEL = '''
+USER_MODEL = """
 import torch
 from torch import nn
 
@@ -32,7 +32,7 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.tanh(self.body(x))) * self.scale
-'''
+"""
 
 
 @pytest.fixture
