@@ -5,13 +5,17 @@ from zero_lab.partition import Flat
 opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), lr=1e-3)
 """
 
-from zero_lab.optimizer import ELEMENTWISE_OPTIMIZERS, ZeroRedundancyOptimizer
+from zero_lab.chained import ChainedOptimizer, merge_state_dicts, split_state_dict
+from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise, register_elementwise
+from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Partitioner, SortedGreedy
+from zero_lab.routing import muon_param_groups
 
 ShardedOptimizer = ZeroRedundancyOptimizer
 
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
+    "ChainedOptimizer",
     "Flat",
     "Manual",
     "ParamSpec",
@@ -20,4 +24,9 @@ __all__ = [
     "ShardedOptimizer",
     "SortedGreedy",
     "ZeroRedundancyOptimizer",
+    "is_elementwise",
+    "merge_state_dicts",
+    "muon_param_groups",
+    "register_elementwise",
+    "split_state_dict",
 ]

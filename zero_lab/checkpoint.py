@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.files import fsync_dir, write_atomic, write_json
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.shard_state import reslice, restrict_state
@@ -288,8 +289,12 @@ def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
 
 
 def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each param group without its parameters: the hyper-parameters a manifest records."""
-    return [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups]
+    """Each param group without its parameters: the hyper-parameters a manifest records
+    (a group's ``optimizer_class`` as its dotted path)."""
+    return [
+        {k: class_path(v) if k == GROUP_CLASS_KEY and isinstance(v, type) else v for k, v in g.items()}
+        for g in ({k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups)
+    ]
 
 
 def save_checkpoint(

@@ -45,7 +45,16 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
+from zero_lab.chained import (
+    GROUP_CLASS_KEY,
+    ChainedOptimizer,
+    class_defaults,
+    class_path,
+    group_class,
+    merge_state_dicts,
+)
 from zero_lab.comm import CommStats, Communicator
+from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
@@ -55,32 +64,36 @@ __all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "c
 
 logger = logging.getLogger(__name__)
 
-#: Optimizers whose update of an element depends only on that element's gradient and
-#: state, so a parameter may be cut into ranges stepped on different ranks.
-ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = tuple(
-    getattr(torch.optim, name)
-    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
-    if hasattr(torch.optim, name)
-)
-
-_NOT_HYPERPARAMETERS = ("params", "param_names")
+_NOT_HYPERPARAMETERS = ("params", "param_names", GROUP_CLASS_KEY)
 
 #: State entry holding the fp32 master copy of a parameter (``master_weights=True``).
 MASTER_KEY = "master_param"
 
 
-def check_partition_fits(partition: Partition, optimizer_class: type[Optimizer], partitioner: Any = None) -> None:
-    """Raise ``ValueError`` when ``optimizer_class`` cannot step ``partition``'s shards.
-
-    A partition that cuts parameters into element ranges needs an elementwise optimizer
-    (:data:`ELEMENTWISE_OPTIMIZERS`): a range is stepped without the rest of its tensor.
+def check_partition_fits(
+    partition: Partition,
+    optimizer_class: type[Optimizer],
+    partitioner: Any = None,
+    group_classes: list[type[Optimizer]] | None = None,
+) -> None:
+    """Raise ``ValueError`` when a parameter ``partition`` cuts is stepped by a class that is
+    not elementwise (:func:`zero_lab.elementwise.is_elementwise`): a range is stepped
+    without the rest of its tensor. ``group_classes`` gives each param group's class
+    (default: ``optimizer_class`` for all); the error names the first such parameter.
     """
-    element_granular = bool(partition.layouts) or not partition.is_whole
-    if element_granular and not issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS):
+    cut = {s.param for s in partition.shards if s.start != 0 or s.stop != partition.specs[s.param].numel}
+    cut.update(i for layout in partition.layouts for i in layout.params)
+    for index in sorted(cut):
+        spec = partition.specs[index]
+        classes = group_classes or []
+        cls = classes[spec.group] if spec.group < len(classes) else optimizer_class
+        if spec.elementwise and is_elementwise(cls):
+            continue
+        name = repr(spec.name) if spec.name is not None else f"#{index}"
         raise ValueError(
-            f"partitioner {partitioner!r} cuts parameters into element ranges, which needs an "
-            f"elementwise optimizer; {optimizer_class.__name__} is not one of "
-            f"{[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}. Use a whole-parameter partitioner "
+            f"partitioner {partitioner!r} cuts parameter {name} (shape {tuple(spec.shape)}) into element "
+            f"ranges, which needs an elementwise optimizer; {cls.__name__} is not one (declare one with a class "
+            "attribute `elementwise = True` or zero_lab.register_elementwise). Use a whole-parameter partitioner "
             "(SortedGreedy, Manual) instead."
         )
 
@@ -199,6 +212,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
         self._initialized = False
+        self._optimizer_class = optimizer_class
         Optimizer.__init__(self, groups, defaults)
         Joinable.__init__(self)
         _check_same_dense_type(self.all_params)
@@ -218,7 +232,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._partitioner: Partitioner = partitioner if partitioner is not None else default
         self._ddp_buckets: dict[int, int] = {}  # id(param) -> DDP bucket, once attached to DDP
         self.master_weights = master_weights
-        self._optimizer_class = optimizer_class
         self._optim_defaults = defaults
         self._default_device = self.all_params[0].device
         self._join_active = False
@@ -237,14 +250,25 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._exchange = ParamExchange(
             self.all_params, self.partition, self._comm, self.parameters_as_bucket_view, self._exchange_choice
         )
-        self._optim: Optimizer = self._optimizer_class(self._local_param_groups(), **self._optim_defaults)
+        self._optim = ChainedOptimizer(self._local_param_groups(), self._optimizer_class, **self._optim_defaults)
         self._sync_param_groups(self._optim.param_groups, self.param_groups)
 
     # ------------------------------------------------------------------ shard API
     @property
     def optim(self) -> Optimizer:
-        """The local optimizer over this rank's shards (replace it only via :meth:`repartition`)."""
-        return self._optim
+        """The local optimizer over this rank's shards (replace it only via :meth:`repartition`).
+
+        With one class (torch's API) it is that class's instance. When param groups name
+        several classes (``"optimizer_class"``), it is a
+        :class:`~zero_lab.chained.ChainedOptimizer` whose ``optimizers`` are the per-class
+        local optimizers and whose ``param_groups`` are this rank's groups in order.
+        """
+        inner = self._optim.optimizers
+        return inner[0] if len(inner) == 1 else self._optim
+
+    def group_classes(self) -> list[type[Optimizer]]:
+        """The class stepping each param group, in order (``"optimizer_class"``, else ``optimizer_class``)."""
+        return [group_class(g, self._optimizer_class) for g in self.param_groups]
 
     @property
     def partitioner(self) -> Partitioner:
@@ -318,15 +342,23 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     # ------------------------------------------------------------------ partition
 
     def _param_specs(self) -> list[ParamSpec]:
+        classes = self.group_classes()
         return [
-            ParamSpec.of(param, name=name, group=index, bucket=self._ddp_buckets.get(id(param)))
+            ParamSpec.of(
+                param,
+                name=name,
+                group=index,
+                bucket=self._ddp_buckets.get(id(param)),
+                elementwise=is_elementwise(classes[index]),
+                stepper=classes[index].__name__,
+            )
             for index, group in enumerate(self.param_groups)
             for param, name in zip(group["params"], group.get("param_names", [None] * len(group["params"])))
         ]
 
     def _compute_partition(self) -> Partition:
         partition = self.partitioner(self._param_specs(), self.world_size)
-        check_partition_fits(partition, self._optimizer_class, self.partitioner)
+        check_partition_fits(partition, self._optimizer_class, self.partitioner, self.group_classes())
         return partition
 
     def _local_param_groups(self, first_group: int = 0) -> list[dict[str, Any]]:
@@ -343,7 +375,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             self._masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # fp32 proxies to write back
         params = self.all_params
         local = [
-            {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} | {"params": []}
+            {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
+            | {"params": [], GROUP_CLASS_KEY: group_class(g, self._optimizer_class)}
             for g in self.param_groups[first_group:]
         ]
         members: list[list[int]] = [[] for _ in local]
@@ -406,11 +439,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         """Step this rank's shards only (no communication)."""
         self._state_touched = True
         self._refresh_trainability()
-        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        self._sync_param_groups(self.param_groups, self._optim.param_groups)
         self._point_proxy_grads()
         try:
             if closure is None:
-                loss = self.optim.step(**kwargs)
+                loss = self._optim.step(**kwargs)
             else:
 
                 def closure_then_point() -> float:
@@ -418,10 +451,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
                     self._point_proxy_grads()
                     return result
 
-                loss = self.optim.step(closure=closure_then_point, **kwargs)
+                loss = self._optim.step(closure=closure_then_point, **kwargs)
         finally:
             self._release_proxy_grads()
-        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        self._sync_param_groups(self._optim.param_groups, self.param_groups)
         return loss
 
     def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:  # type: ignore[override]
@@ -456,16 +489,16 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         Every other proxy has ``grad=None``, which every ``torch.optim`` optimizer skips.
         """
         self._state_touched = True
-        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        self._sync_param_groups(self.param_groups, self._optim.param_groups)
         for proxy, grad in proxy_grads:
             proxy.grad = grad
         try:
-            self.optim.step()
+            self._optim.step()
         finally:
             for proxy, _ in proxy_grads:
                 proxy.grad = None
             self._write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})
-        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        self._sync_param_groups(self._optim.param_groups, self.param_groups)
 
     @torch.no_grad()
     def clip_grad_norm_(
@@ -515,7 +548,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     def local_state_bytes(self) -> int:
         """Bytes of this rank's optimizer state, from the real state tensors
         (:func:`zero_lab.measure.optimizer_state_bytes`)."""
-        return optimizer_state_bytes(self.optim)
+        return optimizer_state_bytes(self._optim)
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""
@@ -535,9 +568,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; its parameters go to the least-loaded ranks, old shards stay put.
 
-        Must be called on all ranks.
+        Must be called on all ranks. A group naming another class (``"optimizer_class"``)
+        gets that class's defaults, not ``**defaults`` (which belong to ``optimizer_class``),
+        and is stepped by this rank's local optimizer of that class (created if new).
         """
-        super().add_param_group(param_group)
+        cls = group_class(param_group, self._optimizer_class)
+        if cls is self._optimizer_class:
+            super().add_param_group(param_group)
+        else:
+            self._add_group_of_class(param_group, cls)
         if not self._initialized:
             return
         self._exchange.wait()
@@ -554,8 +593,28 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._trainable = [p.requires_grad for p in self.all_params]
         self._exchange.update(self.all_params, after)
         (new_group,) = self._local_param_groups(first_group=len(self.param_groups) - 1)
-        self.optim.add_param_group(new_group)
-        self._sync_param_groups(self.optim.param_groups, self.param_groups)
+        self._optim.add_param_group(new_group)
+        self._sync_param_groups(self._optim.param_groups, self.param_groups)
+
+    def _add_group_of_class(self, param_group: dict[str, Any], cls: type[Optimizer]) -> None:
+        """Add a group of another class, filled with *its* class's defaults (probed on meta
+        tensors of the group's shapes, so a class that checks shapes refuses wrong ones here)."""
+        try:
+            defaults = class_defaults(cls, param_group)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"param group {len(self.param_groups)} (optimizer_class={cls.__name__}) is refused by "
+                f"{cls.__name__}: {error}. Route only the parameters it can step to it "
+                "(e.g. zero_lab.muon_param_groups(model) for Muon)"
+            ) from None
+        for key, value in defaults.items():
+            param_group.setdefault(key, value)
+        param_group[GROUP_CLASS_KEY] = cls
+        main_defaults, self.defaults = self.defaults, {}
+        try:
+            super().add_param_group(param_group)
+        finally:
+            self.defaults = main_defaults
 
     # ------------------------------------------------------------------ state
     def local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
@@ -563,7 +622,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         self._exchange.wait()
         params = self.all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
-        local_state = self.optim.state_dict()["state"]
+        local_state = self._optim.state_dict()["state"]
         masters = {(id(param), start): master for master, param, start, _ in self._masters}
         out = {}
         for local_index, global_index in enumerate(self._local_index):
@@ -582,7 +641,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
         Must be called on all ranks. Afterwards :meth:`state_dict` on rank ``to``
         returns the full state in plain ``torch.optim`` format.
         """
-        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        self._sync_param_groups(self.param_groups, self._optim.param_groups)
         mine = self.local_shard_states()
         gathered: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
         for rank in range(self.world_size):
@@ -609,17 +668,30 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             for index, (start, stop, state) in rank_states.items():
                 pieces.setdefault(index, []).append(((start, stop), state))
         state = {index: merge_states(pieces[index], params[index].shape) for index in sorted(pieces)}
+        classes = self.group_classes()
+        several = len(set(classes)) > 1
         groups, offset = [], 0
-        for group in self.param_groups:
+        for group, cls in zip(self.param_groups, classes):
             packed = {k: v for k, v in group.items() if k != "params"}
+            if several or GROUP_CLASS_KEY in packed:  # several classes: every group names its own (a path)
+                packed[GROUP_CLASS_KEY] = class_path(cls)
             packed["params"] = list(range(offset, offset + len(group["params"])))
             offset += len(group["params"])
             groups.append(packed)
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards."""
+    def load_state_dict(self, state_dict: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards.
+
+        With several classes: a consolidated state of the same groups (each naming its
+        class), or a list of the plain optimizers' state dicts, one per class in order of
+        first use (``[muon.state_dict(), adamw.state_dict()]``, see
+        :func:`zero_lab.chained.merge_state_dicts`).
+        """
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = merge_state_dicts(state_dict, self.group_classes())
         groups = state_dict["param_groups"]
+        self._check_group_classes(groups)
         self._check_group_sizes([len(g["params"]) for g in groups])
         params = self.all_params
         saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
@@ -629,6 +701,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             return None if saved is None else slice_state(saved, params[index].shape, start, stop)
 
         self.load_shard_states(state_of, groups)
+
+    def _check_group_classes(self, groups: list[dict[str, Any]]) -> None:
+        for index, (saved, cls) in enumerate(zip(groups, self.group_classes())):
+            named = saved.get(GROUP_CLASS_KEY)
+            if named is not None and group_class(saved, cls) is not cls:
+                raise ValueError(
+                    f"state_dict param group {index} was saved for {named} but is stepped by {class_path(cls)} "
+                    "here; build the optimizer with the same optimizer_class per group"
+                )
 
     def _check_group_sizes(self, sizes: list[int]) -> None:
         expected = [len(g["params"]) for g in self.param_groups]
@@ -666,15 +747,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable):
             if piece:
                 local_state[local_index] = piece
         local_groups, offset = [], 0
-        for group, local in zip(groups, self.optim.param_groups):
+        for group, local in zip(groups, self._optim.param_groups):
             packed = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
             packed["params"] = list(range(offset, offset + len(local["params"])))
             offset += len(local["params"])
             local_groups.append(packed)
-        self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
+        self._optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._state_touched = True
         self._sync_param_groups(groups, self.param_groups)
-        self._sync_param_groups(self.param_groups, self.optim.param_groups)
+        self._sync_param_groups(self.param_groups, self._optim.param_groups)
 
     # ------------------------------------------------------------------ join
     def join_hook(self, **kwargs: Any) -> JoinHook:

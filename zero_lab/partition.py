@@ -8,6 +8,15 @@ process group — so every partition is unit-testable at any simulated scale::
     partition = SortedGreedy()(specs, world_size=1024)
     print(partition.report())
 
+Balance is by a *cost* per parameter (:data:`Cost`): ``"numel"`` (the default, the
+memory its state takes and the work of an elementwise step), ``"newton_schulz"``
+(``max(m,n)·min(m,n)²`` for a 2-D parameter stepped by a non-elementwise matrix
+optimizer such as ``torch.optim.Muon``, numel otherwise) or any callable
+``ParamSpec -> number``; :class:`SortedGreedy`, :class:`Manual` and :class:`DdpBucket`
+take ``cost=``, and :meth:`Partition.report` shows memory and cost per rank::
+
+    SortedGreedy(cost="newton_schulz")(specs, world_size=8).report()
+
 A :class:`Partition` is a tiling of every parameter's flattened elements by
 :class:`Shard` ranges ``[start, stop)``, each owned by one rank. Whole-parameter
 partitioners (:class:`SortedGreedy`, :class:`Manual`) emit one full-range shard per
@@ -21,12 +30,14 @@ import fnmatch
 import heapq
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "COSTS",
     "BucketLayout",
+    "Cost",
     "DdpBucket",
     "Flat",
     "Manual",
@@ -38,6 +49,9 @@ __all__ = [
     "SortedGreedy",
     "approximate_ddp_buckets",
     "contiguous_split",
+    "newton_schulz_cost",
+    "numel_cost",
+    "resolve_cost",
 ]
 
 
@@ -48,6 +62,10 @@ class ParamSpec:
     ``kind`` names the contiguous-buffer class the parameter can share ("cpu/float32");
     ``key`` is an opaque identity (``id`` of the tensor) used only to match parameters a
     user listed as tensors; ``bucket`` is the DDP gradient-bucket index, when known.
+    The step's cost inputs: ``shape`` (the parameter's shape; ``(numel,)`` when not
+    given), ``elementwise`` (whether the optimizer class that steps it updates each
+    element from that element alone, :func:`zero_lab.elementwise.is_elementwise`) and
+    ``stepper`` (that class's name, for reports and user costs).
     """
 
     numel: int
@@ -58,6 +76,15 @@ class ParamSpec:
     trainable: bool = True
     key: int | None = None
     bucket: int | None = None
+    shape: tuple[int, ...] = ()
+    elementwise: bool = True
+    stepper: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.shape:
+            object.__setattr__(self, "shape", (self.numel,))
+        elif math.prod(self.shape) != self.numel:
+            raise ValueError(f"ParamSpec shape {self.shape} does not hold numel={self.numel} elements")
 
     @property
     def nbytes(self) -> int:
@@ -65,7 +92,14 @@ class ParamSpec:
 
     @classmethod
     def of(
-        cls, tensor: Any, name: str | None = None, group: int = 0, device: Any = None, bucket: int | None = None
+        cls,
+        tensor: Any,
+        name: str | None = None,
+        group: int = 0,
+        device: Any = None,
+        bucket: int | None = None,
+        elementwise: bool = True,
+        stepper: str = "",
     ) -> ParamSpec:
         """The spec of one parameter tensor (a ``meta`` tensor works: only its metadata is read).
 
@@ -81,7 +115,57 @@ class ParamSpec:
             trainable=tensor.requires_grad,
             key=id(tensor),
             bucket=bucket,
+            shape=tuple(tensor.shape) if tensor.dim() else (1,),
+            elementwise=elementwise,
+            stepper=stepper,
         )
+
+
+#: What one parameter's step costs, for balancing: ``ParamSpec -> number`` (larger = more work).
+Cost = Callable[[ParamSpec], float]
+
+
+def numel_cost(spec: ParamSpec) -> int:
+    """The parameter's element count: its state's size and an elementwise step's work."""
+    return spec.numel
+
+
+def newton_schulz_cost(spec: ParamSpec) -> int:
+    """``max(m,n)·min(m,n)²`` for a 2-D parameter stepped by a non-elementwise optimizer, else numel.
+
+    Newton–Schulz orthogonalisation (``torch.optim.Muon``) runs ``ns_steps`` rounds of
+    three matmuls on the ``min × max`` oriented matrix, each dominated by
+    ``min(m,n)² · max(m,n)`` multiply-adds; an elementwise step (AdamW on embeddings,
+    norms, biases) is linear in numel.
+    """
+    if spec.elementwise or len(spec.shape) != 2:
+        return spec.numel
+    m, n = spec.shape
+    return max(m, n) * min(m, n) ** 2
+
+
+#: The named costs accepted wherever ``cost=`` is (the app's ``partitioner.cost``).
+COSTS: dict[str, Cost] = {"numel": numel_cost, "newton_schulz": newton_schulz_cost}
+
+
+def resolve_cost(cost: str | Cost | None) -> Cost:
+    """``None`` or ``"numel"`` → :func:`numel_cost`; a name in :data:`COSTS`; or a callable as given."""
+    if cost is None:
+        return numel_cost
+    if isinstance(cost, str):
+        if cost not in COSTS:
+            raise ValueError(f"cost={cost!r} is not one of {sorted(COSTS)}; or pass a callable ParamSpec -> number")
+        return COSTS[cost]
+    if not callable(cost):
+        raise TypeError(f"cost must be one of {sorted(COSTS)} or a callable ParamSpec -> number, got {cost!r}")
+    return cost
+
+
+def _cost_name(cost: Cost) -> str:
+    for name, known in COSTS.items():
+        if cost is known:
+            return name
+    return getattr(cost, "__name__", repr(cost))
 
 
 @dataclass(frozen=True)
@@ -123,23 +207,35 @@ class BucketLayout:
 
 @dataclass(frozen=True)
 class PartitionReport:
-    """Per-rank load of a partition; ``imbalance`` = max / (total / world_size)."""
+    """Per-rank load of a partition: memory (``imbalance`` = max / (total / world_size)
+    of the elements) and step cost (``cost_imbalance``, the same ratio of the partition's
+    cost; a cut parameter's cost is shared in proportion to its elements)."""
 
     numel_per_rank: tuple[int, ...]
     bytes_per_rank: tuple[int, ...]
     imbalance: float
+    cost_per_rank: tuple[float, ...] = ()
+    cost_imbalance: float = 1.0
+    cost: str = "numel"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "numel_per_rank": list(self.numel_per_rank),
             "bytes_per_rank": list(self.bytes_per_rank),
             "imbalance": self.imbalance,
+            "cost": self.cost,
+            "cost_per_rank": list(self.cost_per_rank),
+            "cost_imbalance": self.cost_imbalance,
         }
 
     def __str__(self) -> str:
-        rows = [f"{'rank':>6} {'numel':>14} {'bytes':>14}"]
-        rows += [f"{r:>6} {n:>14,} {b:>14,}" for r, (n, b) in enumerate(zip(self.numel_per_rank, self.bytes_per_rank))]
-        rows.append(f"imbalance (max/ideal): {self.imbalance:.4f}")
+        costs = self.cost_per_rank or (0,) * len(self.numel_per_rank)
+        rows = [f"{'rank':>6} {'numel':>14} {'bytes':>14} {'cost (' + self.cost + ')':>20}"]
+        rows += [
+            f"{r:>6} {n:>14,} {b:>14,} {c:>20,.0f}"
+            for r, (n, b, c) in enumerate(zip(self.numel_per_rank, self.bytes_per_rank, costs))
+        ]
+        rows.append(f"imbalance (max/ideal): memory {self.imbalance:.4f}, cost {self.cost_imbalance:.4f}")
         return "\n".join(rows)
 
 
@@ -151,6 +247,7 @@ class Partition:
     world_size: int
     shards: tuple[Shard, ...]
     layouts: tuple[BucketLayout, ...] = ()
+    cost: Cost = field(default=numel_cost, compare=False)
     _by_rank: tuple[tuple[Shard, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -186,15 +283,22 @@ class Partition:
             owner[shard.param] = shard.rank
         return owner
 
-    def report(self) -> PartitionReport:
+    def report(self, cost: str | Cost | None = None) -> PartitionReport:
+        """Elements, bytes and cost per rank; ``cost`` defaults to the one the partition was made by."""
+        price = self.cost if cost is None else resolve_cost(cost)
         numel = [0] * self.world_size
         nbytes = [0] * self.world_size
+        costs = [0.0] * self.world_size
         for shard in self.shards:
+            spec = self.specs[shard.param]
             numel[shard.rank] += shard.numel
-            nbytes[shard.rank] += shard.numel * self.specs[shard.param].itemsize
+            nbytes[shard.rank] += shard.numel * spec.itemsize
+            costs[shard.rank] += price(spec) * shard.numel / spec.numel
         ideal = sum(numel) / self.world_size
         imbalance = max(numel) / ideal if ideal else 1.0
-        return PartitionReport(tuple(numel), tuple(nbytes), imbalance)
+        ideal_cost = sum(costs) / self.world_size
+        cost_imbalance = max(costs) / ideal_cost if ideal_cost else 1.0
+        return PartitionReport(tuple(numel), tuple(nbytes), imbalance, tuple(costs), cost_imbalance, _cost_name(price))
 
 
 @runtime_checkable
@@ -203,7 +307,11 @@ class Partitioner(Protocol):
 
     Must be deterministic (every rank computes it independently) and *stable under
     appended groups*: adding a param group must not move earlier groups' shards.
+    ``needs_ddp_buckets``: the partition follows ``ParamSpec.bucket`` (DDP's gradient
+    buckets), which only the overlap hooks attach; without them it would be refused.
     """
+
+    needs_ddp_buckets: bool
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition: ...
 
@@ -213,24 +321,34 @@ def _check_world_size(world_size: int) -> None:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
 
 
-def _whole(specs: Sequence[ParamSpec], owners: Sequence[int], world_size: int) -> Partition:
+def _whole(specs: Sequence[ParamSpec], owners: Sequence[int], world_size: int, cost: Cost = numel_cost) -> Partition:
     shards = tuple(Shard(i, r, 0, spec.numel) for i, (spec, r) in enumerate(zip(specs, owners)) if spec.numel > 0)
-    return Partition(tuple(specs), world_size, shards)
+    return Partition(tuple(specs), world_size, shards, cost=cost)
 
 
 class SortedGreedy:
-    """Largest parameter first, each to the least-loaded rank (ties: lowest rank).
+    """Largest parameter first, each to the least-loaded rank (ties: lowest rank): LPT.
 
     Groups are processed in order with loads carried across them, parameters sorted
-    by numel descending (stable) inside each group — exactly the assignment of
-    ``torch.distributed.optim.ZeroRedundancyOptimizer``. A heap keeps it
-    O(n log n + n log W).
+    by cost descending (stable) inside each group. With the default ``cost="numel"``
+    this is exactly the assignment of ``torch.distributed.optim.ZeroRedundancyOptimizer``;
+    with ``cost="newton_schulz"`` it balances Muon's step instead (LPT: the largest
+    job to the least-loaded machine, within 4/3 of the optimal makespan). A heap keeps
+    it O(n log n + n log W).
+
+        SortedGreedy(cost="newton_schulz")(specs, world_size=64)
     """
+
+    needs_ddp_buckets = False
+
+    def __init__(self, cost: str | Cost | None = "numel"):
+        self.cost = cost
+        self._price = resolve_cost(cost)
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
-        owners = self.assign([s.numel for s in specs], [s.group for s in specs], world_size)
-        return _whole(specs, owners, world_size)
+        owners = self.assign([self._price(s) for s in specs], [s.group for s in specs], world_size)
+        return _whole(specs, owners, world_size, self._price)
 
     @staticmethod
     def assign(
@@ -254,7 +372,7 @@ class SortedGreedy:
         return owners
 
     def __repr__(self) -> str:
-        return "SortedGreedy()"
+        return "SortedGreedy()" if self.cost in (None, "numel") else f"SortedGreedy(cost={self.cost!r})"
 
 
 def _pattern_matcher(pattern: str):
@@ -279,11 +397,22 @@ class Manual:
 
     Every trainable parameter must be owned exactly once; frozen parameters nobody lists
     go to the least-loaded rank. Errors name the offending pattern, parameter or rank.
+    ``cost`` (``"numel"``, ``"newton_schulz"`` or a callable, see :data:`Cost`) is what
+    the ``order`` split and the frozen parameters' placement balance.
 
         Manual(order=["tok_emb.*", "blocks.*", "head.*"])(specs, world_size=64)
     """
 
-    def __init__(self, params_per_rank: Sequence[Sequence[Any]] | None = None, order: Sequence[str] | None = None):
+    needs_ddp_buckets = False
+
+    def __init__(
+        self,
+        params_per_rank: Sequence[Sequence[Any]] | None = None,
+        order: Sequence[str] | None = None,
+        cost: str | Cost | None = "numel",
+    ):
+        self.cost = cost
+        self._price = resolve_cost(cost)
         if params_per_rank is None and order is None:
             raise ValueError(
                 "Manual needs params_per_rank (one list of names per rank) or order "
@@ -312,11 +441,11 @@ class Manual:
             raise ValueError(f"{given} leaves trainable parameters without an owner: {names}")
         loads = [0] * world_size
         for index, rank in owner.items():
-            loads[rank] += specs[index].numel
+            loads[rank] += self._price(specs[index])
         frozen = [i for i in range(len(specs)) if i not in owner]
-        extra = SortedGreedy.assign([specs[i].numel for i in frozen], [0] * len(frozen), world_size, loads)
+        extra = SortedGreedy.assign([self._price(specs[i]) for i in frozen], [0] * len(frozen), world_size, loads)
         owner.update(zip(frozen, extra))
-        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+        return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)
 
     def _owners_listed(self, specs: Sequence[ParamSpec], world_size: int) -> dict[int, int]:
         assert self.params_per_rank is not None
@@ -347,7 +476,7 @@ class Manual:
             found = [i for i in self._resolve(pattern, specs, {}) if i not in placed and specs[i].trainable]
             sequence.extend(found)
             placed.update(found)
-        runs = contiguous_split([specs[i].numel for i in sequence], world_size)
+        runs = contiguous_split([self._price(specs[i]) for i in sequence], world_size)
         return {index: rank for index, rank in zip(sequence, runs)}
 
     @staticmethod
@@ -373,12 +502,13 @@ class Manual:
         return [by_key[id(entry)]]
 
     def __repr__(self) -> str:
+        cost = "" if self.cost in (None, "numel") else f", cost={self.cost!r}"
         if self.order is not None:
-            return f"Manual(order={self.order!r})"
-        return f"Manual(params_per_rank={self.params_per_rank!r})"
+            return f"Manual(order={self.order!r}{cost})"
+        return f"Manual(params_per_rank={self.params_per_rank!r}{cost})"
 
 
-def contiguous_split(sizes: Sequence[int], world_size: int) -> list[int]:
+def contiguous_split(sizes: Sequence[float], world_size: int) -> list[int]:
     """Rank of each size when ``sizes``, in order, are cut into ``world_size`` contiguous runs.
 
     Minimises the largest run (the linear-partition problem): binary search on the cap
@@ -391,6 +521,8 @@ def contiguous_split(sizes: Sequence[int], world_size: int) -> list[int]:
     _check_world_size(world_size)
     if not sizes:
         return []
+    if not all(isinstance(size, int) for size in sizes):  # a user cost's floats: search on a fixed-point scale
+        sizes = [math.ceil(size * 2**20) for size in sizes]
 
     def runs_needed(cap: int) -> int:
         runs, filled = 1, 0
@@ -436,8 +568,12 @@ class Flat:
     :func:`~zero_lab.overlap.prefetch_exchange` hide the exchange: the first layer
     waits only for its own buffer while the later ones are still in flight. The
     exchange moves each buffer with one collective per rank (broadcast) or one
-    all-gather, whichever ``exchange=`` picks.
+    all-gather, whichever ``exchange=`` picks. Cutting needs an elementwise optimizer:
+    a parameter whose ``ParamSpec.elementwise`` is false (stepped by Muon, Adafactor, ...)
+    is refused, naming it (put it under a whole-parameter partitioner instead).
     """
+
+    needs_ddp_buckets = False
 
     def __init__(self, bucket_cap_mb: float | None = None):
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:
@@ -449,6 +585,16 @@ class Flat:
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
+        whole_only = [i for i, spec in enumerate(specs) if not spec.elementwise]
+        if whole_only:
+            first = specs[whole_only[0]]
+            raise ValueError(
+                f"Flat cuts parameter {_label(specs, whole_only[0])} (shape {first.shape}, group {first.group}) into "
+                f"element ranges, which needs an elementwise optimizer; {first.stepper or 'its optimizer'} is not "
+                f"one ({len(whole_only)} such parameter(s)). Use a whole-parameter partitioner "
+                "(SortedGreedy(cost='newton_schulz'), Manual), or declare the class elementwise "
+                "(zero_lab.register_elementwise) if its update really is per element"
+            )
         buffers: dict[tuple[int, str], list[int]] = {}
         for index, spec in enumerate(specs):
             buffers.setdefault((spec.group, spec.kind), []).append(index)
@@ -545,13 +691,16 @@ class DdpBucket:
     every rank steps a part of every bucket. Parameters outside DDP's buckets (frozen)
     are placed by sorted-greedy afterwards. ``needs_ddp_buckets``: the specs must carry
     ``bucket`` indices (the overlap hook attaches them); without any, every parameter
-    would fall back to sorted-greedy.
+    would fall back to sorted-greedy. ``cost`` (see :data:`Cost`) is the load the buckets
+    and the split balance.
     """
 
     needs_ddp_buckets = True
 
-    def __init__(self, shard_buckets: bool = False):
+    def __init__(self, shard_buckets: bool = False, cost: str | Cost | None = "numel"):
         self.shard_buckets = shard_buckets
+        self.cost = cost
+        self._price = resolve_cost(cost)
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
@@ -564,32 +713,35 @@ class DdpBucket:
         for bucket in sorted(members):
             params = members[bucket]
             if self.shard_buckets:
-                self._split(params, specs, world_size, owner, loads)
+                self._split(params, [self._price(specs[i]) for i in params], world_size, owner, loads)
             else:
                 rank = loads.index(min(loads))
                 for index in params:
                     owner[index] = rank
-                    loads[rank] += specs[index].numel
+                    loads[rank] += self._price(specs[index])
         rest = [i for i in range(len(specs)) if i not in owner]
-        placed = SortedGreedy.assign([specs[i].numel for i in rest], [specs[i].group for i in rest], world_size, loads)
+        placed = SortedGreedy.assign(
+            [self._price(specs[i]) for i in rest], [specs[i].group for i in rest], world_size, loads
+        )
         owner.update(zip(rest, placed))
-        return _whole(specs, [owner[i] for i in range(len(specs))], world_size)
+        return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)
 
     @staticmethod
     def _split(
-        params: list[int], specs: Sequence[ParamSpec], world_size: int, owner: dict[int, int], loads: list[int]
+        params: list[int], costs: list[float], world_size: int, owner: dict[int, int], loads: list[float]
     ) -> None:
-        total = sum(specs[i].numel for i in params)
+        total = sum(costs)
         # Ranks take the runs least-loaded first, so small buckets do not always land on rank 0.
         order = sorted(range(world_size), key=lambda r: (loads[r], r))
-        done = 0
-        for index in params:
-            midpoint = done + specs[index].numel / 2
+        done = 0.0
+        for index, cost in zip(params, costs):
+            midpoint = done + cost / 2
             slot = min(int(midpoint * world_size / total), world_size - 1) if total else 0
             rank = order[slot]
             owner[index] = rank
-            loads[rank] += specs[index].numel
-            done += specs[index].numel
+            loads[rank] += cost
+            done += cost
 
     def __repr__(self) -> str:
-        return f"DdpBucket(shard_buckets={self.shard_buckets})"
+        cost = "" if self.cost in (None, "numel") else f", cost={self.cost!r}"
+        return f"DdpBucket(shard_buckets={self.shard_buckets}{cost})"

@@ -51,39 +51,78 @@ class MLP(nn.Module):
 
 
 class _Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then an MLP."""
+    """Pre-norm transformer block: causal self-attention, then an MLP.
 
-    def __init__(self, d_model: int, n_head: int, mlp_ratio: int):
+    ``n_kv_head`` (grouped-query attention): separate ``q`` (d × d), ``k`` and ``v``
+    (n_kv_head·head_dim × d) projections, each K/V head shared by n_head / n_kv_head query
+    heads; ``None`` keeps one fused ``qkv`` projection.
+    """
+
+    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, n_kv_head: int | None = None):
         super().__init__()
         self.n_head = n_head
+        self.n_kv_head = n_kv_head
         self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        if n_kv_head is None:
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+        else:
+            kv_dim = n_kv_head * (d_model // n_head)
+            self.q = nn.Linear(d_model, d_model)
+            self.k = nn.Linear(d_model, kv_dim)
+            self.v = nn.Linear(d_model, kv_dim)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, mlp_ratio * d_model)
         self.out = nn.Linear(mlp_ratio * d_model, d_model)
 
+    def _qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, seq, width = h.shape
+        head_dim = width // self.n_head
+        if self.n_kv_head is None:
+            q, k, v = self.qkv(h).split(width, dim=-1)
+            return tuple(t.view(batch, seq, self.n_head, head_dim).transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
+        q = self.q(h).view(batch, seq, self.n_head, head_dim).transpose(1, 2)
+        repeat = self.n_head // self.n_kv_head
+        k, v = (
+            proj(h).view(batch, seq, self.n_kv_head, head_dim).transpose(1, 2).repeat_interleave(repeat, dim=1)
+            for proj in (self.k, self.v)
+        )
+        return q, k, v
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(width, dim=-1)
-        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = self._qkv(self.ln1(x))
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, width))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
 class TinyLM(nn.Module):
-    """A GPT-style causal language model: token + position embeddings, blocks, LM head."""
+    """A GPT-style causal language model: token + position embeddings, blocks, LM head.
+
+    ``n_kv_head`` makes attention grouped-query (narrow K/V matrices: mixed aspect ratios).
+    """
 
     task = "lm"
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layer: int, n_head: int, mlp_ratio: int = 4):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layer: int,
+        n_head: int,
+        mlp_ratio: int = 4,
+        n_kv_head: int | None = None,
+    ):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+        if n_kv_head is not None and (n_kv_head < 1 or n_head % n_kv_head):
+            raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head}), or be null for fused qkv")
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(_Block(d_model, n_head, mlp_ratio) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(_Block(d_model, n_head, mlp_ratio, n_kv_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
