@@ -9,6 +9,6 @@ read only through the import system (``pkg://zero_lab.conf``), so a checkout ins
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["zero_lab", "zero_lab.*"]), "zero_lab.conf"],
+    packages=[*find_packages(include=["zero_lab", "zero_lab.*", "hydra_plugins", "hydra_plugins.*"]), "zero_lab.conf"],
     package_dir={"zero_lab.conf": "conf"},
 )

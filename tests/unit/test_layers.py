@@ -30,7 +30,8 @@ CORE_MODULES = (
     "zero_lab.shard_state",
     "zero_lab.runtime.launch",
     "zero_lab.runtime.signals",
-    "zero_lab.runtime.torchrun",
+    "zero_lab.runtime.external",
+    "zero_lab.runtime.slurm",
 )
 APP_LIBRARIES = ("hydra", "omegaconf", "wandb", "matplotlib")
 

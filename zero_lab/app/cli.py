@@ -1,9 +1,9 @@
-"""What ``train.py`` does before ``@hydra.main``: check the command, set up torchrun.
+"""What ``train.py`` does before ``@hydra.main``: check the command, join an external world.
 
 :func:`prepare` reads the command line (:func:`parse_command_line`: Hydra's documented flags),
-checks every job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun, joins the
-world and adds the overrides that give all ranks one run dir
-(:mod:`zero_lab.runtime.torchrun`). A bad config ends here with one message and exit code 2,
+checks every job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun or
+``srun`` with several tasks, joins the world and adds the overrides that give all ranks one run
+dir (:mod:`zero_lab.runtime.external`). A bad config ends here with one message and exit code 2,
 before any process starts.
 
     sys.argv = prepare(sys.argv)
@@ -25,16 +25,16 @@ from zero_lab.app.build import enum_str
 from zero_lab.app.preflight import describe_hydra_error, preflight, user_config_dirs
 from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError
-from zero_lab.runtime import torchrun
+from zero_lab.runtime import external
 
-__all__ = ["fail", "parse_command_line", "prepare"]
+__all__ = ["check_external_world", "fail", "parse_command_line", "prepare"]
 
 EXIT_CONFIG = 2
 
 
 def fail(error: BaseException | str, code: int = EXIT_CONFIG) -> NoReturn:
-    """Print ``zero_lab: <message>`` to stderr (once per torchrun world) and exit."""
-    if os.environ.get("RANK", "0") == "0":
+    """Print ``zero_lab: <message>`` to stderr (once per torchrun or srun world) and exit."""
+    if external.rank() == 0:
         print(f"zero_lab: {error}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
@@ -93,35 +93,51 @@ def prepare(argv: list[str]) -> list[str]:
             config_name=args.config_name or "config",
             user_dir=Path(user_dir).expanduser().resolve() if user_dir else None,
         )
-        if torchrun.active():
-            return argv + _torchrun_setup(cfg, hydra_node, args.overrides, args.multirun)
+        world = external.detect(port=cfg.dist.master_port)
+        if world is not None:
+            return argv + _external_setup(cfg, hydra_node, args.overrides, args.multirun, world)
     except ConfigError as error:
         fail(error)
     return argv
 
 
-def _torchrun_setup(cfg: DictConfig, hydra_node: DictConfig, overrides: list[str], multirun: bool) -> list[str]:
+def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld) -> None:
+    """Refuse what cannot run when ranks come from torchrun or srun: a sweep, or a ``dist.world_size``
+    given on the command line that differs from the launcher's (never two silent half-worlds)."""
     if multirun:
         raise ConfigError(
             [
-                "-m/--multirun: not supported under torchrun (its world size is fixed); run sweeps as "
-                "`python train.py -m ...`, which starts the ranks inside each job"
+                f"-m/--multirun: not supported under {world.launcher} (its world size is fixed); run sweeps as "
+                "`python train.py -m ...` (ranks start inside each job) or with hydra/launcher=slurm"
             ]
         )
-    world = int(os.environ["WORLD_SIZE"])
-    if any(o.startswith("dist.world_size=") for o in overrides) and cfg.dist.world_size != world:
+    given = any(o.lstrip("+").startswith("dist.world_size=") for o in overrides)
+    if given and cfg.dist.world_size != world.world_size:
+        fix = {
+            "torchrun": "drop dist.world_size or change --nproc_per_node/--nnodes",
+            "srun": (
+                "under srun every task is one rank: drop dist.world_size, or start one task (srun -n1) "
+                f"to spawn {cfg.dist.world_size} ranks inside it"
+            ),
+        }[world.launcher]
         raise ConfigError(
             [
-                f"dist.world_size={cfg.dist.world_size}: under torchrun the world size is torchrun's ({world}); "
-                "drop dist.world_size or change --nproc_per_node/--nnodes"
+                f"dist.world_size={cfg.dist.world_size}: under {world.launcher} the world size is "
+                f"{world.launcher}'s ({world.world_size}); {fix}"
             ]
         )
+
+
+def _external_setup(
+    cfg: DictConfig, hydra_node: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld
+) -> list[str]:
+    check_external_world(cfg, overrides, multirun, world)
     device = torch.device("cpu")
     if enum_str(cfg.dist.device) == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
-    return torchrun.torchrun_overrides(
-        _rank0_run_dir(hydra_node), enum_str(cfg.dist.backend), cfg.dist.timeout_s, device
+    return external.external_overrides(
+        _rank0_run_dir(hydra_node), enum_str(cfg.dist.backend), cfg.dist.timeout_s, device, cfg.dist.master_port
     )
 
 
@@ -130,4 +146,5 @@ def _rank0_run_dir(hydra_node: DictConfig) -> str:
     try:
         return str(hydra_node.run.dir)
     except Exception:  # an interpolation only Hydra's job context can resolve
-        return os.path.join("outputs", "torchrun", os.environ.get("TORCHELASTIC_RUN_ID", "run"))
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", "run")
+        return os.path.join("outputs", "external", run_id)

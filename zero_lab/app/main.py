@@ -3,7 +3,13 @@
 :func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a
 ``-m`` sweep, under any launcher). The ranks start here, from this one resolved config,
 via :func:`zero_lab.runtime.launch.run_world` (own rendezvous port per job, so concurrent sweep
-jobs never collide); under torchrun this process *is* a rank and trains directly.
+jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
+with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
+
+A job Slurm requeued (its time limit, a pre-emption) continues from the checkpoint its last
+attempt saved in its run dir (:func:`continue_requeued_run`); a run stopped by a signal hands
+the signal back to the handler it replaced (:func:`zero_lab.runtime.signals.hand_back`: under
+the Slurm launcher, submitit's, which requeues the job) and otherwise exits non-zero.
 
 The run dir (Hydra's output dir) then holds::
 
@@ -28,6 +34,7 @@ import functools
 import json
 import logging
 import multiprocessing
+import os
 import shlex
 import socket
 import subprocess
@@ -43,17 +50,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import enum_str, is_zero
-from zero_lab.app.cli import fail
+from zero_lab.app.cli import check_external_world, fail
 from zero_lab.app.objective import check_directions, objective_value
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.validate import ConfigError, check, notices, to_container, was_checked
-from zero_lab.checkpoint import find_checkpoint
+from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_atomic, write_json
-from zero_lab.runtime import torchrun
+from zero_lab.runtime import external, slurm
 from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, last_line, run_world
-from zero_lab.runtime.signals import signal_name
+from zero_lab.runtime.signals import hand_back, signal_name
 
 __all__ = ["run"]
 
@@ -80,14 +87,19 @@ def run(cfg: DictConfig) -> Objective | None:
         log.warning(notice)
         print(f"zero_lab: note: {notice}", file=sys.stderr, flush=True)
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    spec = RunSpec(
-        config=to_container(cfg),
-        run_dir=str(run_dir),
-        meta=run_meta(hydra_cfg, choices),
-        logger_on_rank0=torchrun.active(),
-    )
-    if torchrun.active():
-        return _run_as_torchrun_rank(spec, cfg)
+    world = external.detect(port=cfg.dist.master_port)
+    if world is not None:  # under the Slurm launcher's multi-node mode, cli.prepare did not run in this task
+        try:
+            check_external_world(cfg, list(hydra_cfg.overrides.task), False, world)
+        except ConfigError as error:
+            fail(error)
+    config, meta = to_container(cfg), run_meta(hydra_cfg, choices)
+    if world is not None:
+        config["dist"]["world_size"] = world.world_size
+    continue_requeued_run(config, run_dir, meta)
+    spec = RunSpec(config=config, run_dir=str(run_dir), meta=meta, logger_on_rank0=world is not None)
+    if world is not None:
+        return _run_as_external_rank(spec, cfg)
     write_json(run_dir / "meta.json", spec.meta)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
@@ -120,10 +132,29 @@ def _standard_start_method() -> None:
         multiprocessing.set_start_method("spawn", force=True)
 
 
-def _run_as_torchrun_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
-    """Under torchrun this process is one rank of the world ``cli.prepare`` joined; only
-    rank 0 (which wrote summary.json) reports and returns the objective."""
-    torchrun.init_process_group(enum_str(cfg.dist.backend), cfg.dist.timeout_s)
+def continue_requeued_run(config: dict[str, Any], run_dir: Path, meta: dict[str, Any]) -> None:
+    """In a job Slurm requeued (``SLURM_RESTART_COUNT`` > 0) with no ``resume=`` of its own,
+    resume from the newest checkpoint in this run dir; ``meta["requeued"]`` (summary.json's
+    ``requeued``) records how often and from which step, ``None`` on a first start."""
+    restarts = slurm.requeue_count(os.environ)
+    meta["requeued"] = None
+    if not restarts or config.get("resume") is not None:
+        return
+    found = find_checkpoint(run_dir)
+    meta["requeued"] = {"restarts": restarts, "from_step": 0, "checkpoint": None}
+    if found is None:
+        log.warning("requeued (%d) but no checkpoint in %s: starting from step 0", restarts, run_dir)
+        return
+    config["resume"] = str(run_dir)
+    meta["requeued"].update(from_step=checkpoint_step(found), checkpoint=str(found))
+    log.info("requeued (%d): resuming from %s", restarts, found)
+
+
+def _run_as_external_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
+    """Under torchrun or srun this process is one rank of the world (joined by ``cli.prepare``,
+    or here under the Slurm launcher); only rank 0 (which wrote summary.json) reports and
+    returns the objective."""
+    external.join(enum_str(cfg.dist.backend), cfg.dist.timeout_s, cfg.dist.master_port)
     if dist.get_rank() == 0:
         write_json(Path(spec.run_dir) / "meta.json", spec.meta)
     started = time.perf_counter()
@@ -143,6 +174,7 @@ def _report(
     signal exits ``128 + signum`` after saying how far it got and how to continue."""
     if results[0].stopped_by:
         stopped = results[0]
+        hand_back(stopped.stopped_by)  # under the Slurm launcher, SIGUSR2: submitit requeues the job and exits
         saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
         fail(
             f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "

@@ -18,7 +18,9 @@ before Hydra creates the dir and writes ``.hydra/``:
 * each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
   the same second fail loudly instead of mixing their files.
 
-Under torchrun every rank runs the Hydra job in the one shared dir on purpose: no claim.
+Under torchrun or srun every rank runs the Hydra job in the one shared dir on purpose: no claim;
+under the Slurm launcher's multi-node mode (a sweep job whose tasks are its ranks) rank 0
+claims the job dir and the others join it.
 
     claim("outputs/2026-11-23/10-00-00", explicit=False)  # -> Path(".../10-00-00-1") if taken
 """
@@ -37,7 +39,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from zero_lab.app.cli import fail
-from zero_lab.runtime import torchrun
+from zero_lab.runtime import external
 
 __all__ = ["EARLIER_RUN_FILES", "LOCK_NAME", "ClaimRunDir", "RunDirBusy", "claim", "set_aside_earlier_run"]
 
@@ -125,7 +127,7 @@ class ClaimRunDir(Callback):
     """Hydra callback: claim the run dir before the job writes into it (module docstring)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if torchrun.active():
+        if external.active():
             return
         wanted = str(config.hydra.run.dir)
         try:
@@ -137,7 +139,7 @@ class ClaimRunDir(Callback):
                 OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if torchrun.active() or config.hydra.mode != RunMode.MULTIRUN:
+        if external.rank() > 0 or config.hydra.mode != RunMode.MULTIRUN:
             return
         try:
             _take(Path(str(config.hydra.runtime.output_dir)))

@@ -13,8 +13,9 @@
    before any checkpoint of the diverged state); every ``checkpoint_every`` steps, save
    atomically (:mod:`zero_lab.app.checkpoint`: each rank its shard for ZeRO, rank 0 the
    full state for plain optimizers), keeping the ``keep_checkpoints`` newest;
-   after a SIGTERM/SIGINT on any rank (:mod:`zero_lab.runtime.signals`), every rank finishes
-   the step, saves (with ``checkpoint_every`` > 0) and leaves the loop in the same step;
+   after a SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank
+   finishes the step, saves (whatever ``checkpoint_every`` says: a requeued job resumes
+   from it) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
    writes ``summary.json``.
 
@@ -147,7 +148,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 raise NonFiniteLoss(step, per_rank, saved)
             last = step + 1 == cfg.steps  # a signal during the last step changes nothing
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
-            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or stopped_by):
+            if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
                 saved = checkpoint.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
                 log.info("checkpoint %s", saved)
             if stopped_by:
@@ -172,6 +173,11 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         stopped_by=stopped_by,
         checkpoint=str(saved) if saved is not None else None,
     )
+
+
+def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
+    """Save after ``step``: every ``every`` steps, and always when a signal stops the run."""
+    return bool(stopped_by) or bool(every and (step + 1) % every == 0)
 
 
 def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:
@@ -302,7 +308,8 @@ def _summary(
     summary["state_vs_ddp"] = max(summary["optim_state_bytes"]) / planned if planned else None
     if training.zero:
         summary["partition"] = training.optimizer.partition.report().as_dict()
-    summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})
+    kept = ("choices", "git", "command", "name", "group", "requeued")
+    summary.update({k: v for k, v in spec.meta.items() if k in kept})
     return summary
 
 
@@ -331,4 +338,13 @@ def _log_to_file(run_dir: Path, rank: int) -> Path:
     root = logging.getLogger("zero_lab")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    _enable_zero_lab_loggers()
     return path
+
+
+def _enable_zero_lab_loggers() -> None:
+    """Undo Hydra's ``disable_existing_loggers: true`` for zero_lab's own loggers: under torchrun
+    or srun, ranks > 0 configure Hydra's logging as disabled, which would leave their rank log empty."""
+    for name, logger in logging.Logger.manager.loggerDict.items():
+        if (name == "zero_lab" or name.startswith("zero_lab.")) and isinstance(logger, logging.Logger):
+            logger.disabled = False

@@ -137,6 +137,7 @@ class DistConfig:
     threads_per_rank: int = 1
     bucket_cap_mb: float = 25.0
     max_ranks_per_core: int = 2
+    master_port: int | None = None  # under srun: the rendezvous port (None: derived from the job id)
 
 
 @dataclass

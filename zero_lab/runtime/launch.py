@@ -16,7 +16,8 @@ rank, so a failure); with ``deadline_s`` the whole world is also killed, and
 the interpreter's normal shutdown sometimes crashed after their work was done.
 
 Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
-forwarded to every rank as SIGTERM (a rank that handles it — the app's loop does, see
+forwarded to every rank as SIGTERM, SIGUSR2 (Slurm's time-limit warning) as SIGUSR2 (a rank
+that handles it — the app's loop does, see
 :mod:`zero_lab.runtime.signals` — finishes its step, checkpoints and returns normally), and
 the ranks get ``stop_grace_s`` to finish; a second signal, a rank dying after the
 signal or the grace running out kills them at once and raises :class:`Interrupted`.
@@ -177,10 +178,11 @@ class _ForwardSignals:
             raise Interrupted(signum, f"{signal_name(signum)} came twice, the ranks were killed mid-step")
         self.signum = signum
         self.deadline = time.monotonic() + self.grace_s
+        forwarded = signal.SIGUSR2 if signum == signal.SIGUSR2 else signal.SIGTERM  # a time limit stays one
         for proc in self.procs:
             if proc.is_alive():
                 with contextlib.suppress(OSError):
-                    os.kill(proc.pid, signal.SIGTERM)
+                    os.kill(proc.pid, forwarded)
 
 
 def _context(start_method: str):

@@ -1,7 +1,8 @@
-"""SIGTERM / SIGINT as requests to stop, not as death: the one place handlers are installed.
+"""SIGTERM / SIGINT / SIGUSR2 as requests to stop, not as death: the one place handlers are installed.
 
-A scheduler's SIGTERM (SLURM before preemption or ``scancel``, ``kill``, torchrun's agent)
-or a Ctrl-C should not kill a rank in the middle of a collective or of a checkpoint.
+A scheduler's SIGTERM (Slurm before preemption or on ``scancel``, ``kill``, torchrun's agent),
+Slurm's SIGUSR2 before a job's time limit (``--signal=USR2@<s>``, which submitit asks for) or
+a Ctrl-C should not kill a rank in the middle of a collective or of a checkpoint.
 
 * :class:`StopRequest` (in a rank): the signals only record themselves. The app's loop
   sends the recorded number along with its per-step metrics (one all-gather it makes
@@ -12,7 +13,9 @@ or a Ctrl-C should not kill a rank in the middle of a collective or of a checkpo
   parent): route both signals to any handler for the duration of a block.
 
 Handlers are installed only in the main thread (Python allows no other; elsewhere the
-signals act as before) and the previous handlers are restored on exit.
+signals act as before) and the previous handlers are restored on exit. Once the run has
+stopped and saved, :func:`hand_back` gives the signal to the handler that was there before
+(submitit's: on SIGUSR2 it calls the task's ``checkpoint()`` and requeues the job).
 
     with StopRequest() as stop:
         for step in ...:
@@ -29,9 +32,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopRequest", "handling_stop_signals", "signal_name"]
+__all__ = ["STOP_SIGNALS", "StopRequest", "hand_back", "handling_stop_signals", "signal_name"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
 
 def signal_name(signum: int) -> str:
@@ -44,7 +47,7 @@ def signal_name(signum: int) -> str:
 
 @contextmanager
 def handling_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
-    """Send SIGTERM and SIGINT to ``handler`` inside the block (main thread only)."""
+    """Send SIGTERM, SIGINT and SIGUSR2 to ``handler`` inside the block (main thread only)."""
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
@@ -56,8 +59,23 @@ def handling_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> It
             signal.signal(sig, old)
 
 
+def hand_back(signum: int) -> bool:
+    """Call the handler installed for ``signum`` now (the one :class:`StopRequest` replaced,
+    restored) as if the signal had just come; False where there is none (default or ignored).
+
+    Under submitit that handler is its checkpoint-and-requeue on SIGUSR2 (task 0 dumps the
+    ``checkpoint()`` it returns and calls ``scontrol requeue``, then exits), its logging bypass
+    on SIGTERM. Outside the main thread nothing is called.
+    """
+    handler = signal.getsignal(signum)
+    if not callable(handler) or threading.current_thread() is not threading.main_thread():
+        return False
+    handler(signum, None)
+    return True
+
+
 class StopRequest:
-    """Records the first SIGTERM/SIGINT instead of dying; ``signum`` is 0 until one comes."""
+    """Records the first stop signal instead of dying; ``signum`` is 0 until one comes."""
 
     def __init__(self) -> None:
         self.signum = 0
