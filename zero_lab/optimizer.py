@@ -59,6 +59,7 @@ from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange,
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
+from zero_lab.torch_compat import TorchPrivateNames
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits"]
 
@@ -174,7 +175,7 @@ class _ZeroJoinHook(JoinHook):
         self.zero._join_active = False
 
 
-class ZeroRedundancyOptimizer(Optimizer, Joinable):
+class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     """Shards the state of ``optimizer_class`` across the ranks of ``process_group``.
 
     Args:
