@@ -309,8 +309,10 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
         named = [p if isinstance(p, tuple) else (None, p) for p in group["params"]]
         params = [torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True) for _, p in named]
         hyper = {k: v for k, v in group.items() if k not in ("params", "optimizer_class", "param_names")}
+        accepted = inspect.signature(own).parameters  # a group's own values get the constructor's checks too
+        arguments = (kwargs if own is cls else {}) | {k: v for k, v in hyper.items() if k in accepted}
         try:
-            own([{"params": params, **hyper}], **(kwargs if own is cls else {}))
+            own(params, **arguments)
         except (TypeError, ValueError, RuntimeError) as error:
             if own is cls:
                 mentioned = [f"optim.{k}={v}" for k, v in kwargs.items() if _mentions(str(error), v)]
