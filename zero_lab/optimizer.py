@@ -36,6 +36,7 @@ after ``consolidate_state_dict``, ``load_state_dict`` of a ZeRO or plain state,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -239,6 +240,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._state_touched = False  # a step or load_state_dict happened (overlap must attach before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
+        self.local_step_seconds = 0.0  # running total of this rank's local optimizer steps (no exchange)
         self.async_exchange = False  # set by zero_lab.overlap.prefetch_exchange
         self.first_use = FirstUse()  # noted by prefetch_exchange's pre-hooks: the exchange's issue order
         self._build_shards()
@@ -442,6 +444,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._refresh_trainability()
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
         self._point_proxy_grads()
+        started = time.perf_counter()
         try:
             if closure is None:
                 loss = self._optim.step(**kwargs)
@@ -454,6 +457,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
                 loss = self._optim.step(closure=closure_then_point, **kwargs)
         finally:
+            self.local_step_seconds += time.perf_counter() - started
             self._release_proxy_grads()
         self._sync_param_groups(self._optim.param_groups, self.param_groups)
         return loss
@@ -493,9 +497,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
         for proxy, grad in proxy_grads:
             proxy.grad = grad
+        started = time.perf_counter()
         try:
             self._optim.step()
         finally:
+            self.local_step_seconds += time.perf_counter() - started
             for proxy, _ in proxy_grads:
                 proxy.grad = None
             self._write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})

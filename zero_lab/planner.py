@@ -26,6 +26,13 @@ state entries grow with the tensor (``exp_avg``) and which are fixed (Adam's
 of it for element-granular partitioners), so a rank's state is the sum of that rule
 over its shards — exactly what ``ZeroRedundancyOptimizer.local_state_bytes()``
 reports after the first step, provided every trainable parameter received a gradient.
+
+A *whole* parameter is priced at its real shape (:func:`whole_state_bytes`): the class
+is built and stepped once on a ``meta`` tensor of that shape (no memory), falling back
+to a real tensor where a class cannot step on ``meta`` (Adafactor reads ``.item()``), so
+classes whose state is not elementwise — Muon (2-D only), Adafactor (row and column
+factors) — are priced for what they hold. ``group_optimizers`` gives each param group
+its own class (several classes in one ZeRO, e.g. Muon + AdamW).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ __all__ = [
     "plan_memory",
     "probe_state_rule",
     "specs_from_module",
+    "whole_state_bytes",
 ]
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -74,9 +82,13 @@ class StateRule:
 
 
 def _state_after_one_step(
-    optimizer_class: type[torch.optim.Optimizer], numel: int, dtype: torch.dtype, defaults: dict[str, Any]
+    optimizer_class: type[torch.optim.Optimizer],
+    numel: int | tuple[int, ...],
+    dtype: torch.dtype,
+    defaults: dict[str, Any],
+    device: str = "cpu",
 ) -> dict[str, torch.Tensor]:
-    param = torch.zeros(numel, dtype=dtype, requires_grad=True)
+    param = torch.zeros(numel, dtype=dtype, device=device, requires_grad=True)
     param.grad = torch.full_like(param, 0.5)
     optimizer = optimizer_class([param], **defaults)
     optimizer.step()
@@ -107,6 +119,27 @@ def probe_state_rule(
     and sorts each state tensor into "grows with the parameter" or "fixed size".
     """
     return _probe(optimizer_class, dtype, tuple(sorted(defaults.items())))
+
+
+@functools.cache
+def _whole(cls: type[torch.optim.Optimizer], shape: tuple[int, ...], dtype: torch.dtype, frozen: tuple) -> int:
+    defaults = dict(frozen)
+    try:
+        state = _state_after_one_step(cls, shape, dtype, defaults, device="meta")
+    except (RuntimeError, NotImplementedError):  # a class that reads values while stepping
+        state = _state_after_one_step(cls, shape, dtype, defaults)
+    return sum(value.numel() * value.element_size() for value in state.values())
+
+
+def whole_state_bytes(
+    optimizer_class: type[torch.optim.Optimizer],
+    shape: Sequence[int],
+    dtype: torch.dtype = torch.float32,
+    **defaults: Any,
+) -> int:
+    """State bytes of ``optimizer_class(**defaults)`` for one whole parameter of ``shape``,
+    after one step on a ``meta`` tensor of that shape (cached per class, shape, dtype)."""
+    return _whole(optimizer_class, tuple(shape), dtype, tuple(sorted(defaults.items())))
 
 
 def specs_from_module(
@@ -204,6 +237,7 @@ def plan_memory(
     *,
     master_weights: bool = False,
     gradient_as_bucket_view: bool = False,
+    group_optimizers: Sequence[tuple[type[torch.optim.Optimizer], dict[str, Any]]] | None = None,
     **optimizer_defaults: Any,
 ) -> MemoryPlan:
     """Predict every rank's memory for ``specs`` sharded by ``partitioner`` over ``world_size``.
@@ -212,18 +246,34 @@ def plan_memory(
     every trainable parameter. Otherwise the partition is the real one
     ``partitioner(specs, world_size)``, and each rank's state is priced shard by shard.
     ``optimizer_defaults`` go to the optimizer (they can change its state: ``amsgrad``,
-    ``momentum``). O(number of shards + world_size).
+    ``momentum``). ``group_optimizers[g]`` = ``(class, defaults)`` of param group ``g``
+    (``ParamSpec.group``) when groups are stepped by different classes. Whole parameters
+    are priced at their shape (:func:`whole_state_bytes`), slices by the per-element rule.
+    O(number of shards + world_size).
     """
     trainable = [spec for spec in specs if spec.trainable]
     param_bytes = sum(spec.nbytes for spec in specs)
     grad_bytes = sum(spec.nbytes for spec in trainable)
     ddp_buffer_bytes = 0 if gradient_as_bucket_view else grad_bytes
 
-    def rule_for(spec: ParamSpec) -> StateRule:
+    def stepper(spec: ParamSpec) -> tuple[type[torch.optim.Optimizer], dict[str, Any], torch.dtype]:
+        cls, defaults = (optimizer_class, optimizer_defaults)
+        if group_optimizers is not None:
+            cls, defaults = group_optimizers[spec.group]
         dtype = _dtype_of(spec)
         if master_weights and dtype in _LOW_PRECISION:
             dtype = torch.float32
-        return probe_state_rule(optimizer_class, dtype, **optimizer_defaults)
+        return cls, defaults, dtype
+
+    def rule_for(spec: ParamSpec) -> StateRule:
+        cls, defaults, dtype = stepper(spec)
+        return probe_state_rule(cls, dtype, **defaults)
+
+    def price(spec: ParamSpec, count: int) -> int:
+        if count == spec.numel:
+            cls, defaults, dtype = stepper(spec)
+            return whole_state_bytes(cls, spec.shape, dtype, **defaults)
+        return rule_for(spec).nbytes(count)
 
     state = [0] * world_size
     numel = [0] * world_size
@@ -242,7 +292,7 @@ def plan_memory(
         ]
         strategy = f"ZeRO-1 {partitioner!r} + {optimizer_class.__name__}"
     for rank, spec, count in pieces:
-        state[rank] += rule_for(spec).nbytes(count)
+        state[rank] += price(spec, count)
         numel[rank] += count
         if master_weights and _dtype_of(spec) in _LOW_PRECISION:
             master[rank] += count * 4
@@ -252,5 +302,8 @@ def plan_memory(
         RankMemory(r, param_bytes, grad_bytes, ddp_buffer_bytes, state[r], master[r], numel[r])
         for r in range(world_size)
     )
-    rule = rule_for(specs[0]) if specs else probe_state_rule(optimizer_class, **optimizer_defaults)
+    try:
+        rule = rule_for(specs[0]) if specs else probe_state_rule(optimizer_class, **optimizer_defaults)
+    except (ValueError, RuntimeError):  # a class that steps no 1-D tensor (Muon): no per-element rule to show
+        rule = StateRule((), ())
     return MemoryPlan(strategy, world_size, ranks, rule, partition)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,10 @@ OVERLAPS = {
 }  # fmt: skip
 
 
+#: experiment=muon_lm made small enough for a test (torch's Muon runs Newton–Schulz in bf16, slow on CPU).
+MUON_LM = ("model.d_model=64", "model.n_layer=2", "steps=4")
+
+
 @pytest.fixture(scope="module")
 def runs(sweep, tmp_path_factory) -> dict[str, Path]:
     """This module's runs that need nothing but the session's, made together, two at a time
@@ -94,7 +99,9 @@ def runs(sweep, tmp_path_factory) -> dict[str, Path]:
     - ``overlap-<id>``: ZeRO-Adam with each of :data:`OVERLAPS`, 6 steps like the sweep;
     - ``clip``: plain Adam vs flat ZeRO-Adam (broadcast exchange), both clipped to ``max_grad_norm=0.05``;
     - ``bf16``: ``param_dtype=bfloat16`` x ``overlap=false,true`` x ``optim.master_weights=true,false``;
-    - ``prefetch``: the default job with ``exchange=broadcast prefetch=true``.
+    - ``prefetch``: the default job with ``exchange=broadcast prefetch=true``;
+    - ``zero-muon``: ``optim=zero_muon`` on the default MLP; ``muon-sweep``: ``experiment=muon_lm``
+      (smaller) with ``partitioner.cost=numel,newton_schulz``; ``muon-ddp``: the same with ``optim=muon``.
     """
     sources = ",".join(str(sweep / job / "checkpoints" / checkpoint) for job, checkpoint in RESUMES.values())
     quiet = ("logger=none",)
@@ -106,6 +113,9 @@ def runs(sweep, tmp_path_factory) -> dict[str, Path]:
         **{f"overlap-{case}": ((*quiet, "optim=zero_adam", *overrides, "steps=6"), False)
            for case, overrides in OVERLAPS.items()},
         "prefetch": ((*quiet, "exchange=broadcast", "prefetch=true"), False),
+        "zero-muon": ((*quiet, "optim=zero_muon", "steps=3"), False),
+        "muon-sweep": ((*quiet, "experiment=muon_lm", *MUON_LM, "partitioner.cost=numel,newton_schulz"), True),
+        "muon-ddp": ((*quiet, "experiment=muon_lm", *MUON_LM, "optim=muon"), False),
     }  # fmt: skip
     return runs_once(tmp_path_factory.getbasetemp() / "test_app", made)
 
@@ -287,3 +297,32 @@ def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, r
     share = result["exchange_exposed_s"] / result["step_time_s"]
     assert f"parameter exchange: {share:.0%} of the step exposed (median " in closing, closing
     assert "ms in flight, prefetch hid the rest)" in closing
+
+
+def test_zero_muon_runs_on_the_default_model(runs):
+    done = summary(runs["zero-muon"])
+    assert done["choices"]["optim"] == "zero_muon" and len(done["losses"]) == 3
+    assert len(done["optim_step_s"]) == 2 and all(s > 0 for s in done["optim_step_s"])
+
+
+def test_muon_sweep_by_cost_model_matches_ddp_muon_and_reports_the_local_step(runs):
+    numel, cost = jobs(runs["muon-sweep"])
+    ddp = summary(runs["muon-ddp"])
+    by_numel, by_cost = summary(numel), summary(cost)
+    assert (by_numel["partition"]["cost"], by_cost["partition"]["cost"]) == ("numel", "newton_schulz")
+    # other owners, the same arithmetic: bitwise equal to each other and to DDP + chained Muon/AdamW
+    assert by_numel["param_checksum"] == by_cost["param_checksum"] == ddp["param_checksum"]
+    assert by_numel["losses"] == by_cost["losses"] == ddp["losses"]
+    for run in (numel, cost):
+        row = metrics(run)[-1]
+        assert {f"time/optim_step_s/{k}" for k in ("rank0", "rank1", "max", "mean")} <= set(row)
+        assert row["time/optim_step_s/max"] >= row["time/optim_step_s/mean"] > 0
+    done = subprocess.run(
+        [sys.executable, "scripts/report.py", str(runs["muon-sweep"])], cwd=REPO, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (runs["muon-sweep"] / "report" / "report.md").read_text()
+    assert "optim step/rank" in table and "slowest ÷ mean" in table
+    for run in (by_numel, by_cost):
+        assert " / ".join(f"{1000 * s:.1f}" for s in run["optim_step_s"]) in table  # per-rank local step, ms

@@ -20,6 +20,10 @@ from zero_lab import (
     split_state_dict,
 )
 from zero_lab.app.models import TinyLM
+from zero_lab.app.preflight import preflight
+from zero_lab.app.schema import register_configs
+from zero_lab.app.validate import ConfigError
+from zero_lab.planner import plan_memory, whole_state_bytes
 
 
 def lm(tied: bool = False, seed: int = 0) -> TinyLM:
@@ -188,3 +192,31 @@ def test_single_class_keeps_torch_api_and_a_new_class_can_be_added(single_rank_g
     assert [type(o) for o in zero.optim.optimizers] == [torch.optim.AdamW, torch.optim.Muon]
     _train(model, [zero], steps=1)
     assert all("momentum_buffer" in zero.optim.state[p] for _, p in muon["params"])
+
+
+def test_planner_prices_muon_and_adafactor_at_their_shapes(single_rank_group):
+    """The planner's state bytes equal the one-rank ZeRO's real state after a step, to the byte."""
+    for matrix_class in (torch.optim.Muon, torch.optim.Adafactor):
+        model = lm()
+        groups = muon_param_groups(model, muon_class=matrix_class)
+        zero = ZeroRedundancyOptimizer(groups, torch.optim.AdamW, partitioner=SortedGreedy(cost="newton_schulz"))
+        _train(model, [zero], steps=1)
+        specs = zero._param_specs()
+        per_group = [(matrix_class, {}), (torch.optim.AdamW, {})]
+        plan = plan_memory(specs, 1, SortedGreedy(cost="newton_schulz"), torch.optim.AdamW, group_optimizers=per_group)
+        assert plan.ranks[0].state_bytes == zero.local_state_bytes(), matrix_class
+    assert whole_state_bytes(torch.optim.Muon, (64, 16)) == 64 * 16 * 4  # momentum_buffer
+    assert whole_state_bytes(torch.optim.Adafactor, (64, 16)) == (64 + 16) * 4 + 4  # row + column factors + step
+
+
+def test_the_app_checks_muon_configs_on_the_real_shapes():
+    register_configs()
+    preflight(["optim=zero_muon", "model=transformer", "data=tokens", "partitioner.cost=newton_schulz"])
+    preflight(["experiment=muon_lm", "optim=muon"])
+    refused = r"param group 0 \(\d+ parameter\(s\), first 'layers.0.weight'\) is refused by Muon: Learning rate"
+    with pytest.raises(ConfigError, match=refused):
+        preflight(["optim=zero_muon", "optim.param_groups.muon.lr=-1"])
+    with pytest.raises(ConfigError, match=r"partitioner=flat .*Flat cuts parameter 'layers.0.weight'.*Muon is not one"):
+        preflight(["optim=zero_muon", "partitioner=flat"])
+    with pytest.raises(ConfigError, match=r"cost='flops' is not one of"):
+        preflight(["optim=zero_muon", "partitioner.cost=flops"])

@@ -22,7 +22,7 @@ three together (the optimizer steps inside DDP's communication hook):
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,9 +34,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 
 from zero_lab import overlap
+from zero_lab.app.metrics import LocalStepClock
 from zero_lab.app.schema import APP_KEYS
+from zero_lab.chained import ChainedOptimizer
 from zero_lab.comm import CommStats
 from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.partition import ParamSpec
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
@@ -85,6 +88,10 @@ class Training:
     zero: bool
     exchange_stats: CommStats | None = None
     max_grad_norm: float | None = None
+    step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
+
+    def __post_init__(self) -> None:
+        self.step_clock = LocalStepClock(self.optimizer)
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -100,11 +107,12 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
     zero = is_zero(cfg.optim)
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
+    groups = param_groups(cfg.optim, model)
     if not zero:
-        optimizer = make_optimizer(model.parameters())
+        optimizer = make_optimizer(groups if groups is not None else model.parameters())
         return Training(model=model, ddp=ddp, optimizer=optimizer, zero=False, max_grad_norm=max_grad_norm)
     optimizer = make_optimizer(
-        model.named_parameters(),
+        groups if groups is not None else model.named_parameters(),
         partitioner=instantiate(cfg.partitioner),
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
@@ -139,6 +147,14 @@ def clip_gradients(training: Training) -> float | None:
     else:
         norm = torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
     return float(norm)
+
+
+def param_groups(optim_cfg: DictConfig, model: nn.Module) -> list[dict[str, Any]] | None:
+    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
+    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
+    to ``model``; ``None`` when unset (every parameter in one group)."""
+    node = optim_cfg.get("param_groups")
+    return None if node is None else instantiate(node)(model)
 
 
 def optimizer_factory(optim_cfg: DictConfig) -> Any:
@@ -194,9 +210,24 @@ def tensor_bytes(training: Training) -> int:
 def ddp_state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
     """Per-rank state of DDP + the plain optimizer on this model, as the planner predicts it
     (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline."""
-    local = getattr(optimizer, "optim", optimizer)
-    accepted = inspect.signature(type(local)).parameters  # defaults may hold keys the constructor sets itself
-    options = {k: v for k, v in local.defaults.items() if k in accepted and isinstance(v, (bool, int, float, str))}
     device = next(model.parameters()).device
+    if isinstance(optimizer, (ZeroRedundancyOptimizer, ChainedOptimizer)) and len(set(optimizer.group_classes())) > 1:
+        classes = optimizer.group_classes()
+        specs = [
+            ParamSpec.of(p, group=index, device=device)
+            for index, group in enumerate(optimizer.param_groups)
+            for p in group["params"]
+        ]
+        per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]
+        plan = plan_memory(specs, 1, None, classes[0], group_optimizers=per_group)
+        return plan.ranks[0].state_bytes
+    local = getattr(optimizer, "optim", optimizer)
+    options = _plain_options(type(local), local.defaults)
     plan = plan_memory(specs_from_module(model, device), 1, None, type(local), **options)
     return plan.ranks[0].state_bytes
+
+
+def _plain_options(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` among ``values`` that a config could hold."""
+    accepted = inspect.signature(cls).parameters  # defaults may hold keys the constructor sets itself
+    return {k: v for k, v in values.items() if k in accepted and isinstance(v, (bool, int, float, str))}

@@ -49,7 +49,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import enum_str, is_zero
+from zero_lab.app.build import enum_str
 from zero_lab.app.cli import check_external_world, fail
 from zero_lab.app.objective import check_directions, objective_value
 from zero_lab.app.paths import SOURCE_DIR
@@ -221,8 +221,9 @@ def closing_lines(summary: dict[str, Any], name: str, run_dir: Path, seconds: fl
 
 def _optimizer_name(cfg: DictConfig) -> str:
     """``Adam`` for optim=adam and optim=zero_adam alike: the class that holds the state."""
-    path = cfg.optim.optimizer_class.path if is_zero(cfg.optim) else cfg.optim._target_
-    return str(path).rsplit(".", 1)[-1]
+    path = cfg.optim.optimizer_class.path if "optimizer_class" in cfg.optim else cfg.optim._target_
+    name = str(path).rsplit(".", 1)[-1]
+    return f"{name} + the classes optim.param_groups names" if cfg.optim.get("param_groups") else name
 
 
 def _exchange_share(summary: dict[str, Any]) -> str:

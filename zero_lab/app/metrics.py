@@ -11,6 +11,9 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
     train/loss                      mean over ranks = the global-batch loss
     train/loss/rank{r}
     time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_exposed_s/...,
+    time/optim_step_s/...           the local optimizer step alone (ZeRO: this rank's shards, no
+                                    exchange; a closure's forward/backward included): its max
+                                    against its mean is the cost imbalance of the partition
     comm/exchange_bytes/...,
     comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
     memory/tensor_bytes/..., memory/peak_bytes/...
@@ -26,15 +29,26 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
+import time
 from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 import torch
 
 from zero_lab.comm import Communicator
+from zero_lab.optimizer import ZeroRedundancyOptimizer
 
-__all__ = ["FIELDS", "MetricsGather", "RankStep", "peak_memory_bytes", "step_record"]
+__all__ = [
+    "FIELDS",
+    "LocalStepClock",
+    "MetricsGather",
+    "RankStep",
+    "local_step_summary",
+    "peak_memory_bytes",
+    "step_record",
+]
 
 
 @dataclass
@@ -53,6 +67,7 @@ class RankStep:
     peak_bytes: float = 0.0
     samples: float = 0.0
     grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
+    optim_step_s: float = 0.0  # this rank's local optimizer step (LocalStepClock)
     stop_signal: float = 0.0  # a SIGTERM/SIGINT this rank received (zero_lab.runtime.signals); 0 = none
 
 
@@ -62,6 +77,7 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
 _KEYS: dict[str, str] = {
     "step_s": "time/step_s",
     "exchange_s": "time/exchange_s",
+    "optim_step_s": "time/optim_step_s",
     "exchange_exposed_s": "comm/exchange_exposed_s",
     "exchange_bytes": "comm/exchange_bytes",
     "exchange_calls": "comm/exchange_calls",
@@ -70,6 +86,35 @@ _KEYS: dict[str, str] = {
     "tensor_bytes": "memory/tensor_bytes",
     "peak_bytes": "memory/peak_bytes",
 }
+
+
+class LocalStepClock:
+    """Running seconds of an optimizer's *local* step: ZeRO's own counter
+    (``local_step_seconds``: its shards' step, in ``step()`` or the overlap hooks, without
+    the exchange), or, for a plain optimizer, step pre/post hooks around its ``step()``.
+
+        clock = LocalStepClock(optimizer); before = clock.seconds(); optimizer.step()
+        local = clock.seconds() - before
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self._total = 0.0
+        self._started = 0.0
+        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.register_step_pre_hook(self._start)
+            optimizer.register_step_post_hook(self._stop)
+
+    def _start(self, *_: Any) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self, *_: Any) -> None:
+        self._total += time.perf_counter() - self._started
+
+    def seconds(self) -> float:
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            return self.optimizer.local_step_seconds
+        return self._total
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -121,3 +166,16 @@ def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, gra
     if grad_norm:
         record["train/grad_norm"] = per_rank[0].grad_norm
     return record
+
+
+def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """summary.json's local-step figures over ``records`` (the timed steps): each rank's median
+    ``time/optim_step_s`` (``optim_step_s``, a list by rank) and the median over steps of the
+    slowest rank's ÷ the mean (``optim_step_max_over_mean``: 1.0 when the partition's cost is even)."""
+    if not records:
+        return {"optim_step_s": None, "optim_step_max_over_mean": None}
+    per_rank = [statistics.median(r[f"time/optim_step_s/rank{k}"] for r in records) for k in range(world_size)]
+    ratios = [
+        r["time/optim_step_s/max"] / r["time/optim_step_s/mean"] for r in records if r["time/optim_step_s/mean"] > 0
+    ]
+    return {"optim_step_s": per_rank, "optim_step_max_over_mean": statistics.median(ratios) if ratios else None}

@@ -51,7 +51,7 @@ from zero_lab.app.build import (
     tensor_bytes,
 )
 from zero_lab.app.data import stream_seed
-from zero_lab.app.metrics import MetricsGather, RankStep, peak_memory_bytes, step_record
+from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.files import write_json
@@ -187,6 +187,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         inputs = inputs.to(training.param_dtype)  # bf16/fp16 models take inputs in their dtype
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
+    local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
     loss = data.loss(training.ddp(inputs).float(), targets)  # the loss in fp32 whatever the params' dtype
@@ -212,6 +213,7 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         peak_bytes=peak_memory_bytes(device),
         samples=inputs.shape[0],
         grad_norm=grad_norm if grad_norm is not None else 0.0,
+        optim_step_s=training.step_clock.seconds() - local_before,
     )
 
 
@@ -304,6 +306,7 @@ def _summary(
         "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
         "samples_per_s": median("train/samples_per_s") if records else None,
     }
+    summary.update(local_step_summary(timed, world))  # time/optim_step_s: per-rank medians, slowest ÷ mean
     planned = summary["ddp_state_bytes"]
     summary["state_vs_ddp"] = max(summary["optim_state_bytes"]) / planned if planned else None
     if training.zero:

@@ -75,7 +75,10 @@ SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
 
 #: Keys of a group that the app reads and the constructor never sees: ``{group: {key: (type, default)}}``.
 APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "optim": {"max_grad_norm": (float | None, None)},  # clip the global 2-norm before every step (app/build.py)
+    "optim": {
+        "max_grad_norm": (float | None, None),  # clip the global 2-norm before every step (app/build.py)
+        "param_groups": (Any, None),  # a _partial_ target model -> param groups (app/build.py: param_groups)
+    },
 }
 
 #: Keys of a group node that instantiate() reads, not the constructor.

@@ -40,7 +40,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
+from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero, param_groups
 from zero_lab.app.objective import check_objective
 from zero_lab.app.schema import (
     APP_KEYS,
@@ -52,9 +52,11 @@ from zero_lab.app.schema import (
     constructor_arguments,
     forwarded_classes,
 )
+from zero_lab.chained import group_class
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
-from zero_lab.optimizer import ZeroRedundancyOptimizer, check_partition_fits
-from zero_lab.partition import approximate_ddp_buckets
+from zero_lab.elementwise import is_elementwise
+from zero_lab.optimizer import check_partition_fits
+from zero_lab.partition import ParamSpec, approximate_ddp_buckets
 from zero_lab.planner import specs_from_module
 
 __all__ = [
@@ -282,13 +284,15 @@ def _has_var_keyword(target: Any) -> bool:
 
 
 def _optimizer_class(cfg: DictConfig) -> Any:
-    """The ``torch.optim`` class that steps: the target itself, or the class ZeRO wraps."""
-    return instantiate(cfg.optim.optimizer_class) if is_zero(cfg.optim) else get_object(cfg.optim._target_)
+    """The ``torch.optim`` class that steps: the target itself, or the class a wrapper (ZeRO,
+    ``ChainedOptimizer``) names as ``optimizer_class``."""
+    wraps = "optimizer_class" in cfg.optim
+    return instantiate(cfg.optim.optimizer_class) if wraps else get_object(cfg.optim._target_)
 
 
 def _optimizer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
-    own = inspect.signature(ZeroRedundancyOptimizer).parameters if is_zero(cfg.optim) else {}
+    own = inspect.signature(get_object(cfg.optim._target_)).parameters if "optimizer_class" in cfg.optim else {}
     optim = to_container(cfg)["optim"]
     return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
 
@@ -308,17 +312,79 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     kwargs = _optimizer_kwargs(cfg)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
-        try:
-            cls([torch.zeros(1, requires_grad=True)], **kwargs)
-        except (TypeError, ValueError, RuntimeError) as error:
-            named = [f"optim.{k}={v}" for k, v in kwargs.items() if _mentions(str(error), v)]
-            where = f" ({', '.join(named)})" if named else ""
-            out.append(f"optim={optim}: {cls.__name__} refuses these arguments{where}: {error}")
+        out += _check_on_real_shapes(cfg, optim, cls, kwargs)
     if cfg.overlap and not zero:
         out.append(f"overlap=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     return out
+
+
+def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[str, Any]) -> list[str]:
+    """Build each param group's optimizer class on ``meta`` tensors of the model's real shapes
+    (``optim.param_groups`` applied, so Muon sees the matrices it will step): a class that
+    checks shapes or arguments refuses for the real reason. Without a buildable model (that is
+    _check_model's to report) the class is built on one 1-element tensor."""
+    try:
+        model = _meta_model(cfg)
+    except Exception:
+        model = None
+    try:
+        groups = param_groups(cfg.optim, model) if model is not None else None
+    except Exception as error:
+        return [f"optim.param_groups: cannot be applied to the model: {error}"]
+    if model is None:
+        groups = [{"params": [torch.zeros(1, requires_grad=True)]}]
+    elif groups is None:
+        groups = [{"params": list(model.parameters())}]
+    for index, group in enumerate(groups):
+        own = group_class(group, cls)
+        named = [p if isinstance(p, tuple) else (None, p) for p in group["params"]]
+        params = [torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True) for _, p in named]
+        hyper = {k: v for k, v in group.items() if k not in ("params", "optimizer_class", "param_names")}
+        accepted = inspect.signature(own).parameters  # a group's own values get the constructor's checks too
+        arguments = (kwargs if own is cls else {}) | {k: v for k, v in hyper.items() if k in accepted}
+        try:
+            own(params, **arguments)
+        except (TypeError, ValueError, RuntimeError) as error:
+            if own is cls:
+                mentioned = [f"optim.{k}={v}" for k, v in kwargs.items() if _mentions(str(error), v)]
+                where = f" ({', '.join(mentioned)})" if mentioned else ""
+                return [f"optim={optim}: {cls.__name__} refuses these arguments{where}: {error}"]
+            first = named[0][0] if named and named[0][0] else "?"
+            return [
+                f"optim={optim}: param group {index} ({len(params)} parameter(s), first {first!r}) is refused by "
+                f"{own.__name__}: {error}; route only what it can step (optim.param_groups, e.g. "
+                "zero_lab.muon_param_groups with to_adamw=[<name globs>])"
+            ]
+    return []
+
+
+def _routed_specs(cfg: DictConfig, model: torch.nn.Module) -> tuple[list[ParamSpec], list[type] | None]:
+    """The specs the optimizer will partition: with ``optim.param_groups``, one group per
+    routed group, each marked elementwise or not by the class that steps it."""
+    device = enum_str(cfg.dist.device)
+    try:
+        groups = param_groups(cfg.optim, model)
+    except Exception:  # reported by _check_optim
+        groups = None
+    if groups is None:
+        return specs_from_module(model, device=device), None
+    default = _optimizer_class(cfg)
+    classes = [group_class(group, default) for group in groups]
+    specs = [
+        ParamSpec.of(
+            param,
+            name=name,
+            group=index,
+            device=torch.device(device),
+            elementwise=is_elementwise(classes[index]),
+            stepper=classes[index].__name__,
+        )
+        for index, group in enumerate(groups)
+        for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
+    ]
+    return specs, classes
 
 
 def _binds(cls: type, kwargs: dict[str, Any]) -> bool:
@@ -381,7 +447,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
             "add overlap=true, or pick sorted_greedy, manual or flat"
         ]
-    specs = specs_from_module(model, device=enum_str(cfg.dist.device))
+    specs, classes = _routed_specs(cfg, model)
     if cfg.overlap:  # the hook partitions along DDP's buckets: give the specs the buckets DDP would make
         cap = int(cfg.dist.bucket_cap_mb * 2**20)
         buckets = iter(approximate_ddp_buckets([s.nbytes for s in specs if s.trainable], cap))
@@ -395,7 +461,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             f"(parameter names look like: {names}, ...)"
         ]
     try:
-        check_partition_fits(partition, _optimizer_class(cfg), partitioner)
+        check_partition_fits(partition, _optimizer_class(cfg), partitioner, classes)
     except ValueError as error:
         return [f"{name}: {error} In the config: partitioner=sorted_greedy or partitioner=manual"]
     return []

@@ -33,6 +33,7 @@ PER_RANK = {
     "master_weight_bytes": "memory/master_weight_bytes",
     "tensor_bytes": "memory/tensor_bytes",
     "peak_bytes": "memory/peak_bytes",
+    "optim_step_s": "time/optim_step_s",  # median local optimizer step per rank
 }
 MAX_TAG = 64  # W&B refuses longer tags
 

@@ -163,6 +163,14 @@ def _number(digits: str) -> Callable[[float | None], str]:
     return lambda value: "–" if value is None else format(value, digits)
 
 
+def _local_steps(run: Run) -> Cell:
+    """``12.1 / 30.4`` ms by rank (the median of ``time/optim_step_s/rank{r}``); sorts by the slowest."""
+    steps = run.per_rank("optim_step_s")
+    if not steps:
+        return Cell("–", None)
+    return Cell(" / ".join(f"{1000 * s:.1f}" for s in steps), max(steps))
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("run", _run_link, "the overrides that set this run apart; links to its run dir"),
     Column("W", _plain(lambda r: r.world_size, _number("d")), "world size (ranks)"),
@@ -203,6 +211,16 @@ COLUMNS: tuple[Column, ...] = (
         "step",
         _plain(lambda r: r.median("time/step_s/max"), format_ms),
         "step time (median over steps after the first, slowest rank)",
+    ),
+    Column(
+        "optim step/rank",
+        lambda r, _: _local_steps(r),
+        "local optimizer step per rank, ms (median; ZeRO: its own shards, without the exchange)",
+    ),
+    Column(
+        "slowest ÷ mean",
+        _plain(lambda r: r.summary.get("optim_step_max_over_mean"), _number(".2f")),
+        "local optimizer step, slowest rank ÷ mean (median over steps): the partition's cost imbalance",
     ),
     Column("samples/s", _plain(lambda r: r.median("train/samples_per_s"), _number(".0f")), "global batch / step"),
     Column("final loss", _plain(lambda r: float(r.summary["final_loss"]), _number(".6g")), "loss at the last step"),
