@@ -5,7 +5,9 @@ three together (the optimizer steps inside DDP's communication hook):
 
 1. the model, seeded identically on every rank (DDP would broadcast rank 0's anyway),
    in ``param_dtype`` (built in fp32, then cast, so every dtype starts from the same weights);
-2. the DDP wrapper (its gradient buckets are what ``partitioner=ddp_bucket`` follows);
+2. the DDP wrapper (its gradient buckets are what ``partitioner=ddp_bucket`` follows), with
+   DDP's own options from ``dist.`` (``find_unused_parameters``, ``static_graph``,
+   ``broadcast_buffers``; ``sync_batchnorm`` converts BatchNorm layers first);
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
    and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
@@ -50,6 +52,7 @@ __all__ = [
     "ddp_state_bytes",
     "enum_str",
     "is_zero",
+    "make_ddp",
     "master_weight_bytes",
     "optimizer_factory",
     "tensor_bytes",
@@ -101,9 +104,11 @@ class Training:
 def build_training(cfg: DictConfig, device: torch.device) -> Training:
     """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why."""
     torch.manual_seed(cfg.seed)
-    model = instantiate(cfg.model).to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
-    device_ids = [device.index] if device.type == "cuda" else None
-    ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
+    model = instantiate(cfg.model)
+    if cfg.dist.get("sync_batchnorm"):
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
+    ddp = make_ddp(model, cfg.dist, device)
     zero = is_zero(cfg.optim)
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
@@ -129,6 +134,20 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         zero=True,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
         max_grad_norm=max_grad_norm,
+    )
+
+
+def make_ddp(model: nn.Module, dist_cfg: DictConfig, device: torch.device) -> DDP:
+    """DDP with the ``dist.`` keys that are DDP's own arguments (bucket size and the four options)."""
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=dist_cfg.bucket_cap_mb,
+        find_unused_parameters=bool(dist_cfg.get("find_unused_parameters", False)),
+        static_graph=bool(dist_cfg.get("static_graph", False)),
+        # passed only when off: torch 2.13 warns that the argument is deprecated, and its
+        # replacement (forward_sync_buffers) still syncs buffers at init, which false must not
+        **({} if dist_cfg.get("broadcast_buffers", True) else {"broadcast_buffers": False}),
     )
 
 

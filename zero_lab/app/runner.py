@@ -6,7 +6,8 @@
 2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
-   uninterrupted one drew), take this rank's slice of the global batch, forward,
+   uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.protocols.batch_stream`:
+   its slice of the global batch, or its next batch of a stream sharded by rank), forward,
    backward (DDP all-reduces gradients), ``optimizer.step()`` (ZeRO: local step +
    parameter exchange), then one all-gather of every rank's measurements;
 5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`,
@@ -53,6 +54,7 @@ from zero_lab.app.build import (
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
+from zero_lab.app.protocols import Batch, batch_rows, batch_stream, call_model, loss_of, to_device
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
@@ -128,9 +130,10 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         sinks = _open_sinks(stack, spec, cfg) if rank == 0 else []
         progress = stack.enter_context(Progress(cfg.steps, start, enabled=rank == 0 and cfg.progress))
         gather.sync()  # rank 0 may have spent time opening sinks; don't bill it to step 0
+        batches = batch_stream(data, rank, world, start)
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
-            measured = _train_step(training, data, step, rank, world, device)
+            measured = _train_step(training, data, next(batches), str(cfg.output_key), device)
             measured.stop_signal = stop.signum  # travels with the metrics: every rank sees every request
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
@@ -149,11 +152,13 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             last = step + 1 == cfg.steps  # a signal during the last step changes nothing
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
             if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
+                _settle(training)
                 saved = checkpoint.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
                 log.info("checkpoint %s", saved)
             if stopped_by:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
                 break
+        _settle(training)
         checksum = _agreed_checksum(training.model, gather)
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)
@@ -180,17 +185,18 @@ def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
     return bool(stopped_by) or bool(every and (step + 1) % every == 0)
 
 
-def _train_step(training: Training, data: Any, step: int, rank: int, world: int, device: torch.device) -> RankStep:
-    """One optimizer step on this rank's slice; returns what it measured."""
-    inputs, targets = (t.to(device) for t in data.shard(step, rank, world))
-    if inputs.is_floating_point():
-        inputs = inputs.to(training.param_dtype)  # bf16/fp16 models take inputs in their dtype
+def _train_step(training: Training, data: Any, batch: Batch, output_key: str, device: torch.device) -> RankStep:
+    """One optimizer step on this rank's batch (:mod:`zero_lab.app.protocols`); returns what it measured."""
+    raw_inputs, raw_targets = batch
+    inputs = to_device(raw_inputs, device, training.param_dtype)  # bf16/fp16 models take inputs in their dtype
+    targets = raw_targets.to(device) if torch.is_tensor(raw_targets) else raw_targets
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
-    loss = data.loss(training.ddp(inputs).float(), targets)  # the loss in fp32 whatever the params' dtype
+    output = call_model(training.ddp, inputs)
+    loss = loss_of(output, targets, data, output_key)  # in fp32 whatever the params' dtype
     loss.backward()  # DDP all-reduces gradients bucket by bucket during backward
     grad_norm = clip_gradients(training)  # optim.max_grad_norm: the global norm, before any shard steps
     if grad_norm is not None and comm is not None:
@@ -211,10 +217,17 @@ def _train_step(training: Training, data: Any, step: int, rank: int, world: int,
         master_weight_bytes=master_weight_bytes(training.optimizer),
         tensor_bytes=tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),
-        samples=inputs.shape[0],
+        samples=batch_rows(inputs),
         grad_norm=grad_norm if grad_norm is not None else 0.0,
         optim_step_s=training.step_clock.seconds() - local_before,
     )
+
+
+def _settle(training: Training) -> None:
+    """Finish a parameter exchange still in flight (``prefetch=true`` leaves the last step's to
+    the next forward) before the parameters are read whole: a checkpoint, the final checksum."""
+    if training.zero:
+        training.optimizer.wait_for_exchange()  # type: ignore[attr-defined]
 
 
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:

@@ -130,7 +130,9 @@ class ParamDtype(str, enum.Enum):
 class DistConfig:
     """Where the ranks run. ``timeout_s`` bounds every collective (the run itself has no
     time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT;
-    more than ``max_ranks_per_core`` ranks per CPU core is refused (oversubscription)."""
+    more than ``max_ranks_per_core`` ranks per CPU core is refused (oversubscription).
+    ``find_unused_parameters``, ``static_graph``, ``broadcast_buffers`` are DDP's arguments;
+    ``sync_batchnorm`` converts the model's BatchNorm layers before DDP wraps it."""
 
     world_size: int = 2
     backend: Backend = Backend.gloo
@@ -141,6 +143,11 @@ class DistConfig:
     bucket_cap_mb: float = 25.0
     max_ranks_per_core: int = 2
     master_port: int | None = None  # under srun: the rendezvous port (None: derived from the job id)
+    # DDP's own options (torch.nn.parallel.DistributedDataParallel), passed as they are:
+    find_unused_parameters: bool = False  # a model whose forward leaves some parameters unused
+    static_graph: bool = False  # the same parameters used the same way every step
+    broadcast_buffers: bool = True  # rank 0's buffers (BatchNorm statistics) to every rank before each forward
+    sync_batchnorm: bool = False  # BatchNorm -> torch.nn.SyncBatchNorm: statistics over the global batch (GPU only)
 
 
 @dataclass
@@ -159,6 +166,7 @@ class Config:
     exchange: Exchange = Exchange.auto
     prefetch: bool = False
     param_dtype: ParamDtype = ParamDtype.float32
+    output_key: str = "logits"  # a forward returning a mapping / ModelOutput: the entry the data's loss reads
     seed: int = 0
     steps: int = 20
     log_every: int = 1

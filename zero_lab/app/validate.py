@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero, param_groups
 from zero_lab.app.objective import check_objective
+from zero_lab.app.protocols import forward_problems, protocol_problems
 from zero_lab.app.schema import (
     APP_KEYS,
     GROUPS,
@@ -100,10 +101,11 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
 
 
 def notices(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
-    """One line naming the overrides a plain optimizer will not use (a partitioner or a
-    bucket view: every rank keeps the full state), or none."""
+    """Lines printed when a job starts: the overrides a plain optimizer will not use (a
+    partitioner or a bucket view: every rank keeps the full state); ranks that
+    ``partitioner=ddp_bucket`` leaves without state."""
     if is_zero(cfg.optim):
-        return []
+        return _idle_ranks_notice(cfg, overrides)
     unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
     if not unused:
         return []
@@ -224,19 +226,49 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """DDP's options against what they cannot work with. ``find_unused_parameters``,
+    ``static_graph`` and ``broadcast_buffers`` train to DDP + the plain optimizer's parameters with
+    every ZeRO mode (partitioners, bucket views, both overlap hooks, prefetch:
+    tests/dist/test_ddp_options.py); ``sync_batchnorm`` needs CUDA (torch's SyncBatchNorm has
+    no CPU kernel)."""
+    out = []
+    dist_cfg = cfg.dist
+    if dist_cfg.get("sync_batchnorm") and enum_str(dist_cfg.device) != "cuda":
+        out.append(
+            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use dist=cuda, or keep "
+            "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
+            "default, gives every rank rank 0's running statistics)"
+        )
+    return out
+
+
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
-    model_task = getattr(get_object(cfg.model._target_), "task", None)
-    data_task = getattr(get_object(cfg.data._target_), "task", None)
-    if model_task != data_task:
-        return [
-            f"data={_choice(choices, 'data', cfg)}: model={_choice(choices, 'model', cfg)} is a {model_task!r} "
-            f"model and needs data for that task (model=mlp: data=regression, model=transformer: data=tokens)"
-        ]
-    batch = cfg.data.global_batch
+    """The model/data protocol (:mod:`zero_lab.app.protocols`): ``task`` on both, a way to read batches."""
+    model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
+    out = protocol_problems(get_object(cfg.model._target_), get_object(cfg.data._target_), model_name, data_name)
+    batch = cfg.data.get("global_batch")
     world = cfg.dist.world_size
-    if batch < 1 or (world >= 1 and batch % world):
-        return [f"data.global_batch={batch}: must be a positive multiple of dist.world_size={world}"]
-    return []
+    if not isinstance(batch, int):
+        out.append(f"data.global_batch: required (rows per step over all ranks); add global_batch: <int> ({data_name})")
+    elif batch < 1 or (world >= 1 and batch % world):
+        out.append(f"data.global_batch={batch}: must be a positive multiple of dist.world_size={world}")
+    return out
+
+
+def _check_forward(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Rank 0's first batch through the model built on ``meta``, then the loss (protocols.forward_problems)."""
+    try:
+        model = _meta_model(cfg)
+        data = instantiate(cfg.data)
+    except Exception:  # reported by _check_model / _check_model_data
+        return []
+    if _check_model_data(cfg, choices):
+        return []
+    dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
+    unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
+    problems = forward_problems(model, data, max(cfg.dist.world_size, 1), str(cfg.output_key), dtype, unused_ok)
+    return [f"model={_choice(choices, 'model', cfg)} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
 
 
 def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -448,10 +480,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             "add overlap=true, or pick sorted_greedy, manual or flat"
         ]
     specs, classes = _routed_specs(cfg, model)
-    if cfg.overlap:  # the hook partitions along DDP's buckets: give the specs the buckets DDP would make
-        cap = int(cfg.dist.bucket_cap_mb * 2**20)
-        buckets = iter(approximate_ddp_buckets([s.nbytes for s in specs if s.trainable], cap))
-        specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
+    specs = _with_ddp_buckets(cfg, specs)
     try:
         partition = partitioner(specs, world)
     except ValueError as error:
@@ -465,6 +494,45 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     except ValueError as error:
         return [f"{name}: {error} In the config: partitioner=sorted_greedy or partitioner=manual"]
     return []
+
+
+def _specs(cfg: DictConfig, model: torch.nn.Module) -> list[ParamSpec]:
+    """The specs the optimizer will partition; with overlap, with the buckets DDP would make."""
+    return _with_ddp_buckets(cfg, _routed_specs(cfg, model)[0])
+
+
+def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
+    """With overlap the hook partitions along DDP's buckets: give the specs the buckets DDP would make."""
+    if cfg.overlap:
+        cap = int(cfg.dist.bucket_cap_mb * 2**20)
+        buckets = iter(approximate_ddp_buckets([s.nbytes for s in specs if s.trainable], cap))
+        specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
+    return specs
+
+
+def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """``partitioner=ddp_bucket`` gives each DDP bucket wholly to one rank: a model that fits
+    fewer buckets than ranks leaves ranks without state (one bucket: all of it on rank 0)."""
+    world = cfg.dist.world_size
+    if not (is_zero(cfg.optim) and cfg.overlap) or world < 2:
+        return []
+    try:
+        partitioner = instantiate(cfg.partitioner)
+        if not getattr(partitioner, "needs_ddp_buckets", False) or getattr(partitioner, "shard_buckets", False):
+            return []
+        specs = _specs(cfg, _meta_model(cfg))
+    except Exception:  # the checks report it
+        return []
+    buckets = len({s.bucket for s in specs if s.trainable})
+    if buckets >= world:
+        return []
+    return [
+        f"partitioner=ddp_bucket: the model's trainable parameters fit {buckets} DDP bucket(s) "
+        f"(dist.bucket_cap_mb={cfg.dist.bucket_cap_mb}) and each goes wholly to one rank, so "
+        f"{world - buckets} of {world} ranks hold no optimizer state"
+        f"{' and rank 0 keeps all of it (÷ 1.00)' if buckets == 1 else ''}; add partitioner.shard_buckets=true "
+        "to cut every bucket across the ranks, or lower dist.bucket_cap_mb"
+    ]
 
 
 def _list_syntax(node: DictConfig, world: int) -> str:
@@ -517,10 +585,12 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_ranges,
     _check_devices,
     _check_model_data,
+    _check_ddp_options,
     _check_arguments,
     _check_optim,
     _check_clipping,
     _check_model,
+    _check_forward,
     _check_partition,
     _check_resume,
     _check_logger,

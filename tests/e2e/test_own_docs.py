@@ -1,0 +1,57 @@
+"""docs/own-model.md and docs/own-data.md run as written: their files are written into a project
+outside the repository (``# my_project/<path>`` on a block's first line names the file), their
+``bash`` command runs there with the environment's ``zero-lab-train``, and the output they quote is
+what the app prints."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.runs import REPO, child_env
+
+ENTRY = str(Path(sys.executable).with_name("zero-lab-train"))
+
+
+def project_from(doc: Path, root: Path) -> tuple[Path, list[str], list[str]]:
+    """Write the page's files under ``root``; return the project dir, its commands and quoted outputs."""
+    text = doc.read_text()
+    for _, body in re.findall(r"```(python|yaml)\n(.*?)```", text, re.S):
+        first, _, rest = body.partition("\n")
+        match = re.fullmatch(r"# (my_project/\S+)", first.strip())
+        if match:
+            path = root / match.group(1)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(rest)
+    commands = [c.strip() for c in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    quoted = [q.strip() for q in re.findall(r"```text\n(zero_lab:.*?)```", text, re.S)]
+    return root / "my_project", commands, quoted
+
+
+def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = re.sub(r"(^|\s)zero-lab-train(\s)", rf"\g<1>{ENTRY}\g<2>", command)
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.mark.parametrize("page", ["own-model.md", "own-data.md"])
+def test_the_bring_your_own_page_runs_as_written(page, tmp_path):
+    project, commands, quoted = project_from(REPO / "docs" / page, tmp_path)
+    assert project.is_dir() and len(commands) == 1
+    done = run(commands[0], project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary_path,) = project.glob("outputs/*/*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["steps"] == len(summary["losses"]) and summary["final_loss"] < summary["losses"][0]
+    for text in quoted:  # a refusal the page shows: the same command without the key that fixes it
+        fix = re.search(r"set (\S+=\S+)", text)
+        assert fix, text
+        refused = run(commands[0].replace(f" {fix.group(1)}", ""), project)
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == text
