@@ -26,6 +26,7 @@ Needs root and Debian's ``slurm-wlm`` and ``munge`` (22.05): :func:`missing` say
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import shutil
 import signal
@@ -38,10 +39,11 @@ from typing import Any
 
 NODES = ("n1", "n2")
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
-CPUS_PER_NODE = 4  # more than the 2 cores of a CI runner: SlurmdParameters=config_overrides trusts the config
-MEMORY_MB_PER_NODE = 6144
+CPUS_PER_NODE = 8  # more than the 2 cores of a CI runner (SlurmdParameters=config_overrides), so jobs run side by side
+MEMORY_MB_PER_NODE = 8192
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
 TOOLS = ("ip", "nsenter", "unshare", "mount")
+LIMIT_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: how often it tests time limits (compiled in)
 ENABLE = "install Slurm and MUNGE (as root: apt-get install -y slurm-wlm munge) and run the tests as root"
 
 
@@ -85,7 +87,10 @@ MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
 SlurmdParameters=config_overrides
+SlurmctldDebug=debug2
 KillWait=5
+DefMemPerCPU=512
+SchedulerParameters=sched_interval=1,bf_interval=1
 MinJobAge=600
 InactiveLimit=0
 SlurmctldTimeout=10
@@ -93,6 +98,13 @@ SlurmdTimeout=10
 {nodes}
 PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def _ip(*args: str) -> None:
@@ -241,6 +253,23 @@ class SlurmCluster:
         """The ids of the jobs Slurm still knows as pending or running."""
         out = self.run(["squeue", "-h", "-o", "%i"], timeout=10)
         return out.stdout.split()
+
+    def next_time_limit_check(self, timeout_s: float = 40.0) -> float:
+        """Seconds until slurmctld next tests time limits (every 30 s, logged at debug2): it
+        sends a job's ``--signal=<sig>@<s>`` at the first test at which the job's end is less
+        than ``s`` + 30 s away, so a test that knows when the next one comes knows when its
+        job is signalled."""
+        log = self.root / "log" / "slurmctld.log"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stamps = [line[1:24] for line in _lines(log) if "Testing job time limits" in line]
+            if stamps:
+                last = datetime.datetime.fromisoformat(stamps[-1])
+                ahead = (last - datetime.datetime.now()).total_seconds() % LIMIT_CHECK_S
+                return ahead
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"slurmctld logged no time-limit test in {timeout_s:g} s: {log}")
+            time.sleep(0.5)
 
     # ------------------------------------------------------------------ stop
     def stop(self, grace_s: float = 2.0) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zero_lab.runtime.signals import handling_stop_signals, signal_name
+from zero_lab.runtime.signals import blocked_for_children, handling_stop_signals, signal_name
 
 __all__ = ["Interrupted", "RankFailure", "describe_exit", "last_line", "run_world"]
 
@@ -231,8 +231,9 @@ def run_world(
         )
         for rank in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
+    with blocked_for_children():  # a SIGUSR2 during a rank's start waits for its loop (signals.py)
+        for proc in procs:
+            proc.start()
     try:
         forwarding = _ForwardSignals(procs, stop_grace_s)
         with handling_stop_signals(forwarding.handle):

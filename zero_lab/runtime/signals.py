@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopRequest", "hand_back", "handling_stop_signals", "signal_name"]
+__all__ = ["STOP_SIGNALS", "StopRequest", "blocked_for_children", "hand_back", "handling_stop_signals", "signal_name"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
@@ -74,6 +74,22 @@ def hand_back(signum: int) -> bool:
     return True
 
 
+@contextmanager
+def blocked_for_children(signums: tuple[int, ...] = (signal.SIGUSR2,)) -> Iterator[None]:
+    """Block ``signums`` in this thread inside the block, so processes started in it begin with
+    them blocked (the mask survives fork and exec): Slurm's SIGUSR2 reaches every process of a
+    job step, and a rank still importing torch would die of it. The rank's :class:`StopRequest`
+    unblocks them, and a signal that came meanwhile is delivered to it then."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class StopRequest:
     """Records the first stop signal instead of dying; ``signum`` is 0 until one comes."""
 
@@ -83,6 +99,8 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         self._handling.__enter__()
+        if threading.current_thread() is threading.main_thread():  # see blocked_for_children
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,0 +1,208 @@
+"""``train.py`` on a real Slurm cluster (:mod:`tests.slurm.cluster`): the commands docs/training.md shows.
+
+- one node: ``-m hydra/launcher=slurm`` runs a 2-job sweep as job arrays (W=2 and W=4, each
+  job's ranks spawned inside its one task); its runs are the single-node references;
+- two nodes, one job, 1 and 2 ranks per node, three ways: the launcher's multi-node mode,
+  ``srun python train.py``, ``srun torchrun`` in an sbatch script — losses and parameter
+  checksum bit-identical to the single-node run of the same world size; a mismatched
+  ``dist.world_size`` under srun is refused once, with the fix;
+- a job reaching its time limit: SIGUSR2 before it, checkpoint, requeue, resume by itself,
+  and the final loss of an uninterrupted run.
+
+Runs that do not depend on each other are made together (:func:`tests.e2e.runs.together`).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
+from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
+
+SMALL = ("logger=none", "progress=false", "steps=4")
+
+
+def train(slurm: SlurmCluster, *args: str, launcher: tuple[str, ...] = (), timeout: float = 240):
+    """``[launcher] python train.py *args`` on the login node, from the repo root."""
+    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=child_env(), timeout=timeout)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def single_node(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The documented launcher command as a 2-job sweep (W=2, W=4): (sweep dir, its stdout)."""
+    sweep = tmp_path_factory.mktemp("single") / "sweep"
+    result = ok(
+        train(
+            slurm,
+            "-m",
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=debug",
+            "dist.world_size=2,4",
+            *SMALL,
+            f"hydra.sweep.dir={sweep}",
+        )
+    )
+    return sweep, result.stdout
+
+
+def test_the_launcher_runs_a_sweep_on_one_node_and_prints_each_jobs_closing_lines(single_node):
+    sweep, stdout = single_node
+    for job, world in ((0, 2), (1, 4)):
+        assert summary(sweep / str(job))["world_size"] == world
+        assert f"  run dir: {sweep / str(job)}" in stdout
+        assert f"  final loss {summary(sweep / str(job))['final_loss']:.6g} after 4 steps on {world} rank(s)" in stdout
+    assert stdout.count("zero_lab: job #") == 4  # two "-> resources" lines at submission, two closing blocks
+    # resources follow the job: one CPU per rank, memory from the planner (not 16 GB), two arrays
+    scripts = sorted((sweep / ".submitit").glob("*/*_submission.sh"))
+    asked = sorted(
+        [line.split("=")[1] for line in p.read_text().splitlines() if "--cpus-per-task" in line or "--mem" in line]
+        for p in scripts
+    )
+    assert asked == [["2", "2GB"], ["4", "3GB"]], asked
+
+
+def _sbatch_torchrun(root: Path, per_node: int) -> Path:
+    """An sbatch script: one torchrun per node (srun), 2 nodes, rendezvous at the first node.
+
+    Static rendezvous (``--node_rank``): with ``--rdzv_backend c10d`` the agent that hosts the
+    store may exit first, and the other then fails polling it (exit 1 after training, under load)."""
+    script = root / f"torchrun_{per_node}.sh"
+    script.write_text(
+        f"""#!/bin/sh
+#SBATCH --nodes=2 --ntasks-per-node=1 --cpus-per-task={per_node} --output={root}/torchrun_{per_node}.out
+export HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun sh -c 'exec {TORCHRUN} --nnodes 2 --nproc_per_node {per_node} --node_rank "$SLURM_NODEID" \\
+    --master_addr "$HEAD" --master_port 29400 train.py {" ".join(SMALL)} hydra.run.dir={root}/torchrun_{per_node}'
+"""
+    )
+    return script
+
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Every multi-node way at 2 × 1 and 2 × 2 ranks, plus a refused srun, all at once."""
+    root = tmp_path_factory.mktemp("two_nodes")
+    launcher = ("-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.nodes=2")
+    calls = {"refused": functools.partial(train, slurm, "dist.world_size=4", *SMALL, launcher=("srun", "-N2", "-n2"))}
+    for per_node in (1, 2):
+        calls[f"launcher_{per_node}"] = functools.partial(
+            train,
+            slurm,
+            *launcher,
+            f"hydra.launcher.tasks_per_node={per_node}",
+            *SMALL,
+            f"hydra.sweep.dir={root}/launcher_{per_node}",
+        )
+        calls[f"srun_{per_node}"] = functools.partial(
+            train,
+            slurm,
+            *SMALL,
+            f"hydra.run.dir={root}/srun_{per_node}",
+            launcher=("srun", "--nodes=2", f"--ntasks-per-node={per_node}"),
+        )
+        script = _sbatch_torchrun(root, per_node)
+        calls[f"torchrun_{per_node}"] = functools.partial(
+            slurm.run, ["sbatch", "--wait", str(script)], cwd=REPO, env=child_env(), timeout=240
+        )
+    results = dict(zip(calls, together(*calls.values(), jobs=len(calls))))
+    return {"root": root, **results}
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+@pytest.mark.parametrize("way", ["launcher", "srun", "torchrun"])
+def test_one_job_over_two_nodes_trains_exactly_what_one_node_trains(two_nodes, single_node, way, per_node):
+    ok(two_nodes[f"{way}_{per_node}"])
+    root, world = two_nodes["root"], 2 * per_node
+    run_dir = root / f"{way}_{per_node}" / ("0" if way == "launcher" else "")
+    reference = summary(single_node[0] / str(world // 2 - 1))
+    result = summary(run_dir)
+    assert result["world_size"] == world
+    assert result["losses"] == reference["losses"]
+    assert result["param_checksum"] == reference["param_checksum"]
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+    assert logs == [f"rank{r}.log" for r in range(world)]
+    for rank in range(world):  # every rank's log has its lines (ranks > 0 were empty under torchrun)
+        assert "done: final loss" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+    if way == "launcher":
+        assert f"  run dir: {run_dir}" in two_nodes[f"{way}_{per_node}"].stdout
+
+
+def test_srun_with_a_world_size_of_its_own_is_refused_once(two_nodes):
+    result = two_nodes["refused"]
+    assert result.returncode == 2
+    message = "zero_lab: invalid config (1 problem):\n  - dist.world_size=4: under srun the world size is srun's (2)"
+    assert result.stderr.count("zero_lab: invalid config") == 1, result.stderr[-2000:]
+    assert message in result.stderr
+    assert "start one task (srun -n1) to spawn 4 ranks inside it" in result.stderr
+
+
+#: A run long enough to be running when its time limit's signal comes (≈ 20 s of steps).
+LONG = ("logger=none", "progress=false", "steps=1000", "log_every=100")
+#: Seconds from submission to the signal: the job starts, spawns its ranks, trains a while.
+LEAD = (12.0, 20.0)
+
+
+def _lead_time(slurm: SlurmCluster) -> float:
+    """Wait until slurmctld's next time-limit test is between LEAD seconds away; return how far."""
+    ahead = slurm.next_time_limit_check()
+    if ahead < LEAD[0]:
+        time.sleep(ahead + 0.5)
+        ahead = slurm.next_time_limit_check()
+    if ahead > LEAD[1]:
+        time.sleep(ahead - LEAD[1])
+        ahead = slurm.next_time_limit_check()
+    return ahead
+
+
+def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
+    sweep, plain = tmp_path / "limited", tmp_path / "plain"
+    reference = subprocess.Popen(
+        [sys.executable, "train.py", *LONG, f"hydra.run.dir={plain}"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lead = _lead_time(slurm)
+    # The signal goes out at the first test at which the job's end (start + 60 s) is less than
+    # signal_delay_s + 30 s away: aim it at the test `lead` s from now, 8 s of slack for the start.
+    delay = int(LIMIT_CHECK_S - lead + 8)
+    limited = train(
+        slurm,
+        "-m",
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.timeout_min=1",
+        f"hydra.launcher.signal_delay_s={delay}",
+        "hydra.launcher.max_num_timeout=6",
+        *LONG,
+        f"hydra.sweep.dir={sweep}",
+        timeout=400,
+    )
+    _, stderr = reference.communicate(timeout=240)
+    assert reference.returncode == 0, stderr[-3000:]
+    ok(limited)
+    run = summary(sweep / "0")
+    requeued = run["requeued"]
+    assert requeued is not None and requeued["restarts"] >= 1, run
+    assert run["start_step"] == requeued["from_step"] and run["resumed_from"] == str(sweep / "0")
+    first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
+    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 1000
+    assert run["final_loss"] == summary(plain)["final_loss"]
+    assert run["param_checksum"] == summary(plain)["param_checksum"]
+    assert "final loss" in limited.stdout  # the submitting command shows where the requeued job ended
+    assert slurm.jobs() == []
+    assert_no_leftover_processes()
