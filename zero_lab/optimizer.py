@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
+from zero_lab.api_checks import check_same_params_on_every_rank, check_state_matches_params, check_target_rank
 from zero_lab.chained import (
     GROUP_CLASS_KEY,
     ChainedOptimizer,
@@ -221,6 +222,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self._comm = Communicator(self.process_group)
+        check_same_params_on_every_rank(self._comm, self.all_params)  # one small all-gather; raises on every rank
         self._exchange_choice = exchange
         self.world_size: int = self._comm.world_size
         self.rank: int = self._comm.rank
@@ -648,6 +650,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         Must be called on all ranks. Afterwards :meth:`state_dict` on rank ``to``
         returns the full state in plain ``torch.optim`` format.
         """
+        check_target_rank(to, self.world_size)
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
         mine = self.local_shard_states()
         gathered: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
@@ -700,6 +703,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         groups = state_dict["param_groups"]
         self._check_group_classes(groups)
         self._check_group_sizes([len(g["params"]) for g in groups])
+        classes = self.group_classes()
+        elementwise = [is_elementwise(cls) for cls, g in zip(classes, self.param_groups) for _ in g["params"]]
+        check_state_matches_params(state_dict, self.all_params, [s.name for s in self.partition.specs], elementwise)
         params = self.all_params
         saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
 

@@ -4,6 +4,7 @@ world that cannot stop cleanly is killed and reported as :class:`Interrupted`.""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 from tests.dist.worlds import run_ranks
 from tests.e2e.runs import process_alive
-from zero_lab.runtime.launch import Interrupted
+from zero_lab.runtime.launch import Interrupted, RankStalled
 
 
 def signal_me_when_ranks_are_up(pid_dir: Path, world_size: int) -> threading.Thread:
@@ -52,7 +53,49 @@ def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, i
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the parent's handler was restored
 
 
+@pytest.mark.parametrize(
+    ("stall_timeout_s", "timeout_s", "why"),
+    [
+        (
+            1.0,
+            120.0,
+            r"^stalled: no progress for \d+ s after 3 step\(s\) \(bound: slowest step [\d.]+ s \+ stall timeout 1 s\)",
+        ),
+        (None, 3.0, r"^did not arrive at a collective: rank 0 gave up waiting \(RuntimeError: .*Timed out"),
+    ],
+    ids=["stall-bound", "collective-timeout"],
+)
+def test_a_stopped_rank_is_named_not_the_peer_that_waits(tmp_path, stall_timeout_s, timeout_s, why):
+    with pytest.raises(RankStalled) as caught:
+        run_ranks(step_then_sigstop, 2, str(tmp_path), timeout_s=timeout_s, stall_timeout_s=stall_timeout_s)
+    stalled = caught.value
+    assert stalled.rank == 1, stalled.summary
+    assert re.search(why, stalled.summary), stalled.summary
+    assert stalled.summary.endswith("its process is stopped (/proc state T: SIGSTOP or a debugger)")
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    deadline = time.monotonic() + 10
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if process_alive(pid)] == []  # the stopped rank was killed too
+
+
 # ---------------------------------------------------------------- rank programs
+def step_then_sigstop(pid_dir: str, steps: int = 100, stop_at: int = 3) -> str:
+    """Steps of one all-reduce and a heartbeat each; rank 1 SIGSTOPs itself after ``stop_at``."""
+    import torch
+
+    from zero_lab.runtime import heartbeat
+
+    Path(pid_dir, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    for step in range(steps):
+        if step == stop_at and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        dist.all_reduce(torch.ones(4))
+        heartbeat.beat()
+        time.sleep(0.02)
+    return "ran every step"
+
+
 def wait_for_stop(ignore_sigterm: bool, pid_dir: str, seconds: float = 60.0) -> str:
     """Write this rank's pid, then sleep: a rank that dies of SIGTERM, or ignores it."""
     import os

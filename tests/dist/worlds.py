@@ -17,7 +17,12 @@ launch.preload("tests.dist.training")
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, stop_grace_s: float = 120.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    stop_grace_s: float = 120.0,
+    stall_timeout_s: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` Gloo ranks; results by rank."""
     return launch.run_world(
@@ -28,4 +33,5 @@ def run_ranks(
         timeout_s=timeout_s,
         deadline_s=timeout_s + 30,
         stop_grace_s=stop_grace_s,
+        stall_timeout_s=stall_timeout_s,
     )

@@ -192,3 +192,37 @@ def test_the_app_uses_only_public_hydra_api():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not any(m.startswith("hydra._internal") for m in imported), path.name
+
+
+# ---------------------------------------------------------------- issue 20: values and targets
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("seed=18446744073709551616", "seed=18446744073709551616: must fit in 64 bits (0 … 18446744073709551615)"),
+        ("steps=9223372036854775808", "steps=9223372036854775808: must fit in 64 bits"),
+        ("dist.stall_timeout_s=0", "dist.stall_timeout_s=0.0: must be > 0"),
+    ],
+)
+def test_integers_must_fit_64_bits_and_the_stall_bound_be_positive(override, expected):
+    assert expected in problems(override)
+
+
+def test_the_largest_64_bit_seed_and_no_stall_watch_are_accepted():
+    preflight(["seed=18446744073709551615", "dist.stall_timeout_s=null"], multirun=False)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["optim.optimizer_class._target_=builtins.open", "optim.optimizer_class.path={file}",
+          "+optim.optimizer_class.mode=w"],
+         "optim.optimizer_class._target_=builtins.open: must be hydra.utils.get_class"),
+        (["partitioner._target_=builtins.open", "+partitioner.file={file}", "+partitioner.mode=w"],
+         "partitioner._target_=builtins.open: must name a zero_lab.partition.Partitioner subclass"),
+    ],
+)  # fmt: skip
+def test_a_target_that_is_not_a_class_to_build_is_refused_without_being_called(tmp_path, overrides, key):
+    created = tmp_path / "created-by-the-check"
+    message = problems(*(o.format(file=created) for o in overrides))
+    assert key in message
+    assert not created.exists()

@@ -59,7 +59,7 @@ from zero_lab.app.validate import ConfigError, check, notices, to_container, was
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_atomic, write_json
 from zero_lab.runtime import external, slurm
-from zero_lab.runtime.launch import Interrupted, RankFailure, describe_exit, last_line, run_world
+from zero_lab.runtime.launch import Interrupted, RankFailure, RankStalled, describe_exit, last_line, run_world
 from zero_lab.runtime.signals import hand_back, signal_name
 
 __all__ = ["run"]
@@ -116,6 +116,7 @@ def run(cfg: DictConfig) -> Objective | None:
                 start_method="spawn",
                 threads_per_rank=cfg.dist.threads_per_rank,
                 stop_grace_s=cfg.dist.stop_grace_s,
+                stall_timeout_s=cfg.dist.stall_timeout_s,
             )
         except RankFailure as failure:
             fail(_describe_failure(failure, run_dir), EXIT_RUN_FAILED)
@@ -264,8 +265,9 @@ def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
 
 
 def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
-    """Which rank failed and how (its error's last line, or the signal / exit code it died
-    of), where its log is, and its full traceback saved in the run dir."""
+    """Which rank failed and how (its error's own message, first line — or the signal / exit
+    code it died of, or how it stalled), where its log is, and its full traceback saved in
+    the run dir."""
     path = run_dir / "logs" / f"rank{failure.rank}.error.txt"
     write_atomic(path, lambda f: f.write(failure.details.encode("utf-8")))
     if failure.exitcode is not None:
@@ -275,10 +277,14 @@ def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
             else (f"its process ended with {describe_exit(failure.exitcode)} before reporting")
         )
     else:
-        what = last_line(failure.details)
+        what = failure.summary
     echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
+    if isinstance(failure, RankStalled):  # the others' /proc states, or the peer that waited
+        echoes = "".join(f"\n  (rank {r}: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
     log_path = run_dir / "logs" / f"rank{failure.rank}.log"
-    return f"rank {failure.rank} failed: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
+    verb = "stalled" if isinstance(failure, RankStalled) else "failed"
+    what = what.removeprefix("stalled: ")
+    return f"rank {failure.rank} {verb}: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
 
 
 def _echo(details: str, first: str) -> str:

@@ -58,6 +58,7 @@ from zero_lab.app.protocols import Batch, batch_rows, batch_stream, call_model, 
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
+from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
 
 __all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
@@ -155,6 +156,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 _settle(training)
                 saved = checkpoint.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
                 log.info("checkpoint %s", saved)
+            heartbeat.beat()  # progress, for the job process's stall watch (dist.stall_timeout_s)
             if stopped_by:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
                 break

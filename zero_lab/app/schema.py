@@ -130,6 +130,8 @@ class ParamDtype(str, enum.Enum):
 class DistConfig:
     """Where the ranks run. ``timeout_s`` bounds every collective (the run itself has no
     time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT;
+    a rank that makes no progress for ``stall_timeout_s`` past the slowest step seen stops
+    the world, named (``null``: only ``timeout_s`` bounds a stall);
     more than ``max_ranks_per_core`` ranks per CPU core is refused (oversubscription).
     ``find_unused_parameters``, ``static_graph``, ``broadcast_buffers`` are DDP's arguments;
     ``sync_batchnorm`` converts the model's BatchNorm layers before DDP wraps it."""
@@ -139,6 +141,7 @@ class DistConfig:
     device: Device = Device.cpu
     timeout_s: float = 900.0
     stop_grace_s: float = 120.0
+    stall_timeout_s: float | None = 30.0
     threads_per_rank: int = 1
     bucket_cap_mb: float = 25.0
     max_ranks_per_core: int = 2

@@ -57,7 +57,7 @@ from zero_lab.chained import group_class
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import check_partition_fits
-from zero_lab.partition import ParamSpec, approximate_ddp_buckets
+from zero_lab.partition import ParamSpec, Partitioner, approximate_ddp_buckets
 from zero_lab.planner import specs_from_module
 
 __all__ = [
@@ -175,6 +175,54 @@ def _check_finite(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         if isinstance(value, float) and not math.isfinite(value):
             out.append(f"{key}={value}: must be a finite number")
     return out
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+_WIDER = {"seed": (0, 2**64 - 1)}  # torch.manual_seed takes any unsigned 64-bit seed
+
+
+def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Every integer fits 64 bits (torch, JSON readers and W&B take no wider ones):
+    ``seed=18446744073709551616`` is refused here, not by a rank's ``manual_seed``."""
+    out = []
+    for key, value in _leaves(to_container(cfg)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            low, high = _WIDER.get(key.rsplit(".", 1)[-1], _INT64)  # data.seed: ${seed}
+            if not low <= value <= high:
+                out.append(f"{key}={value}: must fit in 64 bits ({low} … {high})")
+    return out
+
+
+def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """``dist.stall_timeout_s``: seconds past the slowest step, or null (off)."""
+    value = cfg.dist.get("stall_timeout_s")
+    if value is not None and value <= 0:
+        return [f"dist.stall_timeout_s={value}: must be > 0 (seconds past the slowest step), or null to turn it off"]
+    return []
+
+
+def _looked_up_class(node: DictConfig, key: str) -> Any:
+    """The class a ``{_target_: hydra.utils.get_class, path: ...}`` node names, looked up
+    without calling anything else: a node whose ``_target_`` is another callable is refused
+    before it could run (``builtins.open`` would create a file)."""
+    target = str(node.get("_target_"))
+    if target not in ("hydra.utils.get_class", "hydra.utils.get_object"):
+        raise ValueError(
+            f"{key}._target_={target}: must be hydra.utils.get_class (a lookup, with {key}.path=<a class>); "
+            "nothing else is called before the config is accepted"
+        )
+    return get_object(str(node.get("path")))
+
+
+def _buildable(node: DictConfig, key: str, base: type) -> None:
+    """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
+    else is called while checking: ``model._target_=builtins.open`` must not run)."""
+    target = get_object(str(node.get("_target_")))
+    if not (isinstance(target, type) and issubclass(target, base)):
+        raise ValueError(
+            f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
+            "it was not called"
+        )
 
 
 def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
@@ -317,9 +365,10 @@ def _has_var_keyword(target: Any) -> bool:
 
 def _optimizer_class(cfg: DictConfig) -> Any:
     """The ``torch.optim`` class that steps: the target itself, or the class a wrapper (ZeRO,
-    ``ChainedOptimizer``) names as ``optimizer_class``."""
-    wraps = "optimizer_class" in cfg.optim
-    return instantiate(cfg.optim.optimizer_class) if wraps else get_object(cfg.optim._target_)
+    ``ChainedOptimizer``) names as ``optimizer_class`` (looked up, never called)."""
+    if "optimizer_class" in cfg.optim:
+        return _looked_up_class(cfg.optim.optimizer_class, "optim.optimizer_class")
+    return get_object(cfg.optim._target_)
 
 
 def _optimizer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -448,6 +497,7 @@ def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
 
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
+    _buildable(cfg.model, "model", torch.nn.Module)
     with torch.device("meta"):
         return instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
 
@@ -471,6 +521,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         return []
     name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
     try:
+        _buildable(cfg.partitioner, "partitioner", Partitioner)
         partitioner = instantiate(cfg.partitioner)
     except Exception as error:
         return [f"{name}: cannot be built: {error}"]
@@ -582,6 +633,8 @@ def _check_objective(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
 _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_known_keys,
     _check_finite,
+    _check_integer_widths,
+    _check_stall_timeout,
     _check_ranges,
     _check_devices,
     _check_model_data,

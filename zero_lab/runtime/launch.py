@@ -15,6 +15,16 @@ rank, so a failure); with ``deadline_s`` the whole world is also killed, and
 ``destroy_process_group()``, a flush and ``os._exit`` — ranks that returned through
 the interpreter's normal shutdown sometimes crashed after their work was done.
 
+Stalls: with ``stall_timeout_s``, every rank beats (:func:`zero_lab.runtime.heartbeat.beat`,
+once per training step) into an array shared with this process, which stops the world
+when a rank has not beaten for ``stall_timeout_s`` past the slowest step seen so far
+(armed once every rank has beaten once) and raises :class:`RankStalled` naming that
+rank: the one ``/proc`` shows stopped (SIGSTOP, a debugger) or in uninterruptible I/O, else
+the one with the fewest beats. When a collective times out first (the last resort), a
+rank that is still alive and never reported is blamed, not the peer that waited for it.
+A failure's one-line ``summary`` is its exception's own message (first line; a Hydra
+``InstantiationException`` is unwrapped to the error it wraps), not a traceback's last line.
+
 Signals: while the world runs, the first SIGTERM or SIGINT the parent receives is
 forwarded to every rank as SIGTERM, SIGUSR2 (Slurm's time-limit warning) as SIGUSR2 (a rank
 that handles it — the app's loop does, see
@@ -45,9 +55,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zero_lab.runtime import heartbeat
+from zero_lab.runtime.heartbeat import StallWatch, process_state
 from zero_lab.runtime.signals import blocked_for_children, handling_stop_signals, signal_name
 
-__all__ = ["Interrupted", "RankFailure", "describe_exit", "last_line", "run_world"]
+__all__ = ["Interrupted", "RankFailure", "RankStalled", "cause_line", "describe_exit", "last_line", "run_world"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
 
@@ -60,13 +72,26 @@ class RankFailure(RuntimeError):
     only the echo of this one: a peer's connection reset).
     """
 
-    def __init__(self, rank: int, details: str, others: dict[int, str] | None = None, exitcode: int | None = None):
+    def __init__(
+        self,
+        rank: int,
+        details: str,
+        others: dict[int, str] | None = None,
+        exitcode: int | None = None,
+        summary: str | None = None,
+    ):
         self.rank = rank
         self.details = details
         self.exitcode = exitcode
         self.others = others or {}
+        self.summary = summary or last_line(details)  # the error's own message, first line
         also = "".join(f"\n(rank {r} failed too: {last_line(d)})" for r, d in sorted(self.others.items()))
         super().__init__(f"rank {rank} failed:\n{details}{also}")
+
+
+class RankStalled(RankFailure):
+    """A rank made no progress within the stall bound, or never arrived at a collective that
+    timed out on its peers; ``summary`` says what ``/proc`` showed of it."""
 
 
 class Interrupted(RuntimeError):
@@ -78,7 +103,23 @@ class Interrupted(RuntimeError):
         super().__init__(f"stopped by {signal_name(signum)}: {why}")
 
 
-_ECHOES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# Errors that only echo a peer's death or absence (a collective's timeout: the peer never came).
+_ECHOES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Timed out waiting",
+    "Socket Timeout",
+)
+
+
+def cause_line(error: BaseException) -> str:
+    """``"RuntimeError: <first line of its message>"``: the exception's own words, once
+    unwrapped from Hydra's ``InstantiationException`` (whose last line is only ``full_key: …``)."""
+    while type(error).__name__ == "InstantiationException" and error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def last_line(details: str) -> str:
@@ -92,7 +133,7 @@ def describe_exit(exitcode: int) -> str:
     return f"killed by {signal_name(-exitcode)} (exit code {exitcode})" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def _root_cause(failures: dict[int, str], died: dict[int, int]) -> RankFailure:
+def _root_cause(failures: dict[int, str], died: dict[int, int], summaries: dict[int, str]) -> RankFailure:
     """The rank that failed first. Ranks that died without reporting (``died``: rank ->
     exit code, in the order they were seen) come first — a SIGKILL or a segfault is a
     cause, never an echo — then ranks' own errors, then peers' collective errors that only
@@ -106,7 +147,12 @@ def _root_cause(failures: dict[int, str], died: dict[int, int]) -> RankFailure:
 
     ranked = sorted(failures, key=key)
     first = ranked[0]
-    return RankFailure(first, failures[first], {r: failures[r] for r in ranked[1:]}, died.get(first))
+    others = {r: failures[r] for r in ranked[1:]}
+    return RankFailure(first, failures[first], others, died.get(first), summaries.get(first))
+
+
+def _is_echo(details: str) -> bool:
+    return any(echo in details for echo in _ECHOES)
 
 
 def _rank_main(
@@ -119,6 +165,7 @@ def _rank_main(
     args: Sequence[Any],
     results: Any,
     threads: int,
+    beats: Any,
 ) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -129,6 +176,7 @@ def _rank_main(
         MASTER_PORT=str(port),
     )
     _die_with_parent()
+    heartbeat.attach(beats, rank)
     torch.set_num_threads(threads)
     code = 0
     try:
@@ -136,8 +184,8 @@ def _rank_main(
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         payload = (rank, True, pickle.dumps(fn(*args)))
-    except BaseException:
-        payload = (rank, False, traceback.format_exc())
+    except BaseException as error:
+        payload = (rank, False, (traceback.format_exc(), cause_line(error)))
         code = 1
     try:
         results.put(payload)
@@ -211,21 +259,25 @@ def run_world(
     threads_per_rank: int = 1,
     stop_grace_s: float = 120.0,
     deadline_s: float | None = None,
+    stall_timeout_s: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` fresh ranks; return the results by rank.
 
     ``timeout_s`` bounds every collective; ``deadline_s`` (``None``: no limit) the whole
-    world; ``stop_grace_s`` how long the ranks may take to stop after SIGTERM/SIGINT.
+    world; ``stop_grace_s`` how long the ranks may take to stop after SIGTERM/SIGINT;
+    ``stall_timeout_s`` (``None``: off) how long past the slowest step seen a rank may go
+    without a heartbeat before the world is stopped (:class:`RankStalled`).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context(start_method)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     results = ctx.SimpleQueue()
+    beats = ctx.Array("d", 2 * world_size, lock=False)  # per rank: [beats, monotonic time of the last]
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(fn, rank, world_size, backend, store.port, timeout_s, args, results, threads_per_rank),
+            args=(fn, rank, world_size, backend, store.port, timeout_s, args, results, threads_per_rank, beats),
             daemon=True,
             name=f"zero_lab-rank{rank}",
         )
@@ -238,7 +290,8 @@ def run_world(
         forwarding = _ForwardSignals(procs, stop_grace_s)
         with handling_stop_signals(forwarding.handle):
             deadline = float("inf") if deadline_s is None else time.monotonic() + deadline_s
-            return _collect(procs, results, deadline, forwarding)
+            watch = None if stall_timeout_s is None else StallWatch(beats, world_size, stall_timeout_s)
+            return _collect(procs, results, deadline, forwarding, watch)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -248,17 +301,24 @@ def run_world(
         del store
 
 
-def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _ForwardSignals) -> list[Any]:
-    """Wait for one result per rank; fail fast on the first error or death."""
+def _collect(
+    procs: list[Any], results: Any, deadline: float, forwarding: _ForwardSignals, watch: StallWatch | None = None
+) -> list[Any]:
+    """Wait for one result per rank; fail fast on the first error, death or stall."""
     out: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    summaries: dict[int, str] = {}
     died: dict[int, int] = {}
     while len(out) < len(procs):
-        _drain(results, out, failures)
-        _note_deaths(procs, results, out, failures, died)
+        _drain(results, out, failures, summaries)
+        _note_deaths(procs, results, out, failures, died, summaries)
+        if watch is not None and not failures and (late := watch.stalled(set(out))):
+            raise _stalled(procs, watch, late, out)
         if failures:
-            _gather_more_failures(procs, results, failures, out, died)
-            cause = _root_cause(failures, died)
+            _gather_more_failures(procs, results, failures, out, died, summaries)
+            cause = _root_cause(failures, died, summaries)
+            if _is_echo(cause.details) and (absent := _absent(procs, out, failures)):
+                cause = _absent_from_collective(procs, absent, cause)
             if forwarding.signum:
                 raise Interrupted(forwarding.signum, f"rank {cause.rank} ended without stopping cleanly") from cause
             raise cause
@@ -272,39 +332,87 @@ def _collect(procs: list[Any], results: Any, deadline: float, forwarding: _Forwa
     return [out[rank] for rank in range(len(procs))]
 
 
-def _drain(results: Any, out: dict[int, Any], failures: dict[int, str]) -> None:
+def _drain(results: Any, out: dict[int, Any], failures: dict[int, str], summaries: dict[int, str]) -> None:
     """Take every report waiting in the queue."""
     while not results.empty():
         rank, ok, payload = results.get()
         if ok:
             out[rank] = pickle.loads(payload)
         else:
-            failures[rank] = payload
+            failures[rank], summaries[rank] = payload
+
+
+def _stalled(procs: list[Any], watch: StallWatch, late: list[int], out: dict[int, Any]) -> RankStalled:
+    """The rank to blame for a stall: stopped, else in uninterruptible I/O, else the fewest
+    beats (it is behind its peers), else the oldest last beat; every rank's state beside it."""
+    active = [r for r in range(len(procs)) if r not in out]
+    states = {r: process_state(procs[r].pid) for r in active}
+
+    def key(rank: int) -> tuple[int, int, int, float]:
+        state = states[rank]
+        return (not state.stopped, not state.in_io, watch.beats(rank), -watch.since_last(rank))
+
+    rank = min(active, key=key)
+    summary = (
+        f"stalled: no progress for {watch.since_last(rank):.0f} s after {watch.beats(rank)} step(s) "
+        f"(bound: slowest step {watch.slowest:.1f} s + stall timeout {watch.timeout_s:g} s); "
+        f"{states[rank].describe()}"
+    )
+    others = {r: f"{watch.beats(r)} step(s); {states[r].describe()}" for r in active if r != rank}
+    return RankStalled(rank, summary, others, summary=summary)
+
+
+def _absent(procs: list[Any], out: dict[int, Any], failures: dict[int, str]) -> list[int]:
+    """Ranks still alive that neither returned nor reported a failure."""
+    return [r for r, p in enumerate(procs) if r not in out and r not in failures and p.exitcode is None]
+
+
+def _absent_from_collective(procs: list[Any], absent: list[int], waited: RankFailure) -> RankStalled:
+    """A collective timed out (or lost its peer) on ``waited.rank`` while ``absent`` ranks
+    live on without a report: blame the first of them, not the rank that waited."""
+    rank = absent[0]
+    state = process_state(procs[rank].pid)
+    summary = (
+        f"did not arrive at a collective: rank {waited.rank} gave up waiting ({waited.summary[:160]}); "
+        f"{state.describe()}"
+    )
+    others = {waited.rank: waited.details} | waited.others
+    return RankStalled(rank, summary, others, summary=summary)
 
 
 def _note_deaths(
-    procs: list[Any], results: Any, out: dict[int, Any], failures: dict[int, str], died: dict[int, int]
+    procs: list[Any],
+    results: Any,
+    out: dict[int, Any],
+    failures: dict[int, str],
+    died: dict[int, int],
+    summaries: dict[int, str],
 ) -> None:
     """Record ranks whose process ended without a report (killed, crashed), in the order seen."""
     for rank, proc in enumerate(procs):
         if rank in out or rank in failures or proc.exitcode is None:
             continue
         time.sleep(0.05)  # its report may still be in flight
-        _drain(results, out, failures)
+        _drain(results, out, failures, summaries)
         if rank not in out and rank not in failures:
             died[rank] = proc.exitcode
             failures[rank] = f"process {describe_exit(proc.exitcode)} before reporting"
 
 
 def _gather_more_failures(
-    procs: list[Any], results: Any, failures: dict[int, str], out: dict[int, Any], died: dict[int, int]
+    procs: list[Any],
+    results: Any,
+    failures: dict[int, str],
+    out: dict[int, Any],
+    died: dict[int, int],
+    summaries: dict[int, str],
 ) -> None:
     """Give the other ranks a moment to report or die: the first report may be an echo of a
     rank whose death is not noticed yet."""
     grace = time.monotonic() + 2.0
     while time.monotonic() < grace and len(failures) + len(out) < len(procs):
-        _drain(results, out, failures)
-        _note_deaths(procs, results, out, failures, died)
+        _drain(results, out, failures, summaries)
+        _note_deaths(procs, results, out, failures, died, summaries)
         if all(p.exitcode is not None for p in procs) and results.empty():
             break
         time.sleep(0.02)
