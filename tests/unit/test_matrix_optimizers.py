@@ -19,6 +19,7 @@ from zero_lab import (
     register_elementwise,
     split_state_dict,
 )
+from zero_lab.app import checkpoint as app_checkpoint
 from zero_lab.app.models import TinyLM
 from zero_lab.app.preflight import preflight
 from zero_lab.app.schema import register_configs
@@ -251,3 +252,13 @@ def test_master_weights_with_muon_and_adamw(single_rank_group):
     assert zero.master_weight_bytes() == 4 * sum(p.numel() for p in model.parameters())
     for fp32, bf16 in zip(masters.parameters(), model.parameters()):
         assert torch.equal(fp32.to(torch.bfloat16), bf16)  # the rounded masters are the parameters, bitwise
+
+
+def test_app_resume_compares_a_chains_hyperparameters_without_its_class_names():
+    """A plain chain's state dict names each group's class; its live groups do not: not a difference."""
+    chained = ChainedOptimizer(muon_param_groups(lm()), torch.optim.AdamW, lr=1e-3)
+    saved = chained.state_dict()["param_groups"]
+    mine = app_checkpoint._hyperparameters(chained.param_groups)
+    assert app_checkpoint._differences(saved, mine) == {}
+    mine[0]["lr"] = 0.5
+    assert app_checkpoint._differences(saved, mine) == {"group0.lr": [1e-3, 0.5]}
