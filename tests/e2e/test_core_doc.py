@@ -26,7 +26,10 @@ def test_every_snippet_of_the_core_manual_runs(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for quoted in ("SortedGreedy() 2.286", "Flat() 1.0", "Manual(order=['layer*']) 2.286", "1,750,000"):
+    quoted_figures = ("SortedGreedy() 2.286", "Flat() 1.0", "Manual(order=['layer*']) 2.286", "1,750,000")
+    muon = ("numel (67108864.0, 8388608.0)", "newton_schulz (37748736.0, 37748736.0)", "True False True")
+    routed = ("ChainedOptimizer ['Muon', 'AdamW']", "[['1.weight', '3.weight'], ['0.weight'")
+    for quoted in (*quoted_figures, *muon, *routed):
         assert quoted in done.stdout, quoted
     assert "ZeRO-1 Flat() + Adam 9.5 MiB of state on the worst rank" in done.stdout
     assert (tmp_path / "outputs" / "core-doc" / "checkpoints" / "step_00000100" / "manifest.json").is_file()

@@ -19,6 +19,7 @@ from zero_lab import (
     register_elementwise,
     split_state_dict,
 )
+from zero_lab.app import checkpoint as app_checkpoint
 from zero_lab.app.models import TinyLM
 from zero_lab.app.preflight import preflight
 from zero_lab.app.schema import register_configs
@@ -220,3 +221,44 @@ def test_the_app_checks_muon_configs_on_the_real_shapes():
         preflight(["optim=zero_muon", "partitioner=flat"])
     with pytest.raises(ConfigError, match=r"cost='flops' is not one of"):
         preflight(["optim=zero_muon", "partitioner.cost=flops"])
+
+
+def test_master_weights_with_muon_and_adamw(single_rank_group):
+    """bf16 parameters, fp32 masters: each class steps its fp32 shards; equal to the plain chain on fp32 copies."""
+    model = lm().to(torch.bfloat16)
+    zero = ZeroRedundancyOptimizer(
+        muon_param_groups(model, muon={"lr": 0.02}, adamw={"lr": 3e-3}),
+        torch.optim.AdamW,
+        master_weights=True,
+        weight_decay=0.05,
+    )
+    masters = lm()  # the same initial weights in fp32, rounded like the bf16 model
+    with torch.no_grad():
+        for fp32, bf16 in zip(masters.parameters(), model.parameters()):
+            fp32.copy_(bf16.float())
+    plain = plain_chain(masters)
+    tokens = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        zero.zero_grad()
+        for opt in plain:
+            opt.zero_grad()
+        model(tokens).float().logsumexp(-1).mean().backward()
+        for fp32, bf16 in zip(masters.parameters(), model.parameters()):
+            fp32.grad = bf16.grad.float()  # the masters step on the bf16 model's gradients
+        zero.step()
+        for opt in plain:
+            opt.step()
+    assert {p.dtype for o in zero.optim.optimizers for g in o.param_groups for p in g["params"]} == {torch.float32}
+    assert zero.master_weight_bytes() == 4 * sum(p.numel() for p in model.parameters())
+    for fp32, bf16 in zip(masters.parameters(), model.parameters()):
+        assert torch.equal(fp32.to(torch.bfloat16), bf16)  # the rounded masters are the parameters, bitwise
+
+
+def test_app_resume_compares_a_chains_hyperparameters_without_its_class_names():
+    """A plain chain's state dict names each group's class; its live groups do not: not a difference."""
+    chained = ChainedOptimizer(muon_param_groups(lm()), torch.optim.AdamW, lr=1e-3)
+    saved = chained.state_dict()["param_groups"]
+    mine = app_checkpoint._hyperparameters(chained.param_groups)
+    assert app_checkpoint._differences(saved, mine) == {}
+    mine[0]["lr"] = 0.5
+    assert app_checkpoint._differences(saved, mine) == {"group0.lr": [1e-3, 0.5]}

@@ -55,10 +55,21 @@ class _Block(nn.Module):
 
     ``n_kv_head`` (grouped-query attention): separate ``q`` (d × d), ``k`` and ``v``
     (n_kv_head·head_dim × d) projections, each K/V head shared by n_head / n_kv_head query
-    heads; ``None`` keeps one fused ``qkv`` projection.
+    heads; ``None`` keeps one fused ``qkv`` projection. ``n_expert`` narrow experts
+    (``expert_dim`` × d and d × ``expert_dim``) run beside the MLP on every token, their
+    outputs averaged: a dense stand-in with the *shapes* of MoE experts (many narrow
+    matrices), which is what decides how Muon's step cost spreads over ranks.
     """
 
-    def __init__(self, d_model: int, n_head: int, mlp_ratio: int, n_kv_head: int | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        mlp_ratio: int,
+        n_kv_head: int | None = None,
+        n_expert: int = 0,
+        expert_dim: int = 16,
+    ):
         super().__init__()
         self.n_head = n_head
         self.n_kv_head = n_kv_head
@@ -74,6 +85,10 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, mlp_ratio * d_model)
         self.out = nn.Linear(mlp_ratio * d_model, d_model)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_model, expert_dim), nn.GELU(), nn.Linear(expert_dim, d_model))
+            for _ in range(n_expert)
+        )
 
     def _qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq, width = h.shape
@@ -94,13 +109,18 @@ class _Block(nn.Module):
         q, k, v = self._qkv(self.ln1(x))
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, width))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        h = self.ln2(x)
+        x = x + self.out(F.gelu(self.fc(h)))
+        if len(self.experts):
+            x = x + torch.stack([expert(h) for expert in self.experts]).mean(0)
+        return x
 
 
 class TinyLM(nn.Module):
     """A GPT-style causal language model: token + position embeddings, blocks, LM head.
 
-    ``n_kv_head`` makes attention grouped-query (narrow K/V matrices: mixed aspect ratios).
+    ``n_kv_head`` makes attention grouped-query (narrow K/V matrices) and ``n_expert`` adds
+    narrow expert matrices beside each MLP: mixed aspect ratios, for Muon's step cost.
     """
 
     task = "lm"
@@ -114,6 +134,8 @@ class TinyLM(nn.Module):
         n_head: int,
         mlp_ratio: int = 4,
         n_kv_head: int | None = None,
+        n_expert: int = 0,
+        expert_dim: int = 16,
     ):
         super().__init__()
         if d_model % n_head:
@@ -122,7 +144,9 @@ class TinyLM(nn.Module):
             raise ValueError(f"n_kv_head ({n_kv_head}) must divide n_head ({n_head}), or be null for fused qkv")
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(_Block(d_model, n_head, mlp_ratio, n_kv_head) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(
+            _Block(d_model, n_head, mlp_ratio, n_kv_head, n_expert, expert_dim) for _ in range(n_layer)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
