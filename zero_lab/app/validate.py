@@ -218,11 +218,19 @@ def _buildable(node: DictConfig, key: str, base: type) -> None:
     """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
     else is called while checking: ``model._target_=builtins.open`` must not run)."""
     target = get_object(str(node.get("_target_")))
-    if not (isinstance(target, type) and issubclass(target, base)):
+    if not (isinstance(target, type) and _is_kind_of(target, base)):
         raise ValueError(
             f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
             "it was not called"
         )
+
+
+def _is_kind_of(target: type, base: type) -> bool:
+    """``issubclass``, except for a Protocol with data members (``Partitioner``: a class whose
+    instances are callable is enough; its attributes are read with defaults)."""
+    if getattr(base, "_is_protocol", False):
+        return any("__call__" in vars(klass) for klass in target.__mro__[:-1])
+    return issubclass(target, base)
 
 
 def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
