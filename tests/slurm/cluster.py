@@ -44,6 +44,7 @@ MEMORY_MB_PER_NODE = 8192
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
 TOOLS = ("ip", "nsenter", "unshare", "mount")
 LIMIT_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: how often it tests time limits (compiled in)
+CRED_EXPIRE_S = 15  # also how long a requeued job waits before it may start again (default 120)
 ENABLE = "install Slurm and MUNGE (as root: apt-get install -y slurm-wlm munge) and run the tests as root"
 
 
@@ -69,7 +70,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={socket},cred_expire=5
+AuthInfo=socket={socket},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid

@@ -65,12 +65,19 @@ def hand_back(signum: int) -> bool:
 
     Under submitit that handler is its checkpoint-and-requeue on SIGUSR2 (task 0 dumps the
     ``checkpoint()`` it returns and calls ``scontrol requeue``, then exits), its logging bypass
-    on SIGTERM. Outside the main thread nothing is called.
+    on SIGTERM. SIGTERM is ignored meanwhile, and so by the processes the handler starts: the
+    requeue makes Slurm SIGTERM every process of the job, ``scontrol requeue`` included, and
+    an ``scontrol`` killed before it exits makes submitit report the job failed. Outside the
+    main thread nothing is called.
     """
     handler = signal.getsignal(signum)
     if not callable(handler) or threading.current_thread() is not threading.main_thread():
         return False
-    handler(signum, None)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        handler(signum, None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return True
 
 
