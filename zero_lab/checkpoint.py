@@ -78,6 +78,7 @@ __all__ = [
     "read_manifest",
     "save_checkpoint",
     "save_file",
+    "save_tensors",
 ]
 
 FORMAT = "zero_lab.sharded/1"
@@ -212,8 +213,55 @@ def save_file(obj: Any, path: str | Path) -> Path:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     data = buffer.getbuffer()
-    write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    return write_atomic(path, lambda f: f.write(data))
+    with _disk_full_named(path, len(data)):
+        write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        return write_atomic(path, lambda f: f.write(data))
+
+
+def _payload_bytes(obj: Any) -> int:
+    """Bytes of every tensor in ``obj`` (nested dicts, lists, tuples): what saving it needs, at least."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem (``None``: unknown)."""
+    try:
+        info = os.statvfs(path if path.is_dir() else path.parent)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+@contextlib.contextmanager
+def _disk_full_named(path: Path, needed: int) -> Iterator[None]:
+    """Turn a write that ran out of space — ``OSError(ENOSPC)``, or torch's zip writer's
+    ``unexpected pos`` — into one :class:`CheckpointError` naming the file and the bytes it
+    needs. The temporary file is gone (``write_atomic``), so nothing half-written carries a name."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        free = free_bytes(path)
+        full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
+        if not (full or (free is not None and free < needed)):
+            raise
+        raise CheckpointError(
+            f"no space left on device: writing {path} needs at least {needed} bytes, "
+            f"{'?' if free is None else free} bytes are free on its filesystem; free some space or save elsewhere "
+            "(the previous checkpoint is still the latest complete one)"
+        ) from error
+
+
+def save_tensors(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` atomically to ``path``; a full disk is one :class:`CheckpointError` naming it."""
+    path = Path(path)
+    with _disk_full_named(path, _payload_bytes(obj)):
+        return write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def load_checked_file(path: str | Path) -> Any:
@@ -363,10 +411,10 @@ def save_checkpoint(
 
     mine = f"optim-rank{rank:05d}.pt"
     shards = optimizer.local_shard_states()
-    write_atomic(partial / mine, lambda f: torch.save({"shards": shards}, f))
+    save_tensors({"shards": shards}, partial / mine)
     written = {mine: {**_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
     if rank == 0 and model is not None:
-        write_atomic(partial / "model.pt", lambda f: torch.save(model.state_dict(), f))
+        save_tensors(model.state_dict(), partial / "model.pt")
         written["model.pt"] = _digest(partial / "model.pt")
     everyone = comm.gather_objects(written, to=0, device=optimizer.join_device)
 

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.checkpoint import CheckpointError, load_checked_file, load_checkpoint, save_checkpoint, save_file
+from zero_lab.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_checked_file,
+    load_checkpoint,
+    save_checkpoint,
+    save_file,
+)
 
 pytestmark = pytest.mark.timeout(60)  # before the fix, a FIFO in a file's place hung the load forever
 
@@ -95,3 +103,37 @@ def test_a_checkpoint_of_another_model_names_the_parameter(saved):
     with pytest.raises(CheckpointError, match=r"parameter '0.weight' \(#0\) has shape \(3, 4\) in group 0 in the "
                        r"checkpoint, shape \(5, 4\) in group 0 here"):  # fmt: skip
         _load(saved, hidden=5)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped elsewhere, saying so)."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or 'not root'})")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_save_says_so_and_leaves_no_checkpoint(tiny_disk, single_rank_group):
+    model = torch.nn.Linear(512, 1024)  # 2 MiB of weights: model.pt alone overflows 1 MiB
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    target = tiny_disk / "checkpoints" / "step_00000001"
+    with pytest.raises(CheckpointError, match=r"^no space left on device: writing .*model\.pt needs at least "
+                       r"2101248 bytes, \d+ bytes are free on its filesystem"):  # fmt: skip
+        save_checkpoint(target, opt, model)
+    assert find_checkpoint(tiny_disk) is None and find_checkpoint(tiny_disk / "checkpoints") is None
+    assert not any(p.name.startswith(".model.pt.tmp") for p in tiny_disk.rglob("*"))  # no temporary file left
+
+
+def test_a_full_disk_during_a_plain_save_leaves_no_file_a_resume_accepts(tiny_disk):
+    path = tiny_disk / "step_00000001.pt"
+    with pytest.raises(CheckpointError, match=r"^no space left on device: writing .*step_00000001\.pt needs"):
+        save_file({"w": torch.zeros(512, 1024)}, path)
+    assert find_checkpoint(tiny_disk) is None
