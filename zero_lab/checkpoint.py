@@ -46,6 +46,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,7 @@ __all__ = [
     "read_manifest",
     "save_checkpoint",
     "save_file",
+    "save_tensors",
 ]
 
 FORMAT = "zero_lab.sharded/1"
@@ -120,8 +122,53 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
+#: A manifest or a size/sha256 record larger than this is not one zero_lab wrote.
+MANIFEST_LIMIT_BYTES = 64 << 20
+#: Keys every manifest has (:func:`save_checkpoint` writes them all).
+MANIFEST_KEYS = ("format", "world_size", "optimizer_class", "partitioner", "params", "param_groups", "files", "extra")
+
+
+def regular_file_size(path: Path) -> int:
+    """The size of ``path`` if it is a regular file (a symlink to one is fine); a
+    :class:`CheckpointError` for a FIFO, a device, a directory or a socket, where a read
+    could block forever or never end."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read it ({error.strerror or error})") from error
+    if not stat.S_ISREG(info.st_mode):
+        kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+        kind = next((name for test, name in kinds if test(info.st_mode)), "not a regular file")
+        raise CheckpointError(f"{path}: is {kind}, not a regular file; checkpoints are read from regular files only")
+    return info.st_size
+
+
+def read_json_file(path: Path, what: str) -> Any:
+    """A small JSON file (a manifest, a size/sha256 record), read with bounds: a regular file
+    of at most :data:`MANIFEST_LIMIT_BYTES`, valid UTF-8 JSON; else a :class:`CheckpointError`
+    naming it."""
+    size = regular_file_size(path)
+    if size > MANIFEST_LIMIT_BYTES:
+        raise CheckpointError(f"{path}: {size} bytes is more than any {what} zero_lab writes ({MANIFEST_LIMIT_BYTES})")
+    with open(path, "rb") as handle:
+        data = handle.read(MANIFEST_LIMIT_BYTES + 1)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{path}: the {what} is not valid UTF-8 JSON ({type(error).__name__}: {error})"
+        ) from error
+
+
 def _check_digest(path: Path, expected: dict[str, Any], subject: str, source: str) -> None:
-    """Raise unless ``path`` has the size and sha256 that ``source`` (its record) gives."""
+    """Raise unless ``path`` has the size and sha256 that ``source`` (its record) gives; the
+    size (and that it is a regular file) is checked before a byte is hashed."""
+    size = regular_file_size(path)
+    if size != expected.get("bytes"):
+        raise CheckpointError(
+            f"{subject} is corrupt: {path.name} has {size} bytes, {source} says {expected.get('bytes')} bytes"
+        )
     found = _digest(path)
     if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
         raise CheckpointError(
@@ -167,8 +214,55 @@ def save_file(obj: Any, path: str | Path) -> Path:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     data = buffer.getbuffer()
-    write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    return write_atomic(path, lambda f: f.write(data))
+    with _disk_full_named(path, len(data)):
+        write_json(digest_path(path), {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        return write_atomic(path, lambda f: f.write(data))
+
+
+def _payload_bytes(obj: Any) -> int:
+    """Bytes of every tensor in ``obj`` (nested dicts, lists, tuples): what saving it needs, at least."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem (``None``: unknown)."""
+    try:
+        info = os.statvfs(path if path.is_dir() else path.parent)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+@contextlib.contextmanager
+def _disk_full_named(path: Path, needed: int) -> Iterator[None]:
+    """Turn a write that ran out of space — ``OSError(ENOSPC)``, or torch's zip writer's
+    ``unexpected pos`` — into one :class:`CheckpointError` naming the file and the bytes it
+    needs. The temporary file is gone (``write_atomic``), so nothing half-written carries a name."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        free = free_bytes(path)
+        full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
+        if not (full or (free is not None and free < needed)):
+            raise
+        raise CheckpointError(
+            f"no space left on device: writing {path} needs at least {needed} bytes, "
+            f"{'?' if free is None else free} bytes are free on its filesystem; free some space or save elsewhere "
+            "(the previous checkpoint is still the latest complete one)"
+        ) from error
+
+
+def save_tensors(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` atomically to ``path``; a full disk is one :class:`CheckpointError` naming it."""
+    path = Path(path)
+    with _disk_full_named(path, _payload_bytes(obj)):
+        return write_atomic(path, lambda f: torch.save(obj, f))
 
 
 def load_checked_file(path: str | Path) -> Any:
@@ -176,12 +270,14 @@ def load_checked_file(path: str | Path) -> Any:
     path = Path(path)
     record = digest_path(path)
     try:
-        expected = json.loads(record.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        expected = read_json_file(record, "size/sha256 record")
+    except CheckpointError as error:
         raise CheckpointError(
             f"{path}: its size/sha256 record {record.name} is missing or unreadable ({error}); copy it with the "
             "checkpoint (zero_lab loads no unchecked checkpoint)"
         ) from error
+    if not isinstance(expected, dict):
+        raise CheckpointError(f"{record}: the size/sha256 record is not a JSON object")
     _check_digest(path, expected, str(path), record.name)
     return load_file(path)
 
@@ -203,12 +299,14 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     path = directory / MANIFEST
     if not path.exists():
         raise CheckpointError(f"{directory} is not a complete zero_lab checkpoint (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path} is unreadable: {error}") from error
+    manifest = read_json_file(path, "manifest")
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} has format {manifest.get('format')!r}; this zero_lab reads {FORMAT!r}")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise CheckpointError(f"{path}: the manifest lacks {', '.join(missing)}; it was not written by zero_lab")
     return manifest
 
 
@@ -318,10 +416,10 @@ def save_checkpoint(
 
     mine = f"optim-rank{rank:05d}.pt"
     shards = optimizer.local_shard_states()
-    write_atomic(partial / mine, lambda f: torch.save({"shards": shards}, f))
+    save_tensors({"shards": shards}, partial / mine)
     written = {mine: {**_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
     if rank == 0 and model is not None:
-        write_atomic(partial / "model.pt", lambda f: torch.save(model.state_dict(), f))
+        save_tensors(model.state_dict(), partial / "model.pt")
         written["model.pt"] = _digest(partial / "model.pt")
     everyone = comm.gather_objects(written, to=0, device=optimizer.join_device)
 
@@ -346,16 +444,46 @@ def save_checkpoint(
 
 
 # ---------------------------------------------------------------------------- load
-def _check_fits(manifest: dict[str, Any], optimizer: ZeroRedundancyOptimizer, directory: Path) -> None:
+def _check_fits(
+    manifest: dict[str, Any], optimizer: ZeroRedundancyOptimizer, directory: Path, model: nn.Module | None = None
+) -> None:
+    """The saved parameters are this optimizer's (shapes and groups, in order); else name the
+    first that differs, by its name where the manifest or ``model`` knows it."""
     saved = [(p["shape"], p["group"]) for p in manifest["params"]]
-    ours = [(p["shape"], p["group"]) for p in _param_table(optimizer)]
+    table = _param_table(optimizer)
+    ours = [(p["shape"], p["group"]) for p in table]
     if saved != ours:
         first = next((i for i, (a, b) in enumerate(zip(saved, ours)) if a != b), min(len(saved), len(ours)))
+        name = _param_name(manifest, table, optimizer, model, first)
+
+        def side(entries: list[tuple[Any, int]]) -> str:
+            if first >= len(entries):
+                return "absent"
+            shape, group = entries[first]
+            return f"shape {tuple(shape)} in group {group}"
+
         raise CheckpointError(
-            f"checkpoint {directory} does not fit this model: it has {len(saved)} parameters, this optimizer "
-            f"{len(ours)}; the first difference is parameter #{first} "
-            f"(saved {saved[first] if first < len(saved) else None}, here {ours[first] if first < len(ours) else None})"
+            f"checkpoint {directory} does not fit this model: parameter {name} has {side(saved)} in the checkpoint, "
+            f"{side(ours)} here ({len(saved)} parameters saved, {len(ours)} here); load it into the model it was "
+            "saved from"
         )
+
+
+def _param_name(
+    manifest: dict[str, Any],
+    table: list[dict[str, Any]],
+    optimizer: ZeroRedundancyOptimizer,
+    model: nn.Module | None,
+    index: int,
+) -> str:
+    """``'layers.0.weight' (#0)``: a parameter's name from the optimizer, the manifest or the model."""
+    names = [row["name"] for row in table]
+    if model is not None and not any(names):
+        by_id = {id(p): n for n, p in model.named_parameters()}
+        names = [by_id.get(id(p)) for p in optimizer.all_params]
+    saved = manifest["params"][index].get("name") if index < len(manifest["params"]) else None
+    name = (names[index] if index < len(names) else None) or saved
+    return f"{name!r} (#{index})" if name else f"#{index}"
 
 
 def _check_coverage(manifest: dict[str, Any], directory: Path) -> None:
@@ -403,7 +531,7 @@ def load_checkpoint(
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
-    _check_fits(manifest, optimizer, directory)
+    _check_fits(manifest, optimizer, directory, model)
     _check_coverage(manifest, directory)
     if model is not None:
         model.load_state_dict(load_verified(directory, "model.pt", manifest))

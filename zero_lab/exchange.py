@@ -18,13 +18,17 @@ again. Two choices make up its ``mode``:
 **Collective** (``exchange=``): ``broadcast`` — one broadcast per rank of its range of
 each buffer (per shard in the ``per_shard`` layout); ``all_gather`` — one
 ``all_gather_into_tensor`` per buffer (unequal segments are padded to the longest in
-a staging buffer); ``auto`` — at the first exchange, both are timed on the real
-buffers (one warm-up, then :data:`TUNE_REPS` alternating repetitions; the exchange is
-idempotent once the local step is done), each rank takes its fastest repetition per
-candidate (load from other processes only ever adds time, so the minimum is the
-least disturbed figure), an
-all-reduce MAX makes the slowest rank's figures decide, so every rank picks the same;
-the choice and the timings are in :meth:`ParamExchange.report`. On one host with Gloo
+a staging buffer); ``auto`` — at the first exchange, both are timed on a bounded
+sample (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, cut in W equal ranges:
+W broadcasts against one all-gather, in the exchange's dtype and device; one warm-up,
+then :data:`TUNE_REPS` alternating repetitions), so the trial never stages a model-sized
+copy and the first step peaks no higher than the chosen exchange does; each rank takes
+its fastest repetition per candidate (load from other processes only ever adds time, so
+the minimum is the least disturbed figure), scaled from the sample's bytes to the whole
+exchange's; an all-reduce MAX makes the slowest rank's figures decide, so every rank
+picks the same; then the exchange runs with the choice. The sample measures bandwidth,
+not the per-call cost of ``per_shard``'s one broadcast per tensor. The choice, the
+timings and the sample's size are in :meth:`ParamExchange.report`. On one host with Gloo
 broadcasts win by 4-6x; on NCCL all-gather usually does.
 
 Every rank issues the same collectives in the same order, because all of it is
@@ -69,6 +73,8 @@ COLLECTIVES: tuple[str, ...] = ("broadcast", "all_gather")
 EXCHANGES: tuple[str, ...] = ("auto", *COLLECTIVES)
 #: Timed repetitions per candidate when ``exchange="auto"`` (after one warm-up each).
 TUNE_REPS = 3
+#: Most bytes the ``auto`` trial stages: both candidates are timed on a sample this large.
+TUNE_SAMPLE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class ExchangeReport:
     collective: str  # "broadcast", "all_gather", "auto" (not decided yet) or "none" (world size 1)
     requested: str  # the constructor's exchange=
     timings_s: dict[str, float] = field(default_factory=dict)  # auto: fastest exchange per candidate
+    sample_bytes: int = 0  # auto: the bytes each candidate was timed on (scaled to the whole exchange)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -88,6 +95,7 @@ class ExchangeReport:
             "collective": self.collective,
             "requested": self.requested,
             "timings_s": dict(self.timings_s),
+            "tune_sample_bytes": self.sample_bytes,
         }
 
 
@@ -303,6 +311,7 @@ class ParamExchange:
         self.requested = exchange
         self.collective = exchange if comm.world_size > 1 else "none"
         self.timings_s: dict[str, float] = {}
+        self.sample_bytes = 0
         self.buffers: list[_Buffer] = []
         self._shard_units: list[_ShardBroadcast] = []
         self._inflight: list[tuple[frozenset[int], InFlight]] = []
@@ -321,7 +330,9 @@ class ParamExchange:
         return f"{self.layout}_{self.collective}"
 
     def report(self) -> ExchangeReport:
-        return ExchangeReport(self.mode, self.layout, self.collective, self.requested, dict(self.timings_s))
+        return ExchangeReport(
+            self.mode, self.layout, self.collective, self.requested, dict(self.timings_s), self.sample_bytes
+        )
 
     def rebuild(self) -> None:
         """(Re)build buffers, e.g. after parameters changed trainability."""
@@ -395,8 +406,7 @@ class ParamExchange:
         if first_use is not None:
             first_use.agree(self.comm, len(self.params), self.params[0].device)
         if self.collective == "auto":
-            self._tune()
-            return
+            self._tune()  # on a bounded sample; then this exchange runs with the choice
         for unit in self._issue_order(first_use):
             self._inflight.append((unit.param_indices, unit.issue(self.comm, self.collective)))
 
@@ -430,24 +440,37 @@ class ParamExchange:
                 keep.append((indices, inflight))
         self._inflight = keep
 
-    def _run_with(self, collective: str) -> float:
-        start = time.perf_counter()
-        for inflight in [unit.issue(self.comm, collective) for unit in self._units(collective)]:
-            inflight.wait()
-        if self.params[0].device.type == "cuda":
-            torch.cuda.synchronize(self.params[0].device)
-        return time.perf_counter() - start
-
     def _tune(self) -> None:
-        """Time every collective on the real buffers; the max over ranks decides (see module docstring)."""
+        """Time every collective on a bounded sample; the max over ranks decides (see module docstring)."""
+        trainable = [s for s in self.partition.shards if self.params[s.param].requires_grad]
+        first = self.params[trainable[0].param] if trainable else self.params[0]
+        dtype, device, world = first.dtype, first.device, self.comm.world_size
+        total_bytes = sum(s.numel * self.params[s.param].element_size() for s in trainable)
+        chunk = max(1, min(total_bytes, TUNE_SAMPLE_BYTES) // first.element_size() // world)
+        scratch = torch.zeros(chunk * world, dtype=dtype, device=device)
+        local = torch.zeros(chunk, dtype=dtype, device=device)
+        self.sample_bytes = scratch.numel() * scratch.element_size()
+        scale = max(total_bytes, 1) / self.sample_bytes
+
+        def timed(collective: str) -> float:
+            start = time.perf_counter()
+            if collective == "broadcast":
+                ranges = [(scratch[r * chunk : (r + 1) * chunk], r) for r in range(world)]
+                self.comm.issue_broadcasts(ranges, op="exchange_tune").wait()
+            else:
+                self.comm.issue_all_gather(scratch, local, op="exchange_tune").wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+
         for collective in COLLECTIVES:
-            self._run_with(collective)
+            timed(collective)
         samples: dict[str, list[float]] = {c: [] for c in COLLECTIVES}
         for _ in range(TUNE_REPS):
             for collective in COLLECTIVES:
-                samples[collective].append(self._run_with(collective))
-        local = torch.tensor([min(samples[c]) for c in COLLECTIVES], dtype=torch.float64)
-        agreed = self.comm.all_reduce(local.to(self.params[0].device), dist.ReduceOp.MAX, op="exchange_tune")
+                samples[collective].append(timed(collective))
+        mine = torch.tensor([min(samples[c]) * scale for c in COLLECTIVES], dtype=torch.float64)
+        agreed = self.comm.all_reduce(mine.to(device), dist.ReduceOp.MAX, op="exchange_tune")
         self.timings_s = dict(zip(COLLECTIVES, agreed.cpu().tolist()))
         self.collective = min(COLLECTIVES, key=lambda c: self.timings_s[c])
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 import time
 
-from tests.e2e.runs import assert_no_leftover_processes
+from tests.e2e.runs import assert_no_leftover_processes, train_together
 from tests.e2e.test_app_faults import FOREVER, start, wait_for
 from tests.e2e.test_faults import rank_pid
 
@@ -28,4 +28,26 @@ def test_a_stopped_rank_is_named_within_the_stall_bound(tmp_path):
     assert line.group(1).endswith("its process is stopped (/proc state T: SIGSTOP or a debugger)")
     assert f"its log: {run_dir}/logs/rank1.log" in stderr
     assert "(rank 0: " in stderr  # the peer's state beside it, not blamed
+    assert_no_leftover_processes()
+
+
+def test_an_unusable_run_dir_is_one_line_naming_it_and_nothing_runs(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    under_a_file = tmp_path / "afile" / "run"
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], check=False)
+    try:
+        commands = [["logger=none", "steps=2", f"hydra.run.dir={under_a_file}"]]
+        if mounted.returncode == 0:  # root: a read-only filesystem (chmod does not stop root)
+            commands.append(["logger=none", "steps=2", f"hydra.run.dir={read_only / 'run'}"])
+        results = train_together(*commands)
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", "-l", str(read_only)], check=False)
+    expected = [f"zero_lab: run dir {under_a_file} cannot be used: Not a directory", "Read-only file system"]
+    for result, fragment in zip(results, expected):
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert fragment in result.stderr, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr and "Unable to configure handler" not in result.stderr
     assert_no_leftover_processes()

@@ -192,7 +192,7 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
         "train.py",
         "optim=adam",
         "partitioner.params_per_rank=[[a*],[b*]]",
-        f"resume={run_dir}",
+        f"resume='{run_dir}'",  # quoted for Hydra too: the path has spaces
     ]
 
 
@@ -208,3 +208,25 @@ def test_a_failure_every_rank_shares_is_not_called_an_echo(tmp_path):
         "  (rank 2 failed after it: RuntimeError: Read error: Connection reset by peer)",
     ]
     assert (tmp_path / "logs" / "rank0.error.txt").read_text() == refused
+
+
+@pytest.mark.parametrize("name", ["a,b", "it's here", "x=[1,2]", "plain-name"])
+def test_the_resume_hint_parses_back_to_the_run_dir_for_hydra(tmp_path, name):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    run_dir = tmp_path / name
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_00000002.pt").write_bytes(b"x")
+    words = shlex.split(_resume_hint(run_dir, {"overrides": []}).removeprefix("continue with: "))
+    (override,) = OverridesParser.create().parse_overrides([words[-1]])
+    assert (override.key_or_group, override.value()) == ("resume", str(run_dir))
+
+
+def test_a_reused_run_dir_keeps_the_users_own_files_in_logs(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "mine.txt").write_text("the user's")
+    (tmp_path / "logs" / "rank0.log").write_text("an earlier run's")
+    assert claim(tmp_path, explicit=True) == tmp_path
+    assert (tmp_path / "logs" / "mine.txt").read_text() == "the user's"
+    assert (tmp_path / "earlier" / "1" / "logs" / "rank0.log").read_text() == "an earlier run's"
+    assert not (tmp_path / "logs" / "rank0.log").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -226,3 +227,13 @@ def test_a_target_that_is_not_a_class_to_build_is_refused_without_being_called(t
     message = problems(*(o.format(file=created) for o in overrides))
     assert key in message
     assert not created.exists()
+
+
+def test_a_model_priced_above_the_available_memory_is_refused_with_the_numbers():
+    message = problems("model.hidden=60000")  # 3 × 60000² parameters: ≈ 40 GiB each of params, grads, ...
+    assert re.search(
+        r"model=mlp: the planner prices 2 rank\(s\) at [\d.]+ GiB before activations \(the fullest rank: "
+        r"parameters [\d.]+, gradients [\d.]+, DDP buffers [\d.]+, optimizer state [\d.]+ GiB\), but this host has "
+        r"[\d.]+ GiB available",
+        message,
+    ), message

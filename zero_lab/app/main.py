@@ -35,6 +35,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -256,12 +257,22 @@ def _size(nbytes: float) -> str:
 
 def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
     """``continue with: python train.py <the same overrides> resume=<run dir>``, shell-quoted
-    so it can be pasted as is (paths with spaces, overrides with brackets)."""
+    so it can be pasted as is (paths with spaces, overrides with brackets), the path also
+    quoted for Hydra's override parser where it would read it otherwise (a comma: a sweep)."""
     found = find_checkpoint(run_dir)
     if found is None:
         return "no complete checkpoint to resume from"
     kept = [o for o in meta.get("overrides", []) if not o.startswith(("resume=", "hydra."))]
-    return "continue with: " + shlex.join(["python", "train.py", *kept, f"resume={run_dir}"])
+    return "continue with: " + shlex.join(["python", "train.py", *kept, f"resume={hydra_quoted(str(run_dir))}"])
+
+
+_HYDRA_PLAIN = re.compile(r"[\w./:@%+~-]+")
+
+
+def hydra_quoted(value: str) -> str:
+    """``value`` as a Hydra override value that parses back to itself: as is when plain,
+    else single-quoted (``'/runs/a,b'``; a quote inside escaped as ``\\'``)."""
+    return value if _HYDRA_PLAIN.fullmatch(value) else "'" + value.replace("'", "\\'") + "'"
 
 
 def _describe_failure(failure: RankFailure, run_dir: Path) -> str:

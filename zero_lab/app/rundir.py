@@ -11,10 +11,13 @@ before Hydra creates the dir and writes ``.hydra/``:
   at once: the job holds an exclusive ``flock`` on ``<dir>/.zero_lab.lock`` while it runs
   (the kernel drops it when the process ends, even on ``kill -9``); a second job is refused
   with a message naming the dir and the holder's pid. A later run first moves the earlier
-  run's ``metrics.jsonl``, ``summary.json`` and ``logs/`` to ``<dir>/earlier/<k>/`` (one
-  line says so), so its own files are not appended to the earlier ones, and a stale summary
-  or error is never read as its own (by W&B or the report); ``checkpoints/`` stay, for
-  ``resume=<dir>``;
+  run's ``metrics.jsonl``, ``summary.json`` and its rank logs (``logs/rank<r>.log``,
+  ``logs/rank<r>.error.txt``; anything else in ``logs/`` is the user's and stays) to
+  ``<dir>/earlier/<k>/`` (one line says so), so its own files are not appended to the earlier
+  ones, and a stale summary or error is never read as its own (by W&B or the report);
+  ``checkpoints/`` stay, for ``resume=<dir>``;
+* a dir that cannot be used (read-only, under a regular file, an unwritable parent) stops
+  the job with one line naming it (exit 2): the job never runs without its claim;
 * each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
   the same second fail loudly instead of mixing their files.
 
@@ -27,9 +30,11 @@ claims the job dir and the others join it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,18 @@ _HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until thi
 
 class RunDirBusy(RuntimeError):
     """Another live job holds the run dir."""
+
+
+_RANK_FILE = re.compile(r"rank\d+\.(log|error\.txt)")
+
+
+def unusable(path: Path, error: OSError) -> RunDirBusy:
+    """One line naming a run dir that cannot be created or written, and why."""
+    where = f" ({error.filename})" if error.filename and str(error.filename) != str(path) else ""
+    return RunDirBusy(
+        f"run dir {path} cannot be used: {error.strerror or error}{where}; give a writable hydra.run.dir=... "
+        "(or hydra.sweep.dir=... with -m)"
+    )
 
 
 def _lock(directory: Path) -> None:
@@ -76,8 +93,10 @@ def _lock(directory: Path) -> None:
 def set_aside_earlier_run(directory: Path) -> Path | None:
     """Move an earlier run's :data:`EARLIER_RUN_FILES` into ``<directory>/earlier/<k>/`` (the
     first free ``k``); returns that folder, or ``None`` when the dir held none of them."""
-    present = [directory / name for name in EARLIER_RUN_FILES if (directory / name).exists()]
-    if not present:
+    present = [directory / name for name in EARLIER_RUN_FILES if name != "logs" and (directory / name).exists()]
+    logs = directory / "logs"
+    rank_logs = sorted(p for p in logs.iterdir() if _RANK_FILE.fullmatch(p.name)) if logs.is_dir() else []
+    if not present and not rank_logs:
         return None
     for k in itertools.count(1):
         target = directory / "earlier" / str(k)
@@ -88,6 +107,13 @@ def set_aside_earlier_run(directory: Path) -> Path | None:
         break
     for path in present:
         os.replace(path, target / path.name)
+    if rank_logs:  # only zero_lab's own files: a user's logs/ in a reused dir (hydra.run.dir=.) stays
+        (target / "logs").mkdir()
+        for path in rank_logs:
+            os.replace(path, target / "logs" / path.name)
+        with contextlib.suppress(OSError):
+            logs.rmdir()  # only if nothing of the user's is left in it
+        present.append(logs)
     names = ", ".join(path.name for path in present)
     print(f"zero_lab: note: {directory} held an earlier run's {names}; moved to {target}", file=sys.stderr, flush=True)
     return target
@@ -134,6 +160,8 @@ class ClaimRunDir(Callback):
             claimed = claim(wanted, explicit=_given(config, "hydra.run.dir"))
         except RunDirBusy as error:
             fail(error)
+        except OSError as error:  # Hydra would only warn and run on, unlocked
+            fail(unusable(Path(wanted), error))
         if str(claimed) != wanted:
             with read_write(config.hydra), open_dict(config.hydra):
                 OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
@@ -141,7 +169,10 @@ class ClaimRunDir(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if external.rank() > 0 or config.hydra.mode != RunMode.MULTIRUN:
             return
+        output = Path(str(config.hydra.runtime.output_dir))
         try:
-            _take(Path(str(config.hydra.runtime.output_dir)))
+            _take(output)
         except RunDirBusy as error:
             fail(error)
+        except OSError as error:
+            fail(unusable(output, error))

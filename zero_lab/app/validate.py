@@ -58,7 +58,7 @@ from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, approximate_ddp_buckets
-from zero_lab.planner import specs_from_module
+from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
     "CHECKED_ENV",
@@ -518,6 +518,46 @@ def _check_model(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` (what can be allocated without swapping), or ``None``."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """CPU ranks started here: refuse a model whose planned memory (parameters, gradients,
+    DDP buffers, optimizer state, masters; activations not counted) exceeds what this host
+    has available, with the numbers, instead of a rank dying of it while building."""
+    available = available_memory_bytes()
+    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ:
+        return []  # GPU memory and torchrun's hosts are not priced here
+    try:
+        model = _meta_model(cfg)
+        cls = _optimizer_class(cfg)
+        partitioner = instantiate(cfg.partitioner) if is_zero(cfg.optim) else None
+        master = bool(cfg.optim.get("master_weights", False))
+        plan = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
+    except Exception:  # an unbuildable model or partitioner is reported by its own check
+        return []
+    needed = sum(rank.total_bytes for rank in plan.ranks)
+    if needed <= available:
+        return []
+    worst = max(plan.ranks, key=lambda r: r.total_bytes)
+    gib = 2**30
+    return [
+        f"model={_choice(choices, 'model', cfg)}: the planner prices {cfg.dist.world_size} rank(s) at "
+        f"{needed / gib:.1f} GiB before activations (the fullest rank: parameters {worst.param_bytes / gib:.1f}, "
+        f"gradients {worst.grad_bytes / gib:.1f}, DDP buffers {worst.ddp_buffer_bytes / gib:.1f}, optimizer state "
+        f"{worst.state_bytes / gib:.1f} GiB), but this host has {available / gib:.1f} GiB available; "
+        "use a smaller model or fewer ranks"
+    ]
+
+
 def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     """Run the real partitioner on the model's real parameter specs at ``dist.world_size``."""
     world = cfg.dist.world_size
@@ -653,6 +693,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_model,
     _check_forward,
     _check_partition,
+    _check_memory_fits,
     _check_resume,
     _check_logger,
     _check_objective,
