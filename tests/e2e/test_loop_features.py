@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.runs import metrics, summary, train, wandb_records
+from tests.e2e.runs import metrics, summary, train, train_together, wandb_records
 from tests.e2e.test_metrics import of_type
 from zero_lab.report.runs import find_runs
 from zero_lab.report.table import COLUMNS, table_rows
@@ -46,3 +46,18 @@ def test_val_loss_reaches_metrics_wandb_and_the_report(runs):
     (run,), _ = find_runs(runs / "first")
     column = [c.title for c in COLUMNS].index("val loss")
     assert table_rows([run])[0][column].text == format(logged[5], ".6g")
+
+
+@pytest.mark.slow  # inductor compiles for ~30 s of CPU per rank: make test-all
+def test_compile_with_prefetch_trains_the_same_parameters(tmp_path):
+    """``compile=true`` (inductor) under DDP with prefetch's per-module waits (kept out of the
+    traced graph): the parameters equal the eager run's, bit for bit."""
+    common = ("experiment=prefetch", "steps=4", "logger=none")
+    eager, compiled = train_together(
+        (*common, f"hydra.run.dir={tmp_path / 'eager'}"),
+        (*common, "compile=true", f"hydra.run.dir={tmp_path / 'compiled'}"),
+    )
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-3000:]
+    plain, fast = summary(tmp_path / "eager"), summary(tmp_path / "compiled")
+    assert fast["param_checksum"] == plain["param_checksum"] and fast["losses"] == plain["losses"]
+    assert fast["compile"] is True and fast["compiled_graphs"] >= 1

@@ -17,7 +17,7 @@ three together (the optimizer steps inside DDP's communication hook):
 5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
    step only issues the exchange (``exchange=``), the next forward waits per module;
 6. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
-   ``GradScaler``.
+   ``GradScaler``; with ``compile=true`` the DDP wrapper is compiled (``torch.compile``).
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -49,6 +49,7 @@ __all__ = [
     "Training",
     "build_training",
     "clip_gradients",
+    "compiled",
     "ddp_state_bytes",
     "enum_str",
     "is_zero",
@@ -116,7 +117,7 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         optimizer = make_optimizer(model.parameters())
         return Training(
             model=model,
-            ddp=ddp,
+            ddp=compiled(ddp, cfg),
             optimizer=optimizer,
             zero=False,
             max_grad_norm=max_grad_norm,
@@ -136,7 +137,7 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
     return Training(
         model=model,
-        ddp=ddp,
+        ddp=compiled(ddp, cfg),
         optimizer=optimizer,
         zero=True,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
@@ -144,6 +145,13 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         scheduler=make_scheduler(cfg, optimizer),
         scaler=make_scaler(cfg, device),
     )
+
+
+def compiled(ddp: DDP, cfg: DictConfig) -> DDP:
+    """``compile=true``: ``torch.compile`` of the DDP-wrapped model (Dynamo's DDP optimizer cuts
+    the graph at DDP's bucket boundaries so the all-reduces still overlap backward). The
+    compiled module forwards ``no_sync`` and every other attribute to the DDP wrapper."""
+    return torch.compile(ddp) if cfg.get("compile") else ddp  # type: ignore[return-value]
 
 
 def make_scheduler(cfg: DictConfig, optimizer: Optimizer) -> LRScheduler | None:

@@ -315,6 +315,7 @@ def _summary(
         "accumulate": cfg.get("accumulate", 1),
         "autocast": str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
         "compile": bool(cfg.get("compile", False)),
+        "compiled_graphs": _compiled_graphs() if cfg.get("compile") else None,
     }
     planned = summary["ddp_state_bytes"]
     summary["state_vs_ddp"] = max(summary["optim_state_bytes"]) / planned if planned else None
@@ -322,6 +323,11 @@ def _summary(
         summary["partition"] = training.optimizer.partition.report().as_dict()
     summary.update({k: v for k, v in spec.meta.items() if k in ("choices", "git", "command", "name", "group")})
     return summary
+
+
+def _compiled_graphs() -> int:
+    """How many graphs ``torch.compile`` made on this rank (1 + graph breaks + recompiles)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def _exchange_record(training: Training) -> dict[str, Any]:
