@@ -329,6 +329,9 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
 
 
 def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable[..., None]:
+    # Never traced by torch.compile: the wait is bookkeeping, timing (perf_counter) and a
+    # collective's completion, which Dynamo would otherwise try to trace into the graph.
+    @torch._dynamo.disable
     def wait(module: torch.nn.Module, args: Any) -> None:
         zero.first_use.note(indices)
         zero.wait_for_exchange(indices)

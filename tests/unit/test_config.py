@@ -12,19 +12,20 @@ import torch
 from hydra.utils import instantiate
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.build import optimizer_factory
+from zero_lab.app.build import make_scheduler, optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
+from zero_lab.app.protocols import call_model, loss_of
 from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError, check
 from zero_lab.partition import ParamSpec
 
 register_configs()
 
-GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger")
-DATA_FOR_MODEL = {"mlp": "regression", "transformer": "tokens"}
-MODEL_FOR_DATA = {data: model for model, data in DATA_FOR_MODEL.items()}
+GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger", "scheduler")
+DATA_FOR_MODEL = {"mlp": "regression", "transformer": "tokens", "gpt2": "text", "llama": "text", "resnet": "images"}
+MODEL_FOR_DATA = {"regression": "mlp", "tokens": "transformer", "text": "gpt2", "images": "resnet"}
 
 
 def options(group: str) -> list[str]:
@@ -76,9 +77,12 @@ def test_every_option_composes_checks_and_instantiates(group, option, single_ran
     elif group == "data":
         data = instantiate(cfg.data)
         x, y = data.shard(0, 0, 1)
-        assert data.loss(model(x), y).ndim == 0
+        assert loss_of(call_model(model, x), y, data).ndim == 0  # a tensor or a ModelOutput's logits
     elif group == "logger":
         assert isinstance(instantiate(cfg.logger), functools.partial)
+    elif group == "scheduler":
+        scheduler = make_scheduler(cfg, torch.optim.SGD(model.parameters(), lr=0.1))
+        assert (scheduler is None) == (option == "none")
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

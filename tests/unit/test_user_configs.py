@@ -66,7 +66,7 @@ def problems(*overrides: str, **kwargs) -> str:
     [
         ("+warmup_steps=10", "warmup_steps: no such key; the top level takes: optim, partitioner"),
         ("+stepz=3", "stepz: no such key; did you mean steps?"),
-        ("+compile=true", "compile: no such key;"),
+        ("+accumulate_grad_batches=4", "accumulate_grad_batches: no such key; did you mean accumulate?"),
         ("+dist.world_sise=2", "dist.world_sise: no such key; did you mean dist.world_size? dist takes: world_size"),
     ],
 )

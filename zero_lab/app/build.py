@@ -15,7 +15,9 @@ three together (the optimizer steps inside DDP's communication hook):
 4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it
    re-partitions along DDP's buckets, which ``partitioner=ddp_bucket`` follows;
 5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
-   step only issues the exchange (``exchange=``), the next forward waits per module.
+   step only issues the exchange (``exchange=``), the next forward waits per module;
+6. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
+   ``GradScaler``; with ``compile=true`` the DDP wrapper is compiled (``torch.compile``).
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -34,6 +36,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.metrics import LocalStepClock
@@ -49,10 +52,13 @@ __all__ = [
     "Training",
     "build_training",
     "clip_gradients",
+    "compiled",
     "ddp_state_bytes",
     "enum_str",
     "is_zero",
     "make_ddp",
+    "make_scaler",
+    "make_scheduler",
     "master_weight_bytes",
     "optimizer_factory",
     "tensor_bytes",
@@ -91,6 +97,8 @@ class Training:
     zero: bool
     exchange_stats: CommStats | None = None
     max_grad_norm: float | None = None
+    scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
+    scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
     step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
 
     def __post_init__(self) -> None:
@@ -115,7 +123,15 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
     groups = param_groups(cfg.optim, model)
     if not zero:
         optimizer = make_optimizer(groups if groups is not None else model.parameters())
-        return Training(model=model, ddp=ddp, optimizer=optimizer, zero=False, max_grad_norm=max_grad_norm)
+        return Training(
+            model=model,
+            ddp=compiled(ddp, cfg),
+            optimizer=optimizer,
+            zero=False,
+            max_grad_norm=max_grad_norm,
+            scheduler=make_scheduler(cfg, optimizer),
+            scaler=make_scaler(cfg, device),
+        )
     optimizer = make_optimizer(
         groups if groups is not None else model.named_parameters(),
         partitioner=instantiate(cfg.partitioner),
@@ -129,12 +145,43 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
     return Training(
         model=model,
-        ddp=ddp,
+        ddp=compiled(ddp, cfg),
         optimizer=optimizer,
         zero=True,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
         max_grad_norm=max_grad_norm,
+        scheduler=make_scheduler(cfg, optimizer),
+        scaler=make_scaler(cfg, device),
     )
+
+
+def compiled(ddp: DDP, cfg: DictConfig) -> DDP:
+    """``compile=true``: ``torch.compile`` of the DDP-wrapped model (Dynamo's DDP optimizer cuts
+    the graph at DDP's bucket boundaries so the all-reduces still overlap backward). The
+    compiled module forwards ``no_sync`` and every other attribute to the DDP wrapper."""
+    return torch.compile(ddp) if cfg.get("compile") else ddp  # type: ignore[return-value]
+
+
+def make_scheduler(cfg: DictConfig, optimizer: Optimizer) -> LRScheduler | None:
+    """``scheduler=<option>``: torch's scheduler from its ``_target_`` (a partial taking the
+    optimizer), after ``scheduler.warmup_steps`` of torch's ``LinearLR`` warmup from
+    ``1/(warmup_steps+1)`` of each group's lr, chained with ``SequentialLR``. Each param
+    group's own lr is scaled, so per-group LRs keep their ratios. ``None`` without a scheduler."""
+    node = cfg.get("scheduler")
+    if node is None or node.get("_target_") is None:  # scheduler=none
+        return None
+    kept = OmegaConf.create({k: v for k, v in node.items() if k not in APP_KEYS["scheduler"]})
+    warmup = int(node.get("warmup_steps", 0))
+    if not warmup:
+        return instantiate(kept)(optimizer)
+    ramp = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / (warmup + 1), total_iters=warmup)
+    main = instantiate(kept)(optimizer)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+
+
+def make_scaler(cfg: DictConfig, device: torch.device) -> torch.amp.GradScaler | None:
+    """``autocast=fp16``: torch's ``GradScaler`` (fp16's range needs the loss scaled); else ``None``."""
+    return torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None
 
 
 def make_ddp(model: nn.Module, dist_cfg: DictConfig, device: torch.device) -> DDP:

@@ -8,7 +8,8 @@ Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   when complete. ``extra`` holds the app's ``step``, ``losses`` and ``world_size``.
 * ``step_NNNNNNNN.pt`` — plain optimizers (every rank holds the full state): one
   ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "optimizer_class",
-  "losses", "rng", "world_size", "zero"}``, written atomically with its size and sha256 in
+  "losses", "rng", "world_size", "zero"}`` (plus ``"scheduler"``/``"scaler"`` state with
+  ``scheduler=``/``autocast=fp16``, as the sharded ``extra`` has too), written atomically with its size and sha256 in
   ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
 
 Either loads into either kind of optimizer at any world size: the sharded format reshards
@@ -67,7 +68,7 @@ def save(training: Training, run_dir: str | Path, next_step: int, losses: list[f
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
     if training.zero:
-        extra = {"step": next_step, "losses": list(losses), "world_size": world}
+        extra = {"step": next_step, "losses": list(losses), "world_size": world, **_loop_state(training)}
         sharded.save_checkpoint(path, training.optimizer, training.model, extra=extra)  # type: ignore[arg-type]
     elif rank == 0:
         state = {
@@ -80,11 +81,30 @@ def save(training: Training, run_dir: str | Path, next_step: int, losses: list[f
             "rng": torch.get_rng_state(),
             "world_size": world,
             "zero": False,
+            **_loop_state(training),
         }
         sharded.save_file(state, path)
     if rank == 0 and keep:
         sharded.prune_checkpoints(path.parent, keep)
     return path
+
+
+def _loop_state(training: Training) -> dict[str, Any]:
+    """The LR scheduler's and the fp16 GradScaler's state (plain numbers: JSON in a manifest)."""
+    state = {}
+    if training.scheduler is not None:
+        state["scheduler"] = json.loads(json.dumps(training.scheduler.state_dict()))
+    if training.scaler is not None:
+        state["scaler"] = training.scaler.state_dict()
+    return state
+
+
+def _load_loop_state(training: Training, saved: dict[str, Any]) -> None:
+    """Put the scheduler and scaler where the checkpoint left them (absent: they start fresh)."""
+    if training.scheduler is not None and "scheduler" in saved:
+        training.scheduler.load_state_dict(saved["scheduler"])
+    if training.scaler is not None and "scaler" in saved:
+        training.scaler.load_state_dict(saved["scaler"])
 
 
 def optimizer_class(training: Training) -> str:
@@ -125,6 +145,8 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
         training.model.load_state_dict(state["model"])
         if policy != "reset":
             training.optimizer.load_state_dict(state["optimizer"])
+    if policy != "reset":
+        _load_loop_state(training, manifest["extra"] if found.is_dir() else state)
     overridden = _override(training, mine) if policy == "override" else {}
     return Restored(found, step, list(losses)[:step], overridden)
 
@@ -141,8 +163,13 @@ def _check_step(found: Path, step: int, steps: int) -> None:
 
 
 def _hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each group's hyper-parameters as JSON would give them back (tuples as lists)."""
-    return json.loads(json.dumps(sharded.hyperparameters(groups)))
+    """Each group's hyper-parameters as JSON would give them back (tuples as lists). Under an LR
+    scheduler (``initial_lr`` set) ``lr`` is the schedule's, not a setting: ``initial_lr`` is compared."""
+    out = json.loads(json.dumps(sharded.hyperparameters(groups)))
+    for group in out:
+        if "initial_lr" in group:
+            group.pop("lr", None)
+    return out
 
 
 def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -1,4 +1,8 @@
-"""Synthetic data: one global batch per step, a pure function of ``(seed, step)``.
+"""Data: one global batch per step, a pure function of ``(seed, step)``.
+
+Synthetic (``RegressionData``, ``TokenData``, ``ImageData``) or read from text files
+(``TextData``: byte-level tokens of a file or a folder; by default the Python standard
+library's own source, which exists wherever Python does).
 
 Every rank builds the same global batch and keeps its contiguous slice of
 ``global_batch / world_size`` rows. Each rank's loss is the mean over its slice and DDP
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sysconfig
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-__all__ = ["RegressionData", "TokenData", "stream_seed"]
+__all__ = ["ImageData", "RegressionData", "TextData", "TokenData", "stream_seed"]
 
 
 def stream_seed(*parts: int | str) -> int:
@@ -42,15 +48,25 @@ class _Synthetic:
         self.global_batch = global_batch
         self.seed = seed
 
-    def global_batch_at(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+        """The global batch of ``step`` in the random stream ``stream`` (``"batch"``: training, ``"val"``: held out)."""
         raise NotImplementedError
 
     def shard(self, step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of step ``step``'s global batch."""
+        return self._slice(self.global_batch_at(step), rank, world_size)
+
+    def val_shard(self, index: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of held-out batch ``index``: drawn from a stream training never reads."""
+        return self._slice(self.global_batch_at(index, "val"), rank, world_size)
+
+    def _slice(
+        self, batch: tuple[torch.Tensor, torch.Tensor], rank: int, world_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.global_batch % world_size:
             raise ValueError(f"global_batch={self.global_batch} is not divisible by world_size={world_size}")
         rows = self.global_batch // world_size
-        inputs, targets = self.global_batch_at(step)
+        inputs, targets = batch
         return inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
 
 
@@ -65,8 +81,8 @@ class RegressionData(_Synthetic):
         teacher = torch.randn(in_dim, out_dim, generator=_generator(seed, "teacher"))
         self.teacher = teacher / math.sqrt(in_dim)
 
-    def global_batch_at(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = _generator(self.seed, "batch", step)
+    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+        gen = _generator(self.seed, stream, step)
         x = torch.randn(self.global_batch, self.in_dim, generator=gen)
         y = torch.tanh(x @ self.teacher) + self.noise * torch.randn(self.global_batch, self.out_dim, generator=gen)
         return x, y
@@ -87,10 +103,8 @@ class TokenData(_Synthetic):
         rule = torch.randint(1, vocab_size, (2,), generator=_generator(seed, "rule"))
         self.a, self.b = int(rule[0]), int(rule[1])
 
-    def global_batch_at(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = torch.randint(
-            0, self.vocab_size, (self.global_batch, 1), generator=_generator(self.seed, "batch", step)
-        )
+    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+        start = torch.randint(0, self.vocab_size, (self.global_batch, 1), generator=_generator(self.seed, stream, step))
         tokens = [start]
         for _ in range(self.seq_len):
             tokens.append((self.a * tokens[-1] + self.b) % self.vocab_size)
@@ -100,3 +114,93 @@ class TokenData(_Synthetic):
     @staticmethod
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+class ImageData(_Synthetic):
+    """Image classification: ``classes`` fixed random prototype images; a sample is its class's
+    prototype plus Gaussian noise (``noise``), so a convolutional net learns it. Cross-entropy."""
+
+    task = "image"
+
+    def __init__(self, global_batch: int, seed: int, classes: int = 10, channels: int = 3, size: int = 32,
+                 noise: float = 1.0):  # fmt: skip
+        super().__init__(global_batch, seed)
+        self.classes, self.noise = classes, noise
+        self.prototypes = torch.randn(classes, channels, size, size, generator=_generator(seed, "prototypes"))
+
+    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+        gen = _generator(self.seed, stream, step)
+        labels = torch.randint(0, self.classes, (self.global_batch,), generator=gen)
+        images = self.prototypes[labels] + self.noise * torch.randn(self.prototypes[labels].shape, generator=gen)
+        return images, labels
+
+    @staticmethod
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+
+def stdlib_source() -> Path:
+    """The Python standard library's source folder: a text corpus on every machine with Python."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+class TextData(_Synthetic):
+    """Byte-level language modelling on real text: the bytes of a file, or of every file
+    matching ``pattern`` under a folder (sorted, concatenated, at most ``max_bytes``), are the
+    tokens (vocabulary 256). The last ``val_fraction`` of them is held out for ``val_shard``.
+    Each step's global batch is ``global_batch`` windows of ``seq_len + 1`` bytes at offsets
+    drawn from ``(seed, step)``; inputs are the first ``seq_len``, targets the next ``seq_len``.
+    ``path=null`` reads the standard library's ``*.py`` files."""
+
+    task = "lm"
+    vocab_size = 256
+
+    def __init__(self, global_batch: int, seq_len: int, seed: int, path: str | None = None, pattern: str = "**/*.py",
+                 max_bytes: int = 8 * 2**20, val_fraction: float = 0.05):  # fmt: skip
+        super().__init__(global_batch, seed)
+        self.seq_len = seq_len
+        self.path = Path(path).expanduser() if path else stdlib_source()
+        tokens = torch.frombuffer(bytearray(_read_text(self.path, pattern, max_bytes)), dtype=torch.uint8).long()
+        held_out = max(int(len(tokens) * val_fraction), seq_len + 1)
+        if len(tokens) - held_out < seq_len + 1:
+            raise ValueError(
+                f"path={self.path}: {len(tokens)} bytes are too few for seq_len={seq_len} with a held-out part; "
+                "give more text or a shorter seq_len"
+            )
+        self.train_tokens, self.val_tokens = tokens[:-held_out], tokens[-held_out:]
+
+    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.val_tokens if stream == "val" else self.train_tokens
+        starts = torch.randint(
+            0, len(tokens) - self.seq_len, (self.global_batch,), generator=_generator(self.seed, stream, step)
+        )
+        windows = torch.stack([tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
+        return windows[:, :-1], windows[:, 1:]
+
+    @staticmethod
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
+    """``path``'s bytes, or the sorted files under it matching ``pattern``, up to ``max_bytes``."""
+    if path.is_file():
+        return path.read_bytes()[:max_bytes]
+    if not path.is_dir():
+        raise FileNotFoundError(f"data.path={path}: no such file or folder")
+    chunks, size = [], 0
+    installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
+    for file in sorted(p for p in path.glob(pattern) if p.is_file() and not installed_part(p, path, installed)):
+        data = file.read_bytes()
+        chunks.append(data[: max_bytes - size])
+        size += len(chunks[-1])
+        if size >= max_bytes:
+            break
+    if not chunks:
+        raise FileNotFoundError(f"data.path={path}: no file matches data.pattern={pattern}")
+    return b"".join(chunks)
+
+
+def installed_part(file: Path, root: Path, names: tuple[str, ...]) -> bool:
+    """True when ``file`` lies in a folder named one of ``names`` below ``root``."""
+    return any(part in names for part in file.relative_to(root).parts[:-1])

@@ -1,8 +1,10 @@
-"""Small models for experiments: an MLP and a GPT-style causal LM.
+"""Models for experiments: an MLP, a GPT-style causal LM and a ResNet with BatchNorm.
 
-Both declare ``task`` ("regression" or "lm") so the config check can match them with a
-data option, and both name their parameters plainly (``layers.0.weight``,
-``blocks.1.attn.qkv.weight``) so ``partitioner=manual`` globs are easy to write.
+Each declares ``task`` ("regression", "lm" or "image") so the config check can match it with
+a data option (zero_lab/app/protocols.py), and names its parameters plainly
+(``layers.0.weight``, ``blocks.1.attn.qkv.weight``, ``stages.0.0.conv1.weight``) so
+``partitioner=manual`` globs are easy to write. ``transformers`` GPT-2 and Llama models are in
+:mod:`zero_lab.app.hf_models` (the ``[models]`` extra).
 
     model = MLP(in_dim=2000, hidden=2000, out_dim=2000, depth=20, activation=None)  # the tutorial
 """
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["MLP", "TinyLM"]
+__all__ = ["MLP", "ResNet", "TinyLM"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -156,3 +158,50 @@ class TinyLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+
+class _BasicBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a residual (1x1 projection when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A CIFAR-style ResNet: 3x3 stem, ``len(blocks)`` stages of basic blocks (widths ``width *
+    2**i``, stride 2 from the second stage on), BatchNorm throughout, global pooling, a linear
+    classifier. ``blocks=[2, 2, 2, 2]`` with ``width=64`` is ResNet-18's layout."""
+
+    task = "image"
+
+    def __init__(self, classes: int = 10, channels: int = 3, width: int = 16, blocks: list[int] | None = None):
+        super().__init__()
+        blocks = list(blocks or [2, 2, 2])
+        self.stem = nn.Sequential(nn.Conv2d(channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        stages, cin = [], width
+        for index, count in enumerate(blocks):
+            cout = width * 2**index
+            layers = [_BasicBlock(cin if i == 0 else cout, cout, 2 if index and i == 0 else 1) for i in range(count)]
+            stages.append(nn.Sequential(*layers))
+            cin = cout
+        self.stages = nn.ModuleList(stages)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images)
+        for stage in self.stages:
+            x = stage(x)
+        return self.head(x.mean(dim=(2, 3)))

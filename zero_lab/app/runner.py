@@ -46,7 +46,6 @@ from zero_lab.app import checkpoint
 from zero_lab.app.build import (
     Training,
     build_training,
-    clip_gradients,
     ddp_state_bytes,
     master_weight_bytes,
     tensor_bytes,
@@ -54,8 +53,9 @@ from zero_lab.app.build import (
 from zero_lab.app.data import stream_seed
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
-from zero_lab.app.protocols import Batch, batch_rows, batch_stream, call_model, loss_of, to_device
+from zero_lab.app.protocols import Batch, batch_rows, batch_stream
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
+from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
@@ -132,9 +132,10 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         progress = stack.enter_context(Progress(cfg.steps, start, enabled=rank == 0 and cfg.progress))
         gather.sync()  # rank 0 may have spent time opening sinks; don't bill it to step 0
         batches = batch_stream(data, rank, world, start)
+        options = StepOptions.of(cfg)
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
-            measured = _train_step(training, data, next(batches), str(cfg.output_key), device)
+            measured = _train_step(training, data, next(batches), options, device)
             measured.stop_signal = stop.signum  # travels with the metrics: every rank sees every request
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
@@ -142,6 +143,11 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             diverged = not all(math.isfinite(r.loss) for r in per_rank)  # every rank sees every loss: all stop
             if rank == 0 and step == start and training.zero:  # exchange=auto decides in the first step
                 record.update(_exchange_record(training))
+            if training.scheduler is not None:
+                record["train/lr"] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                val = validation_loss(training, data, rank, world, cfg.eval_batches, options, device, gather.comm)
+                record["val/loss"] = val
             if rank == 0:
                 records.append(record)
                 progress.update(record)
@@ -187,23 +193,18 @@ def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
     return bool(stopped_by) or bool(every and (step + 1) % every == 0)
 
 
-def _train_step(training: Training, data: Any, batch: Batch, output_key: str, device: torch.device) -> RankStep:
-    """One optimizer step on this rank's batch (:mod:`zero_lab.app.protocols`); returns what it measured."""
-    raw_inputs, raw_targets = batch
-    inputs = to_device(raw_inputs, device, training.param_dtype)  # bf16/fp16 models take inputs in their dtype
-    targets = raw_targets.to(device) if torch.is_tensor(raw_targets) else raw_targets
+def _train_step(training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device) -> RankStep:
+    """One optimizer step on this rank's batch (:mod:`zero_lab.app.step`); returns what it measured."""
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
-    output = call_model(training.ddp, inputs)
-    loss = loss_of(output, targets, data, output_key)  # in fp32 whatever the params' dtype
-    loss.backward()  # DDP all-reduces gradients bucket by bucket during backward
-    grad_norm = clip_gradients(training)  # optim.max_grad_norm: the global norm, before any shard steps
+    loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
+    grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
     if grad_norm is not None and comm is not None:
         before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
-    training.optimizer.step()  # ZeRO: step own shards, then exchange parameters
+    apply_step(training)  # ZeRO: step own shards, then exchange parameters; then the LR scheduler
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
@@ -219,7 +220,7 @@ def _train_step(training: Training, data: Any, batch: Batch, output_key: str, de
         master_weight_bytes=master_weight_bytes(training.optimizer),
         tensor_bytes=tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),
-        samples=batch_rows(inputs),
+        samples=batch_rows(batch[0]),
         grad_norm=grad_norm if grad_norm is not None else 0.0,
         optim_step_s=training.step_clock.seconds() - local_before,
     )
@@ -320,6 +321,11 @@ def _summary(
         "exchange_exposed_s": median("comm/exchange_exposed_s/max") if records else None,
         "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
         "samples_per_s": median("train/samples_per_s") if records else None,
+        "final_val_loss": next((r["val/loss"] for r in reversed(records) if "val/loss" in r), None),
+        "accumulate": cfg.get("accumulate", 1),
+        "autocast": str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
+        "compile": bool(cfg.get("compile", False)),
+        "compiled_graphs": _compiled_graphs() if cfg.get("compile") else None,
     }
     summary.update(local_step_summary(timed, world))  # time/optim_step_s: per-rank medians, slowest ÷ mean
     planned = summary["ddp_state_bytes"]
@@ -329,6 +335,11 @@ def _summary(
     kept = ("choices", "git", "command", "name", "group", "requeued")
     summary.update({k: v for k, v in spec.meta.items() if k in kept})
     return summary
+
+
+def _compiled_graphs() -> int:
+    """How many graphs ``torch.compile`` made on this rank (1 + graph breaks + recompiles)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def _exchange_record(training: Training) -> dict[str, Any]:

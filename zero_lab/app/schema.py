@@ -46,6 +46,7 @@ __all__ = [
     "GROUPS",
     "HYDRA_KEYS",
     "SUPPLIED_BY_APP",
+    "Autocast",
     "Backend",
     "Config",
     "Device",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 #: Config groups whose options are built from a ``_target_``.
-GROUPS = ("optim", "partitioner", "model", "data", "logger")
+GROUPS = ("optim", "partitioner", "model", "data", "logger", "scheduler")
 
 #: Constructor arguments the app passes at the call site, never from the config, per group:
 #: the parameters and the ZeRO wiring (``app/build.py``, from the top-level ``bucket_view``,
@@ -71,6 +72,7 @@ SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
         {"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp", "exchange"}
     ),
     "logger": frozenset({"run_dir", "config"}),
+    "scheduler": frozenset({"optimizer"}),
 }
 
 #: Keys of a group that the app reads and the constructor never sees: ``{group: {key: (type, default)}}``.
@@ -79,6 +81,7 @@ APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
         "max_grad_norm": (float | None, None),  # clip the global 2-norm before every step (app/build.py)
         "param_groups": (Any, None),  # a _partial_ target model -> param groups (app/build.py: param_groups)
     },
+    "scheduler": {"warmup_steps": (int, 0)},  # linear warmup before the scheduler (app/build.py make_scheduler)
 }
 
 #: Keys of a group node that instantiate() reads, not the constructor.
@@ -116,6 +119,13 @@ class ResumeOptimizer(str, enum.Enum):
     strict = "strict"  # load it; class and hyper-parameters must equal this run's
     override = "override"  # load it; this run's hyper-parameters win (recorded in summary.json)
     reset = "reset"  # weights and step only; a fresh optimizer
+
+
+class Autocast(str, enum.Enum):
+    """``autocast=``: ``torch.autocast`` around forward and loss in this dtype (fp32 parameters)."""
+
+    bf16 = "bf16"
+    fp16 = "fp16"  # with torch's GradScaler
 
 
 class ParamDtype(str, enum.Enum):
@@ -163,12 +173,18 @@ class Config:
     data: Any = MISSING
     dist: DistConfig = field(default_factory=DistConfig)
     logger: Any = MISSING
+    scheduler: Any = MISSING
     overlap: bool = False
     overlap_hook: OverlapHook = OverlapHook.zero_step
     bucket_view: bool = False
     exchange: Exchange = Exchange.auto
     prefetch: bool = False
     param_dtype: ParamDtype = ParamDtype.float32
+    accumulate: int = 1  # micro-batches per optimizer step (DDP's no_sync on all but the last)
+    autocast: Autocast | None = None
+    compile: bool = False  # torch.compile the DDP-wrapped model
+    eval_every: int = 0  # 0: never; N: the validation loss every N steps and at the last (val/loss)
+    eval_batches: int = 2  # held-out batches per validation
     output_key: str = "logits"  # a forward returning a mapping / ModelOutput: the entry the data's loss reads
     seed: int = 0
     steps: int = 20
@@ -250,6 +266,8 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
                 try:
                     node = OmegaConf.load(path)
                     assert isinstance(node, DictConfig)
+                    if node.get("_target_") is None:  # e.g. scheduler=none: nothing to build
+                        continue
                     schema = option_schema(group, path.stem, node)
                 except Exception:  # no _target_, or one that cannot be imported: validate.py names it
                     continue

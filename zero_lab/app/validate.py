@@ -299,6 +299,45 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
     return out
 
 
+def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """``accumulate``, ``autocast``, ``eval_every``/``eval_batches``, ``scheduler.warmup_steps``, ``compile``."""
+    out = []
+    accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
+    if accumulate < 1:
+        out.append(f"accumulate={accumulate}: must be >= 1 (micro-batches per optimizer step)")
+    elif isinstance(batch, int) and world >= 1 and batch % world == 0 and (batch // world) % accumulate:
+        out.append(
+            f"accumulate={accumulate}: each rank's {batch // world} rows per step (data.global_batch={batch} over "
+            f"dist.world_size={world}) do not split into {accumulate} equal micro-batches; make data.global_batch "
+            f"a multiple of {world * accumulate}"
+        )
+    autocast = enum_str(cfg.autocast) if cfg.autocast is not None else None
+    if autocast and enum_str(cfg.param_dtype) != "float32":
+        out.append(
+            f"autocast={autocast} with param_dtype={enum_str(cfg.param_dtype)}: autocast computes in {autocast} from "
+            "fp32 parameters; with low-precision parameters drop autocast (or set param_dtype=float32)"
+        )
+    if autocast == "fp16" and cfg.overlap:
+        out.append(
+            "autocast=fp16 with overlap=true: the GradScaler must unscale and skip the step, which overlap runs "
+            "inside backward; use autocast=bf16 (no scaler), or overlap=false"
+        )
+    if cfg.eval_every < 0 or cfg.eval_batches < 1:
+        out.append(
+            f"eval_every={cfg.eval_every} eval_batches={cfg.eval_batches}: eval_every must be >= 0 (0: never) and "
+            "eval_batches >= 1"
+        )
+    elif cfg.eval_every and not callable(getattr(get_object(cfg.data._target_), "val_shard", None)):
+        out.append(
+            f"eval_every={cfg.eval_every}: data={_choice(choices, 'data', cfg)} has no held-out batches; add "
+            "val_shard(index, rank, world_size) to it (zero_lab/app/protocols.py), or eval_every=0"
+        )
+    warmup = cfg.scheduler.get("warmup_steps", 0) if cfg.get("scheduler") is not None else 0
+    if warmup < 0:
+        out.append(f"scheduler.warmup_steps={warmup}: must be >= 0")
+    return out
+
+
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     """The model/data protocol (:mod:`zero_lab.app.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
@@ -332,6 +371,8 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     out = []
     for group in GROUPS:
         node = cfg[group]
+        if node.get("_target_") is None and group == "scheduler":  # scheduler=none
+            continue
         target_name = str(node.get("_target_"))
         try:
             target = get_object(target_name)
@@ -687,6 +728,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
     _check_devices,
     _check_model_data,
     _check_ddp_options,
+    _check_loop_features,
     _check_arguments,
     _check_optim,
     _check_clipping,

@@ -14,14 +14,16 @@ as GPT-2 does)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from zero_lab.app.models import MLP, TinyLM
+from zero_lab.app.models import MLP, ResNet, TinyLM
 
 __all__ = ["MODELS", "PLAN_ONLY", "ModelPreset", "blocks_of", "tied_lm"]
 
@@ -52,6 +54,12 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
         return list(model.blocks)
     if isinstance(model, MLP):
         return list(model.layers)
+    if isinstance(model, ResNet):
+        return [block for stage in model.stages for block in stage]
+    inner = getattr(model, "transformer", None) or getattr(model, "model", None)  # transformers' GPT-2 / Llama
+    for name in ("h", "layers"):
+        if inner is not None and isinstance(getattr(inner, name, None), nn.ModuleList):
+            return list(getattr(inner, name))
     raise TypeError(f"no block structure known for {type(model).__name__}")
 
 
@@ -75,8 +83,26 @@ def _lm_batch(batch: int, seq_len: int, vocab: int) -> Callable[[int, int], Batc
     return make
 
 
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _lm_loss(logits: Any, targets: torch.Tensor) -> torch.Tensor:
+    logits = logits["logits"] if isinstance(logits, Mapping) else logits  # a transformers ModelOutput
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _image_batch(batch: int, classes: int) -> Callable[[int, int], Batch]:
+    def make(step: int, rank: int) -> Batch:
+        g = _generator(step, rank)
+        return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, classes, (batch,), generator=g)
+
+    return make
+
+
+def _hf(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
+    """A ``zero_lab.app.hf_models`` class (the [models] extra), imported when the preset is built."""
+
+    def build() -> nn.Module:
+        return getattr(importlib.import_module("zero_lab.app.hf_models"), name)(**kwargs)
+
+    return build
 
 
 def _tutorial(depth: int) -> Callable[[], nn.Module]:
@@ -115,6 +141,36 @@ MODELS: dict[str, ModelPreset] = {
             _lm_loss,
         ),
         ModelPreset(
+            "gpt2-small",
+            "transformers GPT-2, tied: vocab 50257 × d 256, 4 layers, 2×64 tokens (model=gpt2's class)",
+            _hf("GPT2", vocab_size=50_257, n_positions=64, n_embd=256, n_layer=4, n_head=4),
+            _lm_batch(2, 64, 50_257),
+            _lm_loss,
+        ),
+        ModelPreset(
+            "llama-small",
+            "transformers Llama, tied, GQA: vocab 32000 × d 256, 4 layers, 2×64 tokens (model=llama's class)",
+            _hf(
+                "Llama",
+                vocab_size=32_000,
+                hidden_size=256,
+                intermediate_size=688,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+            ),
+            _lm_batch(2, 64, 32_000),
+            _lm_loss,
+        ),
+        ModelPreset(
+            "resnet",
+            "ResNet with BatchNorm, 3 stages × 2 blocks, 32-128 channels, 8 images 32×32 (model=resnet)",
+            lambda: ResNet(classes=10, width=32, blocks=[2, 2, 2]),
+            _image_batch(8, 10),
+            F.cross_entropy,
+        ),
+        ModelPreset(
             "tiny",
             "MLP 16→48→48→16, tanh (for tests)",
             lambda: MLP(16, 48, 16, 3, activation="tanh"),
@@ -126,6 +182,7 @@ MODELS: dict[str, ModelPreset] = {
 
 #: Models only the planner sees (built on the meta device): GPT-2 shapes, head tied.
 PLAN_ONLY: dict[str, Callable[[], nn.Module]] = {
+    "hf-gpt2": _hf("GPT2", vocab_size=50_257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
     "gpt2": lambda: tied_lm(50_257, 1024, 768, 12),
     "gpt2-xl": lambda: tied_lm(50_257, 1024, 1600, 48),
 }

@@ -94,16 +94,17 @@ def plot_memory(runs: list[Run], path: Path) -> None:
 
 
 def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float, unit: str) -> None:
-    """``DDP state / W`` over the plotted range, once per distinct DDP baseline."""
+    """``DDP state / W`` at the measured world sizes only (a point each, dotted between them:
+    a world size nobody ran is no claim), once per distinct DDP baseline."""
     baselines = sorted({b.state_bytes for run in runs if (b := ddp_baseline(run, runs)) is not None})
-    low, high = (worlds[0], worlds[-1]) if worlds[-1] > worlds[0] else (worlds[0] - 0.4, worlds[0] + 0.4)
-    xs = [low + (high - low) * i / 60 for i in range(61)]
     for value in baselines:
         ax.plot(
-            xs,
-            [value / div / x for x in xs],
+            worlds,
+            [value / div / w for w in worlds],
             color="black",
             linestyle=":",
+            marker="_",
+            markersize=14,
             linewidth=1.3,
             label=f"ideal: DDP / W (DDP = {value / div:.3g} {unit})",
         )

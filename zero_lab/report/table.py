@@ -224,6 +224,11 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("samples/s", _plain(lambda r: r.median("train/samples_per_s"), _number(".0f")), "global batch / step"),
     Column("final loss", _plain(lambda r: float(r.summary["final_loss"]), _number(".6g")), "loss at the last step"),
+    Column(
+        "val loss",
+        _plain(lambda r: r.summary.get("final_val_loss"), _number(".6g")),
+        "held-out loss at the last validation (eval_every=N)",
+    ),
 )
 
 

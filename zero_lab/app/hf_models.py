@@ -1,0 +1,78 @@
+"""``transformers`` causal LMs built from config objects: real architectures, no download.
+
+The ``[models]`` extra (``pip install zero_lab[models]``; ``make setup`` installs it). Each class
+*is* the ``transformers`` model (a subclass that builds its config from typed arguments, so
+those arguments are the ``model.`` keys), with ``task = "lm"``: its forward returns a
+``CausalLMOutput`` whose ``logits`` the data's next-token loss reads (``output_key=logits``).
+Input and output embeddings are tied, as in GPT-2 and small Llamas. Weights are initialised
+by ``transformers`` from torch's RNG (the app seeds it): nothing is fetched from a hub.
+
+    model = GPT2(vocab_size=256, n_positions=128, n_embd=128, n_layer=4, n_head=4)
+    logits = model(tokens)["logits"]
+"""
+
+from __future__ import annotations
+
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+__all__ = ["GPT2", "Llama"]
+
+
+class GPT2(GPT2LMHeadModel):
+    """GPT-2 (learned positions, GELU MLP, LayerNorm), LM head tied to the token embedding."""
+
+    task = "lm"
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        n_positions: int = 128,
+        n_embd: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        dropout: float = 0.0,
+    ):
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=n_positions,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+            bos_token_id=None,
+            eos_token_id=None,
+            tie_word_embeddings=True,
+        )
+        super().__init__(config)
+
+
+class Llama(LlamaForCausalLM):
+    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention), LM head tied to the token embedding."""
+
+    task = "lm"
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        hidden_size: int = 128,
+        intermediate_size: int = 344,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        max_position_embeddings: int = 128,
+    ):
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            max_position_embeddings=max_position_embeddings,
+            bos_token_id=None,
+            eos_token_id=None,
+            tie_word_embeddings=True,
+        )
+        super().__init__(config)
