@@ -8,6 +8,10 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
    shards: a whole parameter is handed over as itself, a slice as a 1-D view into the
    parameter's storage whose ``.grad`` is pointed at the same slice of ``param.grad``
    just before the step. State therefore exists only for owned elements (≈ 1/W).
+   Param groups may name their own class (``"optimizer_class"``, e.g. Muon beside
+   AdamW): the local optimizer is then a :class:`~zero_lab.chained.ChainedOptimizer`
+   with one optimizer per class, and the partitioner sees, per parameter, its shape and
+   whether its class is elementwise (``ParamSpec``), so it can balance by step cost.
 3. The local optimizer steps; shards whose gradient is ``None`` are skipped by every
    ``torch.optim`` optimizer, which is also how a subset is stepped.
 4. :class:`~zero_lab.exchange.ParamExchange` brings every rank's updated shards to all

@@ -1,6 +1,7 @@
 """Muon / Adafactor beside AdamW in one ZeroRedundancyOptimizer, against DDP + torch's own
 chained optimizers, on real Gloo worlds: one W=2 world runs every parity case and saves a
-checkpoint, one W=3 world resumes it with the other cost model (two worlds in all).
+checkpoint per matrix class (Muon, Adafactor), one W=3 world resumes both with the other
+cost model (two worlds in all).
 
 Every case is bitwise (``max_diff == 0.0``): ZeRO steps each parameter whole with the same
 class and arithmetic as the plain chain, except clipping: the sharded norm is summed in
@@ -201,17 +202,20 @@ def parity(cases: list[MuonCase], checkpoint: str) -> list[dict[str, Any]]:
                 "lr": [g["lr"] for g in zero.param_groups],
             }
         )
-    rows.append(save_for_resume(checkpoint))
+    rows.append({cls.__name__: save_for_resume(f"{checkpoint}/{cls.__name__}/step_00000003", cls) for cls in RESUMED})
     return rows
 
 
-def save_for_resume(directory: str) -> dict[str, Any]:
+#: The matrix classes whose state is saved at W=2 and resumed at W=3.
+RESUMED = (torch.optim.Muon, torch.optim.Adafactor)
+
+
+def save_for_resume(directory: str, matrix_class: type[torch.optim.Optimizer]) -> dict[str, Any]:
     """Cost-balanced ZeRO at W=2: save at SAVE_AT, keep training to TOTAL (the uninterrupted run)."""
     model = lm()
     ddp = DDP(model)
-    opt = ZeroRedundancyOptimizer(
-        groups(model, MuonCase()), torch.optim.AdamW, partitioner=SortedGreedy(cost="newton_schulz")
-    )
+    case = MuonCase(matrix_class=matrix_class)
+    opt = ZeroRedundancyOptimizer(groups(model, case), torch.optim.AdamW, partitioner=SortedGreedy(cost="newton_schulz"))
     losses = []
     for step in range(TOTAL):
         if step == SAVE_AT:
@@ -224,11 +228,17 @@ def save_for_resume(directory: str) -> dict[str, Any]:
     return {"losses": losses}
 
 
-def resume(directory: str) -> dict[str, Any]:
-    """W=3, numel-balanced: resume the W=2 checkpoint, and DDP + plain Muon/AdamW from its export."""
+def resume_all(root: str) -> dict[str, Any]:
+    """W=3: every class of :data:`RESUMED`, each from its own checkpoint."""
+    return {cls.__name__: resume(f"{root}/{cls.__name__}/step_00000003", cls) for cls in RESUMED}
+
+
+def resume(directory: str, matrix_class: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """W=3, numel-balanced: resume the W=2 checkpoint, and DDP + the plain chain from its export."""
     model = lm(seed=1)
     ddp = DDP(model)
-    opt = ZeroRedundancyOptimizer(groups(model, MuonCase()), torch.optim.AdamW, partitioner=SortedGreedy())
+    case = MuonCase(matrix_class=matrix_class)
+    opt = ZeroRedundancyOptimizer(groups(model, case), torch.optim.AdamW, partitioner=SortedGreedy())
     extra = load_checkpoint(directory, opt, model)
     resumed = []
     for step in range(extra["step"], TOTAL):
@@ -237,12 +247,12 @@ def resume(directory: str) -> dict[str, Any]:
         loss.backward()
         opt.step()
         resumed.append(loss.item())
-    momentum_on = [len(o.state) for o in opt.optim.optimizers]
+    states_held = [len(o.state) for o in opt.optim.optimizers]
 
     plain_model = lm(seed=2)
     plain_model.load_state_dict(torch.load(f"{directory}/model.pt", weights_only=True))
     plain_ddp = DDP(plain_model)
-    plain = plain_chain(plain_model, MuonCase())
+    plain = plain_chain(plain_model, case)
     exported = export_plain_state_dict(directory, f"{directory}-plain-rank{dist.get_rank()}.pt")
     state = torch.load(exported, weights_only=True)
     for o, part in zip(plain, split_state_dict(state, default_class=torch.optim.AdamW)):
@@ -257,7 +267,7 @@ def resume(directory: str) -> dict[str, Any]:
             o.step()
         reference.append(loss.item())
     diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), plain_model.parameters()))
-    return {"resumed": resumed, "reference": reference, "max_diff": diff, "momentum_on": momentum_on}
+    return {"resumed": resumed, "reference": reference, "max_diff": diff, "states_held": states_held}
 
 
 CASES: dict[str, MuonCase] = {
@@ -277,7 +287,7 @@ CASES: dict[str, MuonCase] = {
 
 @pytest.fixture(scope="module")
 def results(world, tmp_path_factory):
-    checkpoint = tmp_path_factory.mktemp("muon") / "step_00000003"
+    checkpoint = tmp_path_factory.mktemp("muon")
     rows = world(parity, 2, list(CASES.values()), str(checkpoint), timeout_s=300)
     by_case = {name: [rank_rows[i] for rank_rows in rows] for i, name in enumerate(CASES)}
     return by_case, [rank_rows[-1] for rank_rows in rows], checkpoint
@@ -307,12 +317,20 @@ def test_cost_balance_moves_owners_and_evens_the_newton_schulz_cost(results):
     assert by_case["schedulers"][0]["lr"] == [0.02 * 0.25, 3e-3 * 0.25]  # StepLR per group, 4 steps, gamma 0.5 / 2
 
 
-def test_resume_at_three_ranks_with_the_other_cost_model(world, results):
-    _, uninterrupted, checkpoint = results
-    rows = world(resume, 3, str(checkpoint), timeout_s=180)
-    for rank, row in enumerate(rows):
-        assert row["max_diff"] == 0.0  # DDP + plain Muon/AdamW from the exported state, same arithmetic
+@pytest.fixture(scope="module")
+def resumed(world, results) -> dict[str, list[dict[str, Any]]]:
+    """One W=3 world resumes every class's W=2 checkpoint: rows by class name, then by rank."""
+    per_rank = world(resume_all, 3, str(results[2]), timeout_s=180)
+    return {name: [row[name] for row in per_rank] for name in per_rank[0]}
+
+
+@pytest.mark.parametrize("matrix_class", [cls.__name__ for cls in RESUMED])
+def test_resume_at_three_ranks_with_the_other_cost_model(results, resumed, matrix_class):
+    """Muon's momentum and Adafactor's factored state move whole to their new owners at W=3."""
+    uninterrupted = results[1]
+    for rank, row in enumerate(resumed[matrix_class]):
+        assert row["max_diff"] == 0.0  # DDP + the plain chain from the exported state, same arithmetic
         assert row["resumed"] == row["reference"]
         if rank < 2:  # the restored parameters give the saved run's next loss on the same batch, bitwise
-            assert row["resumed"][0] == uninterrupted[rank]["losses"][SAVE_AT]
-    assert sum(sum(row["momentum_on"]) for row in rows) == len(list(lm().parameters()))  # every state moved once
+            assert row["resumed"][0] == uninterrupted[rank][matrix_class]["losses"][SAVE_AT]
+    assert sum(sum(row["states_held"]) for row in resumed[matrix_class]) == len(list(lm().parameters()))

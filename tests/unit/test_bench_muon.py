@@ -27,7 +27,7 @@ def test_summary_takes_medians_and_the_slowest_rank():
     assert row["slowest_over_mean"] == pytest.approx(1.0)  # per step: 1.0, 1.5, 1.0 -> median 1.0
     assert row["iteration_ms"] == pytest.approx(1100.0)  # slowest per step: 1.0, 1.3, 1.1
     assert row["exchange_ms"] == pytest.approx(50.0)  # rank 0: step - local = 0.05 each step
-    assert "| s |" not in render(2, {"ddp_muon": row}, {"numel": 1.5, "newton_schulz": 1.0})
-    assert "numel-balanced 1.500, cost-balanced 1.000" in render(
-        2, {"ddp_muon": row}, {"numel": 1.5, "newton_schulz": 1.0}
-    )
+    costs = {"numel": 1.5, "newton_schulz": 1.0, "cpu_step_ns": 1.1, "cpu_step_ns_by_model": 1.0}
+    shown = render(2, {"ddp_muon": row}, costs)
+    assert "numel-balanced 1.500, cost-balanced 1.000, cpu_step_ns-balanced 1.100 (by its own model 1.000)" in shown
+    assert "| DDP + Muon/AdamW | 200.0 / 100.0 | 1.00 | 1100.0 | 1.00 |" in shown

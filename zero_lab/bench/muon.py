@@ -20,7 +20,9 @@ does all Newton–Schulz work.
   (numel-balanced, torch's sorted-greedy) and a plain AdamW, replicated on every rank,
   steps the rest;
 * ``zl_numel`` / ``zl_cost`` — zero_lab's ZeroRedundancyOptimizer over both groups (one
-  local optimizer per class), ``SortedGreedy()`` / ``SortedGreedy(cost="newton_schulz")``.
+  local optimizer per class), ``SortedGreedy()`` / ``SortedGreedy(cost="newton_schulz")``;
+  ``zl_time`` — the same with a user cost, :func:`cpu_step_ns`, a step-time model measured on
+  this machine (a fixed cost per tensor plus the work), as ``cost=`` accepts any callable.
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
@@ -52,10 +54,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups
 from zero_lab.app.models import TinyLM
 from zero_lab.measure import optimizer_state_bytes
-from zero_lab.partition import ParamSpec
+from zero_lab.partition import ParamSpec, newton_schulz_cost
 from zero_lab.runtime.launch import run_world
 
-__all__ = ["MODEL", "STRATEGIES", "lm", "main", "muon_rank", "partition_costs", "render", "summarize"]
+__all__ = ["MODEL", "STRATEGIES", "cpu_step_ns", "lm", "main", "muon_rank", "partition_costs", "render", "summarize"]
 
 #: The benchmark model: TinyLM arguments (1.15 M parameters with the head tied to the embedding;
 #: grouped-query K/V 4x narrower than Q, 4 experts of 32 x 128 beside each MLP).
@@ -72,7 +74,17 @@ MODEL: dict[str, Any] = {
 MUON = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.1}
 ADAMW = {"lr": 3e-3, "weight_decay": 0.1}
 BATCH = 8  # sequences per rank per step
-STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost")
+STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time")
+
+
+def cpu_step_ns(spec: ParamSpec) -> float:
+    """Nanoseconds one tensor's step takes, as measured on the 2-core benchmark machine (one
+    thread, fastest of 30 steps of one tensor; docs/benchmarks.md has the command): Muon
+    about 0.35 ms per matrix plus 0.05 ns per Newton–Schulz unit (bf16), AdamW about 0.04 ms
+    per tensor plus 4 ns per element. A cost for ``SortedGreedy(cost=cpu_step_ns)``."""
+    if spec.elementwise:
+        return 40_000 + 4 * spec.numel
+    return 350_000 + 0.05 * newton_schulz_cost(spec)
 
 
 @dataclass
@@ -121,7 +133,7 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
         adamw = torch.optim.AdamW(rest["params"], **ADAMW)
         clocks = [_timed_hooks(zero.optim), _timed_hooks(adamw)]
         return _Row(model, ddp, [zero, adamw], lambda: sum(c() for c in clocks))
-    cost = "newton_schulz" if name == "zl_cost" else "numel"
+    cost = {"zl_cost": "newton_schulz", "zl_time": cpu_step_ns}.get(name, "numel")
     zero = ZeroRedundancyOptimizer(_groups(model, order), torch.optim.AdamW, partitioner=SortedGreedy(cost=cost))
     return _Row(model, ddp, [zero], lambda: zero.local_step_seconds)
 
@@ -176,10 +188,13 @@ def partition_costs(model_args: dict[str, Any], world_size: int, order: str) -> 
         for g, group in enumerate(groups)
         for p in group["params"]
     ]
-    return {
-        cost: SortedGreedy(cost=cost)(specs, world_size).report(cost="newton_schulz").cost_imbalance
-        for cost in ("numel", "newton_schulz")
+    costs: dict[str, Any] = {"numel": "numel", "newton_schulz": "newton_schulz", "cpu_step_ns": cpu_step_ns}
+    out = {
+        name: SortedGreedy(cost=cost)(specs, world_size).report(cost="newton_schulz").cost_imbalance
+        for name, cost in costs.items()
     }
+    out["cpu_step_ns_by_model"] = SortedGreedy(cost=cpu_step_ns)(specs, world_size).report().cost_imbalance
+    return out
 
 
 def summarize(per_rank: list[dict[str, Any]], strategies: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -209,6 +224,7 @@ LABELS = {
     "torch_zero": "torch ZeRO(Muon on matrices) + replicated AdamW",
     "zl_numel": "zero_lab, numel-balanced",
     "zl_cost": "zero_lab, cost-balanced (newton_schulz)",
+    "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
 }
 
 
@@ -217,7 +233,8 @@ def render(world_size: int, summary: dict[str, dict[str, Any]], costs: dict[str,
     ddp = summary["ddp_muon"]["iteration_ms"] if "ddp_muon" in summary else None
     lines = [
         f"W={world_size}; Newton–Schulz cost max÷mean of the owners (partition report): "
-        f"numel-balanced {costs['numel']:.3f}, cost-balanced {costs['newton_schulz']:.3f}",
+        f"numel-balanced {costs['numel']:.3f}, cost-balanced {costs['newton_schulz']:.3f}, "
+        f"cpu_step_ns-balanced {costs['cpu_step_ns']:.3f} (by its own model {costs['cpu_step_ns_by_model']:.3f})",
         "",
         "| strategy | local step per rank, ms | slowest ÷ mean | iteration ms | ÷ DDP | fwd+bwd ms | "
         "step − local ms | state per rank, KiB | max \\|Δ param\\| vs DDP |",
