@@ -14,6 +14,7 @@ Runs that do not depend on each other are made together (:func:`tests.e2e.runs.t
 
 from __future__ import annotations
 
+import datetime
 import functools
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
-from tests.slurm.cluster import CRED_EXPIRE_S, LIMIT_CHECK_S, SlurmCluster
+from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
 
 SMALL = ("logger=none", "progress=false", "steps=4")
 
@@ -149,19 +150,39 @@ def test_srun_with_a_world_size_of_its_own_is_refused_once(two_nodes):
     assert "start one task (srun -n1) to spawn 4 ranks inside it" in result.stderr
 
 
-#: A run still running when its time limit's signal comes: 30-75 s of steps on 2 cores, idle to loaded.
-LONG = ("logger=none", "progress=false", "steps=3000", "log_every=500")
-#: Seconds the submitting command may take to start the job (interpreter, config check, sbatch).
-SUBMIT_SLACK_S = 12
+#: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
+LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500")
+#: Seconds the submitting command may take to get the job queued (interpreter, config check, sbatch).
+SUBMIT_SLACK_S = 15
+#: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
+SIGNAL_AFTER_S = 15
+#: The signal's lead before the 60 s limit: slurmctld tests time limits every 30 s and signals a job at
+#: the first test at which its end is less than signal_delay_s + 30 s away, so the job that starts at
+#: `test - SIGNAL_AFTER_S` is signalled at that test (3 s of slack for a late start).
+SIGNAL_DELAY_S = LIMIT_CHECK_S - SIGNAL_AFTER_S + 3
 
 
-def _just_after_a_time_limit_check(slurm: SlurmCluster) -> float:
-    """Wait until slurmctld has just tested time limits; return the seconds to its next test."""
+def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
+    """When the job should start: SIGNAL_AFTER_S before a time-limit test that is at least
+    SUBMIT_SLACK_S + SIGNAL_AFTER_S from now (so the submitting command has time to queue it)."""
     ahead = slurm.next_time_limit_check()
-    if ahead < LIMIT_CHECK_S - 3:
-        time.sleep(ahead + 0.3)
-        ahead = slurm.next_time_limit_check()
-    return ahead
+    while ahead < SUBMIT_SLACK_S + SIGNAL_AFTER_S:
+        ahead += LIMIT_CHECK_S
+    return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
+
+
+def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
+    """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
+    (each attempt of a 1-minute job would be, however little it has left)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
+        for line in out.splitlines():
+            if "Restarts=1" in line:
+                job = line.split()[0].split("=", 1)[1]
+                slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+                return
+        time.sleep(0.5)
 
 
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
@@ -174,36 +195,31 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         stderr=subprocess.PIPE,
         text=True,
     )
-    lead = _just_after_a_time_limit_check(slurm)
-    # slurmctld signals a job at the first time-limit test (every 30 s) at which the job's end
-    # (start + 60 s) is less than signal_delay_s + 30 s away. Aim at the test `lead` s from now,
-    # with SUBMIT_SLACK_S for the job to start; the requeued job starts CRED_EXPIRE_S after it,
-    # so its first test comes too early for it, and its next one leaves it about 45 s to finish.
-    delay = int(LIMIT_CHECK_S - lead + SUBMIT_SLACK_S)
-    assert delay < CRED_EXPIRE_S
-    limited = train(
+    begin = _pinned_start(slurm).strftime("%Y-%m-%dT%H:%M:%S")
+    submit = functools.partial(
+        train,
         slurm,
         "-m",
         "hydra/launcher=slurm",
         "hydra.launcher.partition=debug",
         "hydra.launcher.timeout_min=1",
-        f"hydra.launcher.signal_delay_s={delay}",
-        "hydra.launcher.max_num_timeout=6",
+        f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
+        f"+hydra.launcher.additional_parameters.begin='{begin}'",
         *LONG,
         f"hydra.sweep.dir={sweep}",
         timeout=400,
     )
+    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
     ok(limited)
     run = summary(sweep / "0")
-    requeued = run["requeued"]
-    assert requeued is not None and requeued["restarts"] >= 1, run
-    assert run["start_step"] == requeued["from_step"] and run["resumed_from"] == str(sweep / "0")
+    assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
     first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
-    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 3000
+    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 2000
+    assert run["requeued"]["from_step"] == run["start_step"] == len(first["losses"])  # its checkpoint
+    assert run["resumed_from"] == str(sweep / "0") and run["stopped_by"] is None
     assert run["final_loss"] == summary(plain)["final_loss"]
     assert run["param_checksum"] == summary(plain)["param_checksum"]
-    assert "final loss" in limited.stdout  # the submitting command shows where the requeued job ended
-    assert slurm.jobs() == []
+    assert f"  run dir: {sweep / '0'}" in limited.stdout  # the submitting command shows where it ended
     assert_no_leftover_processes()
