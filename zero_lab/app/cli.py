@@ -75,6 +75,8 @@ def prepare(argv: list[str]) -> list[str]:
     args, hydra_mode = parse_command_line(argv[1:])
     if hydra_mode:
         return argv  # Hydra's own modes: nothing will be trained
+    if (world := external.detect()) is not None:  # as under torchrun: the config check counts no ranks per core
+        os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
     try:
         cfg, hydra_node = preflight(args.overrides, multirun=args.multirun, config_name=args.config_name or "config")
         world = external.detect(port=cfg.dist.master_port)
