@@ -91,6 +91,28 @@ srun sh -c 'exec {TORCHRUN} --nnodes 2 --nproc_per_node {per_node} --node_rank "
     return script
 
 
+def _srun_stopped_by_sigusr2(slurm: SlurmCluster, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``srun -N2 -n2 python train.py`` of a long run, sent SIGUSR2 (as at a time limit) once it trains."""
+    argv = ["srun", "--job-name=zl-usr2", "-N2", "-n2", sys.executable, "train.py", *SMALL[:2], "steps=100000"]
+    proc = subprocess.Popen(
+        slurm.command([*argv, f"hydra.run.dir={run_dir}"]),
+        cwd=REPO,
+        env={**child_env(), "SLURM_CONF": str(slurm.conf)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        slurm.run(["scancel", "--signal=USR2", "--name=zl-usr2"], timeout=30)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 @pytest.fixture(scope="module")
 def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Every multi-node way at 2 × 1 and 2 × 2 ranks, plus a refused srun, all at once."""
@@ -117,6 +139,7 @@ def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         calls[f"torchrun_{per_node}"] = functools.partial(
             slurm.run, ["sbatch", "--wait", str(script)], cwd=REPO, env=child_env(), timeout=240
         )
+    calls["sigusr2"] = functools.partial(_srun_stopped_by_sigusr2, slurm, root / "sigusr2")
     results = dict(zip(calls, together(*calls.values(), jobs=len(calls))))
     return {"root": root, **results}
 
@@ -148,6 +171,17 @@ def test_srun_with_a_world_size_of_its_own_is_refused_once(two_nodes):
     assert result.stderr.count("zero_lab: invalid config") == 1, result.stderr[-2000:]
     assert message in result.stderr
     assert "start one task (srun -n1) to spawn 4 ranks inside it" in result.stderr
+
+
+def test_srun_ranks_stop_together_on_sigusr2_checkpoint_and_exit_non_zero(two_nodes):
+    result, run_dir = two_nodes["sigusr2"], two_nodes["root"] / "sigusr2"
+    assert result.returncode == 128 + 12, result.stderr[-3000:]  # no requeue here: never COMPLETED
+    stopped = summary(run_dir)
+    done = len(stopped["losses"])
+    assert stopped["stopped_by"] == "SIGUSR2" and 1 <= done < 100000
+    assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()  # checkpoint_every=0
+    assert f"zero_lab: stopped by SIGUSR2 after {done} steps" in result.stderr
+    assert result.stderr.count("zero_lab: stopped by") == 1  # said once, by rank 0
 
 
 #: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
