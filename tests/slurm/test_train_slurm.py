@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,21 +41,10 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
-def single_node(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The documented launcher command as a 2-job sweep (W=2, W=4): (sweep dir, its stdout)."""
-    sweep = tmp_path_factory.mktemp("single") / "sweep"
-    result = ok(
-        train(
-            slurm,
-            "-m",
-            "hydra/launcher=slurm",
-            "hydra.launcher.partition=debug",
-            "dist.world_size=2,4",
-            *SMALL,
-            f"hydra.sweep.dir={sweep}",
-        )
-    )
-    return sweep, result.stdout
+def single_node(two_nodes: dict[str, Any]) -> tuple[Path, str]:
+    """The documented launcher command as a 2-job sweep (W=2, W=4; made with the multi-node
+    runs, at the same time): (sweep dir, its stdout)."""
+    return two_nodes["root"] / "single", ok(two_nodes["single"]).stdout
 
 
 def test_the_launcher_runs_a_sweep_on_one_node_and_prints_each_jobs_closing_lines(single_node):
@@ -114,11 +104,16 @@ def _srun_stopped_by_sigusr2(slurm: SlurmCluster, run_dir: Path) -> subprocess.C
 
 
 @pytest.fixture(scope="module")
-def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Every multi-node way at 2 × 1 and 2 × 2 ranks, plus a refused srun, all at once."""
+def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every multi-node way at 2 × 1 and 2 × 2 ranks, a refused srun, an srun sent SIGUSR2, and the
+    single-node sweep that is their reference, all at once (Slurm queues what does not fit)."""
     root = tmp_path_factory.mktemp("two_nodes")
+    single = ("-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "dist.world_size=2,4")
     launcher = ("-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.nodes=2")
-    calls = {"refused": functools.partial(train, slurm, "dist.world_size=4", *SMALL, launcher=("srun", "-N2", "-n2"))}
+    calls = {
+        "single": functools.partial(train, slurm, *single, *SMALL, f"hydra.sweep.dir={root}/single"),
+        "refused": functools.partial(train, slurm, "dist.world_size=4", *SMALL, launcher=("srun", "-N2", "-n2")),
+    }
     for per_node in (1, 2):
         calls[f"launcher_{per_node}"] = functools.partial(
             train,
