@@ -203,7 +203,7 @@ def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
 def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
     """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
     (each attempt of a 1-minute job would be, however little it has left)."""
-    deadline = time.monotonic() + timeout_s
+    deadline, seen = time.monotonic() + timeout_s, False
     while time.monotonic() < deadline:
         out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
         for line in out.splitlines():
@@ -211,6 +211,9 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300)
                 job = line.split()[0].split("=", 1)[1]
                 slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
                 return
+        if seen and not slurm.jobs():  # it ended without a requeue: the test says why
+            return
+        seen = seen or bool(slurm.jobs())
         time.sleep(0.5)
 
 
