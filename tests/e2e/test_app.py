@@ -231,6 +231,7 @@ def test_torchrun_single_node_writes_one_run_dir(sweep, tmp_path):
     run_dir = _one_run_dir(tmp_path)
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert "done: final loss" in (run_dir / "logs" / "rank1.log").read_text()  # not silenced by Hydra
     result = summary(run_dir)
     assert result["world_size"] == 2
     assert_close(result["losses"], summary(sweep / "1")["losses"], 1e-6)  # same job as under run_world

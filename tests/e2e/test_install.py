@@ -31,6 +31,7 @@ def test_conf_is_top_level_and_the_wheel_carries_it_and_trains(tmp_path):
         archive.extractall(tmp_path / "site")
     in_checkout = {f"zero_lab/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert in_checkout and in_checkout <= shipped  # every YAML of every group, config.yaml included
+    assert "hydra_plugins/zero_lab_slurm/__init__.py" in archive.namelist()  # hydra/launcher=slurm's plugin
 
     env = child_env() | {"PYTHONPATH": str(tmp_path / "site")}
     job = subprocess.run(

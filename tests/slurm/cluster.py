@@ -44,7 +44,7 @@ MEMORY_MB_PER_NODE = 8192
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
 TOOLS = ("ip", "nsenter", "unshare", "mount")
 LIMIT_CHECK_S = 30  # slurmctld's PERIODIC_TIMEOUT: how often it tests time limits (compiled in)
-CRED_EXPIRE_S = 15  # also how long a requeued job waits before it may start again (default 120)
+CRED_EXPIRE_S = 5  # also how long a requeued job waits before it may start again (default 120, least 5)
 ENABLE = "install Slurm and MUNGE (as root: apt-get install -y slurm-wlm munge) and run the tests as root"
 
 
@@ -254,6 +254,13 @@ class SlurmCluster:
         """The ids of the jobs Slurm still knows as pending or running."""
         out = self.run(["squeue", "-h", "-o", "%i"], timeout=10)
         return out.stdout.split()
+
+    def wait_until_no_jobs(self, timeout_s: float = 30.0) -> list[str]:
+        """Wait until Slurm knows no job (a finished one stays a moment as COMPLETING); returns what is left."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.jobs()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
 
     def next_time_limit_check(self, timeout_s: float = 40.0) -> float:
         """Seconds until slurmctld next tests time limits (every 30 s, logged at debug2): it

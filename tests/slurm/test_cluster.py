@@ -11,4 +11,4 @@ def test_one_step_runs_a_task_on_each_node_and_names_resolve_on_both(slurm: Slur
     assert out.returncode == 0, out.stderr
     lines = sorted(line.split(": ", 1)[1] for line in out.stdout.splitlines())
     assert lines == [f"0 {NODES[0]} {ADDRESSES[0]} {NODES[0]}", f"1 {NODES[1]} {ADDRESSES[0]} {NODES[1]}"]
-    assert slurm.jobs() == []
+    assert slurm.wait_until_no_jobs() == []

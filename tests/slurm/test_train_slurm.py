@@ -14,16 +14,18 @@ Runs that do not depend on each other are made together (:func:`tests.e2e.runs.t
 
 from __future__ import annotations
 
+import datetime
 import functools
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
-from tests.slurm.cluster import CRED_EXPIRE_S, LIMIT_CHECK_S, SlurmCluster
+from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
 
 SMALL = ("logger=none", "progress=false", "steps=4")
 
@@ -39,21 +41,10 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
-def single_node(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The documented launcher command as a 2-job sweep (W=2, W=4): (sweep dir, its stdout)."""
-    sweep = tmp_path_factory.mktemp("single") / "sweep"
-    result = ok(
-        train(
-            slurm,
-            "-m",
-            "hydra/launcher=slurm",
-            "hydra.launcher.partition=debug",
-            "dist.world_size=2,4",
-            *SMALL,
-            f"hydra.sweep.dir={sweep}",
-        )
-    )
-    return sweep, result.stdout
+def single_node(two_nodes: dict[str, Any]) -> tuple[Path, str]:
+    """The documented launcher command as a 2-job sweep (W=2, W=4; made with the multi-node
+    runs, at the same time): (sweep dir, its stdout)."""
+    return two_nodes["root"] / "single", ok(two_nodes["single"]).stdout
 
 
 def test_the_launcher_runs_a_sweep_on_one_node_and_prints_each_jobs_closing_lines(single_node):
@@ -90,12 +81,39 @@ srun sh -c 'exec {TORCHRUN} --nnodes 2 --nproc_per_node {per_node} --node_rank "
     return script
 
 
+def _srun_stopped_by_sigusr2(slurm: SlurmCluster, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``srun -N2 -n2 python train.py`` of a long run, sent SIGUSR2 (as at a time limit) once it trains."""
+    argv = ["srun", "--job-name=zl-usr2", "-N2", "-n2", sys.executable, "train.py", *SMALL[:2], "steps=100000"]
+    proc = subprocess.Popen(
+        slurm.command([*argv, f"hydra.run.dir={run_dir}"]),
+        cwd=REPO,
+        env={**child_env(), "SLURM_CONF": str(slurm.conf)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        slurm.run(["scancel", "--signal=USR2", "--name=zl-usr2"], timeout=30)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 @pytest.fixture(scope="module")
-def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Every multi-node way at 2 × 1 and 2 × 2 ranks, plus a refused srun, all at once."""
+def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every multi-node way at 2 × 1 and 2 × 2 ranks, a refused srun, an srun sent SIGUSR2, and the
+    single-node sweep that is their reference, all at once (Slurm queues what does not fit)."""
     root = tmp_path_factory.mktemp("two_nodes")
+    single = ("-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "dist.world_size=2,4")
     launcher = ("-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.nodes=2")
-    calls = {"refused": functools.partial(train, slurm, "dist.world_size=4", *SMALL, launcher=("srun", "-N2", "-n2"))}
+    calls = {
+        "single": functools.partial(train, slurm, *single, *SMALL, f"hydra.sweep.dir={root}/single"),
+        "refused": functools.partial(train, slurm, "dist.world_size=4", *SMALL, launcher=("srun", "-N2", "-n2")),
+    }
     for per_node in (1, 2):
         calls[f"launcher_{per_node}"] = functools.partial(
             train,
@@ -116,6 +134,7 @@ def two_nodes(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         calls[f"torchrun_{per_node}"] = functools.partial(
             slurm.run, ["sbatch", "--wait", str(script)], cwd=REPO, env=child_env(), timeout=240
         )
+    calls["sigusr2"] = functools.partial(_srun_stopped_by_sigusr2, slurm, root / "sigusr2")
     results = dict(zip(calls, together(*calls.values(), jobs=len(calls))))
     return {"root": root, **results}
 
@@ -149,19 +168,53 @@ def test_srun_with_a_world_size_of_its_own_is_refused_once(two_nodes):
     assert "start one task (srun -n1) to spawn 4 ranks inside it" in result.stderr
 
 
-#: A run still running when its time limit's signal comes: 30-75 s of steps on 2 cores, idle to loaded.
-LONG = ("logger=none", "progress=false", "steps=3000", "log_every=500")
-#: Seconds the submitting command may take to start the job (interpreter, config check, sbatch).
-SUBMIT_SLACK_S = 12
+def test_srun_ranks_stop_together_on_sigusr2_checkpoint_and_exit_non_zero(two_nodes):
+    result, run_dir = two_nodes["sigusr2"], two_nodes["root"] / "sigusr2"
+    assert result.returncode == 128 + 12, result.stderr[-3000:]  # no requeue here: never COMPLETED
+    stopped = summary(run_dir)
+    done = len(stopped["losses"])
+    assert stopped["stopped_by"] == "SIGUSR2" and 1 <= done < 100000
+    assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()  # checkpoint_every=0
+    assert f"zero_lab: stopped by SIGUSR2 after {done} steps" in result.stderr
+    assert result.stderr.count("zero_lab: stopped by") == 1  # said once, by rank 0
 
 
-def _just_after_a_time_limit_check(slurm: SlurmCluster) -> float:
-    """Wait until slurmctld has just tested time limits; return the seconds to its next test."""
+#: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
+LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500")
+#: Seconds the submitting command may take to get the job queued (interpreter, config check, sbatch).
+SUBMIT_SLACK_S = 15
+#: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
+SIGNAL_AFTER_S = 15
+#: The signal's lead before the 60 s limit: slurmctld tests time limits every 30 s and signals a job at
+#: the first test at which its end is less than signal_delay_s + 30 s away, so the job that starts at
+#: `test - SIGNAL_AFTER_S` is signalled at that test (3 s of slack for a late start).
+SIGNAL_DELAY_S = LIMIT_CHECK_S - SIGNAL_AFTER_S + 3
+
+
+def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
+    """When the job should start: SIGNAL_AFTER_S before a time-limit test that is at least
+    SUBMIT_SLACK_S + SIGNAL_AFTER_S from now (so the submitting command has time to queue it)."""
     ahead = slurm.next_time_limit_check()
-    if ahead < LIMIT_CHECK_S - 3:
-        time.sleep(ahead + 0.3)
-        ahead = slurm.next_time_limit_check()
-    return ahead
+    while ahead < SUBMIT_SLACK_S + SIGNAL_AFTER_S:
+        ahead += LIMIT_CHECK_S
+    return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
+
+
+def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
+    """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
+    (each attempt of a 1-minute job would be, however little it has left)."""
+    deadline, seen = time.monotonic() + timeout_s, False
+    while time.monotonic() < deadline:
+        out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
+        for line in out.splitlines():
+            if "Restarts=1" in line:
+                job = line.split()[0].split("=", 1)[1]
+                slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+                return
+        if seen and not slurm.jobs():  # it ended without a requeue: the test says why
+            return
+        seen = seen or bool(slurm.jobs())
+        time.sleep(0.5)
 
 
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
@@ -174,36 +227,31 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         stderr=subprocess.PIPE,
         text=True,
     )
-    lead = _just_after_a_time_limit_check(slurm)
-    # slurmctld signals a job at the first time-limit test (every 30 s) at which the job's end
-    # (start + 60 s) is less than signal_delay_s + 30 s away. Aim at the test `lead` s from now,
-    # with SUBMIT_SLACK_S for the job to start; the requeued job starts CRED_EXPIRE_S after it,
-    # so its first test comes too early for it, and its next one leaves it about 45 s to finish.
-    delay = int(LIMIT_CHECK_S - lead + SUBMIT_SLACK_S)
-    assert delay < CRED_EXPIRE_S
-    limited = train(
+    begin = _pinned_start(slurm).strftime("%Y-%m-%dT%H:%M:%S")
+    submit = functools.partial(
+        train,
         slurm,
         "-m",
         "hydra/launcher=slurm",
         "hydra.launcher.partition=debug",
         "hydra.launcher.timeout_min=1",
-        f"hydra.launcher.signal_delay_s={delay}",
-        "hydra.launcher.max_num_timeout=6",
+        f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
+        f"+hydra.launcher.additional_parameters.begin='{begin}'",
         *LONG,
         f"hydra.sweep.dir={sweep}",
         timeout=400,
     )
+    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
     ok(limited)
     run = summary(sweep / "0")
-    requeued = run["requeued"]
-    assert requeued is not None and requeued["restarts"] >= 1, run
-    assert run["start_step"] == requeued["from_step"] and run["resumed_from"] == str(sweep / "0")
+    assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
     first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
-    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 3000
+    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 2000
+    assert run["requeued"]["from_step"] == run["start_step"] == len(first["losses"])  # its checkpoint
+    assert run["resumed_from"] == str(sweep / "0") and run["stopped_by"] is None
     assert run["final_loss"] == summary(plain)["final_loss"]
     assert run["param_checksum"] == summary(plain)["param_checksum"]
-    assert "final loss" in limited.stdout  # the submitting command shows where the requeued job ended
-    assert slurm.jobs() == []
+    assert f"  run dir: {sweep / '0'}" in limited.stdout  # the submitting command shows where it ended
     assert_no_leftover_processes()

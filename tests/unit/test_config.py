@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.build import make_scheduler, optimizer_factory
@@ -18,6 +19,7 @@ from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.protocols import call_model, loss_of
 from zero_lab.app.schema import register_configs
+from zero_lab.app.slurm_launcher import job_resources
 from zero_lab.app.validate import ConfigError, check
 from zero_lab.partition import ParamSpec
 
@@ -186,4 +188,8 @@ def test_launcher_configs_compose(launcher):
     check(cfg, choices)
     assert hydra_node.launcher._target_.startswith("hydra_plugins.")
     if launcher == "slurm":
-        assert (hydra_node.launcher.tasks_per_node, hydra_node.launcher.cpus_per_task) == (1, cfg.dist.world_size)
+        assert (hydra_node.launcher.tasks_per_node, hydra_node.launcher.cpus_per_task) == (1, None)  # derived:
+        params = OmegaConf.to_container(hydra_node.launcher)  # unresolved: ${hydra.sweep.dir} needs a job
+        assert job_resources(cfg, params) == {"cpus_per_task": cfg.dist.world_size, "gpus_per_node": None, "mem_gb": 2}
+        multi = job_resources(cfg, {**params, "nodes": 2, "tasks_per_node": 2, "mem_gb": 8})
+        assert multi == {"cpus_per_task": 1, "gpus_per_node": None, "mem_gb": 8}  # one rank per task; given wins

@@ -86,6 +86,8 @@ def prepare(argv: list[str]) -> list[str]:
             fail(describe_hydra_error(error))
     if hydra_mode:
         return argv  # Hydra's own modes: nothing will be trained
+    if (world := external.detect()) is not None:  # as under torchrun: the config check counts no ranks per core
+        os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
     try:
         cfg, hydra_node = preflight(
             args.overrides,

@@ -30,7 +30,7 @@ When the jobs end, the submitting terminal shows each job's closing lines, read 
 
 Hydra loads launchers only from classes defined in the ``hydra_plugins`` package:
 ``hydra_plugins/zero_lab_slurm`` defines ``ZeroLabSlurmLauncher``, an empty subclass of
-:class:`SlurmJobsLauncher`, and ``zero_lab/conf/hydra/launcher/slurm.yaml`` names it.
+:class:`SlurmJobsLauncher`, and ``conf/hydra/launcher/slurm.yaml`` names it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra.utils import get_object, instantiate
@@ -51,6 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
 from zero_lab.app.cli import fail
 from zero_lab.app.validate import ConfigError
+from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
 
 __all__ = ["JOB_BASE_GIB", "RANK_BASE_GIB", "SlurmJobsLauncher", "closing_block", "job_resources"]
@@ -69,10 +71,6 @@ def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
 
 def _planned_rank_bytes(cfg: DictConfig) -> int:
     """What the planner prices for one rank of plain DDP + this optimizer (an upper bound for ZeRO)."""
-    import torch
-
-    from zero_lab.planner import plan_memory, specs_from_module
-
     with torch.device("meta"):
         model = instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
     path = cfg.optim.optimizer_class.path if is_zero(cfg.optim) else cfg.optim._target_
