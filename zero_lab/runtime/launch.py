@@ -340,14 +340,16 @@ def _drain(results: Any, out: dict[int, Any], failures: dict[int, str], summarie
 
 
 def _stalled(procs: list[Any], watch: StallWatch, late: list[int], out: dict[int, Any]) -> RankStalled:
-    """The rank to blame for a stall: stopped, else in uninterruptible I/O, else the fewest
-    beats (it is behind its peers), else the oldest last beat; every rank's state beside it."""
+    """The rank to blame for a stall: stopped, else in uninterruptible I/O, else one that is
+    not asleep the way a rank waiting in a collective is (a pipe, a file, a busy loop), else
+    the fewest beats (it is behind its peers), else the oldest last beat; every rank's state
+    beside it."""
     active = [r for r in range(len(procs)) if r not in out]
     states = {r: process_state(procs[r].pid) for r in active}
 
-    def key(rank: int) -> tuple[int, int, int, float]:
+    def key(rank: int) -> tuple[bool, bool, bool, int, float]:
         state = states[rank]
-        return (not state.stopped, not state.in_io, watch.beats(rank), -watch.since_last(rank))
+        return (not state.stopped, not state.in_io, state.waiting, watch.beats(rank), -watch.since_last(rank))
 
     rank = min(active, key=key)
     summary = (
