@@ -79,9 +79,18 @@ def test_a_stopped_rank_is_named_not_the_peer_that_waits(tmp_path, stall_timeout
     assert [pid for pid in pids if process_alive(pid)] == []  # the stopped rank was killed too
 
 
+def test_a_rank_stuck_reading_a_fifo_is_named_not_its_waiting_peer(tmp_path):
+    with pytest.raises(RankStalled) as caught:
+        run_ranks(step_then_sigstop, 2, str(tmp_path), 100, 3, "fifo", timeout_s=120.0, stall_timeout_s=1.0)
+    assert caught.value.rank == 1, caught.value.summary
+    assert re.search(r"its process sleeps \(/proc state S in \w+; e.g. reading a file, a pipe", caught.value.summary)
+    assert "most likely in a collective" in caught.value.others[0]  # rank 0, waiting for it
+
+
 # ---------------------------------------------------------------- rank programs
-def step_then_sigstop(pid_dir: str, steps: int = 100, stop_at: int = 3) -> str:
-    """Steps of one all-reduce and a heartbeat each; rank 1 SIGSTOPs itself after ``stop_at``."""
+def step_then_sigstop(pid_dir: str, steps: int = 100, stop_at: int = 3, how: str = "sigstop") -> str:
+    """Steps of one all-reduce and a heartbeat each; after ``stop_at`` steps rank 1 SIGSTOPs
+    itself (``how="sigstop"``) or blocks reading a FIFO nobody writes (``how="fifo"``)."""
     import torch
 
     from zero_lab.runtime import heartbeat
@@ -89,6 +98,10 @@ def step_then_sigstop(pid_dir: str, steps: int = 100, stop_at: int = 3) -> str:
     Path(pid_dir, f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
     for step in range(steps):
         if step == stop_at and dist.get_rank() == 1:
+            if how == "fifo":
+                fifo = Path(pid_dir, "stuck.fifo")
+                os.mkfifo(fifo)
+                fifo.read_bytes()  # blocks in open(): no writer ever comes
             os.kill(os.getpid(), signal.SIGSTOP)
         dist.all_reduce(torch.ones(4))
         heartbeat.beat()

@@ -580,7 +580,10 @@ def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
     try:
         model = _meta_model(cfg)
         cls = _optimizer_class(cfg)
-        partitioner = instantiate(cfg.partitioner) if is_zero(cfg.optim) else None
+        partitioner = None
+        if is_zero(cfg.optim):
+            _buildable(cfg.partitioner, "partitioner", Partitioner)  # nothing else is called
+            partitioner = instantiate(cfg.partitioner)
         master = bool(cfg.optim.get("master_weights", False))
         plan = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
     except Exception:  # an unbuildable model or partitioner is reported by its own check

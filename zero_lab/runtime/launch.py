@@ -20,8 +20,10 @@ once per training step) into an array shared with this process, which stops the 
 when a rank has not beaten for ``stall_timeout_s`` past the slowest step seen so far
 (armed once every rank has beaten once) and raises :class:`RankStalled` naming that
 rank: the one ``/proc`` shows stopped (SIGSTOP, a debugger) or in uninterruptible I/O, else
-the one with the fewest beats. When a collective times out first (the last resort), a
-rank that is still alive and never reported is blamed, not the peer that waited for it.
+one not asleep the way a rank waiting in a collective is, else the one with the fewest
+beats (while a stop signal is being handled, ``stop_grace_s`` bounds the world instead).
+When a collective times out first (the last resort), a rank that is still alive and never
+reported is blamed, not the peer that waited for it.
 A failure's one-line ``summary`` is its exception's own message (first line; a Hydra
 ``InstantiationException`` is unwrapped to the error it wraps), not a traceback's last line.
 
@@ -312,7 +314,7 @@ def _collect(
     while len(out) < len(procs):
         _drain(results, out, failures, summaries)
         _note_deaths(procs, results, out, failures, died, summaries)
-        if watch is not None and not failures and (late := watch.stalled(set(out))):
+        if watch is not None and not failures and not forwarding.signum and (late := watch.stalled(set(out))):
             raise _stalled(procs, watch, late, out)
         if failures:
             _gather_more_failures(procs, results, failures, out, died, summaries)
@@ -343,14 +345,16 @@ def _drain(results: Any, out: dict[int, Any], failures: dict[int, str], summarie
 
 
 def _stalled(procs: list[Any], watch: StallWatch, late: list[int], out: dict[int, Any]) -> RankStalled:
-    """The rank to blame for a stall: stopped, else in uninterruptible I/O, else the fewest
-    beats (it is behind its peers), else the oldest last beat; every rank's state beside it."""
+    """The rank to blame for a stall: stopped, else in uninterruptible I/O, else one that is
+    not asleep the way a rank waiting in a collective is (a pipe, a file, a busy loop), else
+    the fewest beats (it is behind its peers), else the oldest last beat; every rank's state
+    beside it."""
     active = [r for r in range(len(procs)) if r not in out]
     states = {r: process_state(procs[r].pid) for r in active}
 
-    def key(rank: int) -> tuple[int, int, int, float]:
+    def key(rank: int) -> tuple[bool, bool, bool, int, float]:
         state = states[rank]
-        return (not state.stopped, not state.in_io, watch.beats(rank), -watch.since_last(rank))
+        return (not state.stopped, not state.in_io, state.waiting, watch.beats(rank), -watch.since_last(rank))
 
     rank = min(active, key=key)
     summary = (
