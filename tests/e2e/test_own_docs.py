@@ -55,3 +55,4 @@ def test_the_bring_your_own_page_runs_as_written(page, tmp_path):
         refused = run(commands[0].replace(f" {fix.group(1)}", ""), project)
         assert refused.returncode == 2
         assert refused.stderr.strip() == text
+        assert len(list(project.glob("outputs/*/*"))) == 1  # refused before Hydra made a run dir
