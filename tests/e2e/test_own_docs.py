@@ -5,6 +5,7 @@ what the app prints."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs import REPO, child_env
+from tests.e2e.runs import REPO, child_env, together
 
 ENTRY = str(Path(sys.executable).with_name("zero-lab-train"))
 
@@ -40,11 +41,21 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("page", ["own-model.md", "own-data.md"])
-def test_the_bring_your_own_page_runs_as_written(page, tmp_path):
-    project, commands, quoted = project_from(REPO / "docs" / page, tmp_path)
+PAGES = ("own-model.md", "own-data.md")
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, tuple[Path, list[str], list[str], subprocess.CompletedProcess[str]]]:
+    """Each page's project written and its command run, both pages together (two at a time)."""
+    made = {page: project_from(REPO / "docs" / page, tmp_path_factory.mktemp(page.split(".")[0])) for page in PAGES}
+    done = together(*(functools.partial(run, commands[0], project) for project, commands, _ in made.values()))
+    return {page: (*made[page], result) for page, result in zip(PAGES, done)}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_bring_your_own_page_runs_as_written(page, pages):
+    project, commands, quoted, done = pages[page]
     assert project.is_dir() and len(commands) == 1
-    done = run(commands[0], project)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_path,) = project.glob("outputs/*/*/summary.json")
     summary = json.loads(summary_path.read_text())
