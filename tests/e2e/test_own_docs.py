@@ -67,3 +67,22 @@ def test_the_bring_your_own_page_runs_as_written(page, pages):
         assert refused.returncode == 2
         assert refused.stderr.strip() == text
         assert len(list(project.glob("outputs/*/*"))) == 1  # refused before Hydra made a run dir
+
+
+def test_a_stream_sharded_by_rank_resumes_exactly(pages, tmp_path):
+    """own-data.md's stream (``batches(rank, world_size, start_step)``): a run resumed at step 3
+    reads what the uninterrupted one read from there on, so it ends with the same parameters."""
+    project, commands, _, _ = pages["own-data.md"]
+    command = commands[0].replace("steps=30", "steps=6")
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    halfway = command.replace("steps=6", "steps=3")
+    first = together(
+        functools.partial(run, f"{command} hydra.run.dir={whole}", project),
+        functools.partial(run, f"{halfway} checkpoint_every=3 hydra.run.dir={part}", project),
+    )
+    assert all(r.returncode == 0 for r in first), first[1].stderr[-2000:]
+    resumed = run(f"{command} resume={part} hydra.run.dir={tmp_path / 'resumed'}", project)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    original, again = (json.loads((d / "summary.json").read_text()) for d in (whole, tmp_path / "resumed"))
+    assert again["start_step"] == 3 and again["losses"] == original["losses"]
+    assert again["param_checksum"] == original["param_checksum"]
