@@ -57,7 +57,9 @@ def app_run(container: dict[str, Any]) -> dict[str, Any]:
     return {"params": params, "lrs": lrs, "val": val, "hand": hand}
 
 
-def torch_run(container: dict[str, Any], warmup: int, accumulate: int, autocast: str | None) -> dict[str, Any]:
+def torch_run(
+    container: dict[str, Any], warmup: int, accumulate: int, autocast: str | None, clip: float | None = None
+) -> dict[str, Any]:
     """The same training written with torch alone (the reference)."""
     cfg = OmegaConf.create(container)
     torch.manual_seed(cfg.seed)
@@ -84,6 +86,10 @@ def torch_run(container: dict[str, Any], warmup: int, accumulate: int, autocast:
                 with cast:
                     loss = torch.nn.functional.mse_loss(ddp(xs).float(), ys) / accumulate
                 (scaler.scale(loss) if scaler else loss).backward()
+        if scaler and clip:
+            scaler.unscale_(opt)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         if scaler:
             scaler.step(opt)
             scaler.update()
@@ -112,7 +118,7 @@ def compare(pairs: list[tuple[dict[str, Any], tuple | None, dict[str, Any] | Non
     return out
 
 
-CASES: dict[str, tuple[list[str], tuple[int, int, str | None] | None, list[str] | None]] = {
+CASES: dict[str, tuple[list[str], tuple[Any, ...] | None, list[str] | None]] = {
     # name: (app overrides, torch reference (warmup, accumulate, autocast) or None, other app overrides)
     "plain_cosine_warmup": (["optim=adam", "scheduler=cosine", "scheduler.warmup_steps=2"], (2, 1, None), None),
     "zero_cosine_warmup": (["scheduler=cosine", "scheduler.warmup_steps=2"], (2, 1, None), None),
@@ -123,6 +129,8 @@ CASES: dict[str, tuple[list[str], tuple[int, int, str | None] | None, list[str] 
     "plain_bf16": (["optim=adam", "autocast=bf16"], (0, 1, "bf16"), None),
     "zero_bf16": (["autocast=bf16"], (0, 1, "bf16"), None),
     "zero_fp16_scaler": (["autocast=fp16"], (0, 1, "fp16"), None),
+    "zero_fp16_scaler_clip": (["autocast=fp16", "optim.max_grad_norm=0.05"], (0, 1, "fp16", 0.05), None),
+    "plain_fp16_scaler_clip": (["optim=adam", "autocast=fp16", "optim.max_grad_norm=0.05"], (0, 1, "fp16", 0.05), None),
 }
 
 
@@ -138,7 +146,8 @@ def results(world) -> dict[str, dict[str, float]]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_feature_matches_the_torch_loop(results, case):
-    tolerance = 1e-6 if "accumulate_vs" not in case else 1e-5  # accumulation sums in another order
+    # accumulation sums in another order; ZeRO's clip norm comes from shards (FIELD-NOTES: ~1e-5 after clipping)
+    tolerance = 1e-5 if "accumulate_vs" in case or "clip" in case else 1e-6
     assert results[case]["params"] < tolerance, results[case]
     assert results[case]["lrs"] == 0.0  # the schedule itself is torch's, so the lrs are equal
 

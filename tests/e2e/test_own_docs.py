@@ -5,6 +5,7 @@ what the app prints."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs import REPO, child_env
+from tests.e2e.runs import REPO, child_env, together
 
 ENTRY = str(Path(sys.executable).with_name("zero-lab-train"))
 
@@ -40,11 +41,21 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("page", ["own-model.md", "own-data.md"])
-def test_the_bring_your_own_page_runs_as_written(page, tmp_path):
-    project, commands, quoted = project_from(REPO / "docs" / page, tmp_path)
+PAGES = ("own-model.md", "own-data.md")
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, tuple[Path, list[str], list[str], subprocess.CompletedProcess[str]]]:
+    """Each page's project written and its command run, both pages together (two at a time)."""
+    made = {page: project_from(REPO / "docs" / page, tmp_path_factory.mktemp(page.split(".")[0])) for page in PAGES}
+    done = together(*(functools.partial(run, commands[0], project) for project, commands, _ in made.values()))
+    return {page: (*made[page], result) for page, result in zip(PAGES, done)}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_bring_your_own_page_runs_as_written(page, pages):
+    project, commands, quoted, done = pages[page]
     assert project.is_dir() and len(commands) == 1
-    done = run(commands[0], project)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_path,) = project.glob("outputs/*/*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -55,3 +66,23 @@ def test_the_bring_your_own_page_runs_as_written(page, tmp_path):
         refused = run(commands[0].replace(f" {fix.group(1)}", ""), project)
         assert refused.returncode == 2
         assert refused.stderr.strip() == text
+        assert len(list(project.glob("outputs/*/*"))) == 1  # refused before Hydra made a run dir
+
+
+def test_a_stream_sharded_by_rank_resumes_exactly(pages, tmp_path):
+    """own-data.md's stream (``batches(rank, world_size, start_step)``): a run resumed at step 3
+    reads what the uninterrupted one read from there on, so it ends with the same parameters."""
+    project, commands, _, _ = pages["own-data.md"]
+    command = commands[0].replace("steps=30", "steps=6")
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    halfway = command.replace("steps=6", "steps=3")
+    first = together(
+        functools.partial(run, f"{command} hydra.run.dir={whole}", project),
+        functools.partial(run, f"{halfway} checkpoint_every=3 hydra.run.dir={part}", project),
+    )
+    assert all(r.returncode == 0 for r in first), first[1].stderr[-2000:]
+    resumed = run(f"{command} resume={part} hydra.run.dir={tmp_path / 'resumed'}", project)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    original, again = (json.loads((d / "summary.json").read_text()) for d in (whole, tmp_path / "resumed"))
+    assert again["start_step"] == 3 and again["losses"] == original["losses"]
+    assert again["param_checksum"] == original["param_checksum"]
