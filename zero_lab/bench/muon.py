@@ -134,7 +134,9 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
         clocks = [_timed_hooks(zero.optim), _timed_hooks(adamw)]
         return _Row(model, ddp, [zero, adamw], lambda: sum(c() for c in clocks))
     cost = {"zl_cost": "newton_schulz", "zl_time": cpu_step_ns}.get(name, "numel")
-    zero = ZeroRedundancyOptimizer(_groups(model, order), torch.optim.AdamW, partitioner=SortedGreedy(cost=cost))
+    zero = ZeroRedundancyOptimizer(
+        _groups(model, order), torch.optim.AdamW, partitioner=SortedGreedy(cost=cost), parameters_as_bucket_view=True
+    )
     return _Row(model, ddp, [zero], lambda: zero.local_step_seconds)
 
 
