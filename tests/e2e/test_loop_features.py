@@ -48,7 +48,6 @@ def test_val_loss_reaches_metrics_wandb_and_the_report(runs):
     assert table_rows([run])[0][column].text == format(logged[5], ".6g")
 
 
-@pytest.mark.slow  # inductor compiles for ~30 s of CPU per rank: make test-all
 def test_compile_with_prefetch_trains_the_same_parameters(tmp_path):
     """``compile=true`` (inductor) under DDP with prefetch's per-module waits (kept out of the
     traced graph): the parameters equal the eager run's, bit for bit."""
