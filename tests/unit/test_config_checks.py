@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 import zero_lab.app
+from tests.unit.configs import problems
 from zero_lab.app import build
 from zero_lab.app.cli import parse_command_line
 from zero_lab.app.paths import CONF_DIR
@@ -29,12 +30,6 @@ from zero_lab.partition import ParamSpec, Partition, Shard
 
 register_configs()
 CORES = len(os.sched_getaffinity(0))
-
-
-def problems(*overrides: str, multirun: bool = False) -> str:
-    with pytest.raises(ConfigError) as caught:
-        preflight(list(overrides), multirun=multirun)
-    return str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -8,19 +8,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.unit.configs import problems
 from zero_lab.app.build import make_scheduler
-from zero_lab.app.preflight import compose_job, preflight
+from zero_lab.app.preflight import compose_job
 from zero_lab.app.schema import register_configs
 from zero_lab.app.step import micro_batches
-from zero_lab.app.validate import ConfigError
 
 register_configs()
-
-
-def problems(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as caught:
-        preflight(list(overrides))
-    return str(caught.value)
 
 
 def test_warmup_then_cosine_scales_every_group_by_the_same_factor():

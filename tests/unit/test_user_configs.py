@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
+from tests.unit.configs import problems
 from zero_lab.app.cli import parse_command_line
 from zero_lab.app.preflight import compose_job, preflight, user_config_dirs
 from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import ConfigError
 
 register_configs()
 
@@ -53,12 +53,6 @@ def user_dir(tmp_path, monkeypatch):
     register_configs(extra_dirs=[conf])
     yield conf
     sys.modules.pop("usermodels_cfgtest", None)
-
-
-def problems(*overrides: str, **kwargs) -> str:
-    with pytest.raises(ConfigError) as caught:
-        preflight(list(overrides), **kwargs)
-    return str(caught.value)
 
 
 @pytest.mark.parametrize(
