@@ -20,7 +20,8 @@ does all Newton–Schulz work.
   (numel-balanced, torch's sorted-greedy) and a plain AdamW, replicated on every rank,
   steps the rest;
 * ``zl_numel`` / ``zl_cost`` — zero_lab's ZeroRedundancyOptimizer over both groups (one
-  local optimizer per class), ``SortedGreedy()`` / ``SortedGreedy(cost="newton_schulz")``;
+  local optimizer per class, parameters as bucket views: one broadcast per rank's buffer),
+  ``SortedGreedy()`` / ``SortedGreedy(cost="newton_schulz")``;
   ``zl_time`` — the same with a user cost, :func:`cpu_step_ns`, a step-time model measured on
   this machine (a fixed cost per tensor plus the work), as ``cost=`` accepts any callable.
 
@@ -114,8 +115,8 @@ def lm(model_args: dict[str, Any]) -> TinyLM:
     return model
 
 
-def _groups(model: nn.Module, order: str) -> list[dict[str, Any]]:
-    matrices, rest = muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False)
+def _ordered(matrices: dict[str, Any], rest: dict[str, Any], order: str) -> list[dict[str, Any]]:
+    """The two groups in the model's order (the AdamW group first) or Muon's first."""
     return [rest, matrices] if order == "model" else [matrices, rest]
 
 
@@ -135,7 +136,10 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
         return _Row(model, ddp, [zero, adamw], lambda: sum(c() for c in clocks))
     cost = {"zl_cost": "newton_schulz", "zl_time": cpu_step_ns}.get(name, "numel")
     zero = ZeroRedundancyOptimizer(
-        _groups(model, order), torch.optim.AdamW, partitioner=SortedGreedy(cost=cost), parameters_as_bucket_view=True
+        _ordered(matrices, rest, order),
+        torch.optim.AdamW,
+        partitioner=SortedGreedy(cost=cost),
+        parameters_as_bucket_view=True,
     )
     return _Row(model, ddp, [zero], lambda: zero.local_step_seconds)
 
@@ -184,7 +188,7 @@ def partition_costs(model_args: dict[str, Any], world_size: int, order: str) -> 
     """Newton–Schulz cost imbalance (max ÷ mean) of the numel- and cost-balanced owners, no processes."""
     with torch.device("meta"):
         model = lm(model_args)
-    groups = _groups(model, order)
+    groups = _ordered(*muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False), order)
     specs = [
         ParamSpec.of(p, group=g, elementwise="optimizer_class" not in group)
         for g, group in enumerate(groups)
