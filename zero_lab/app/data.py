@@ -177,9 +177,7 @@ class TextData(_Synthetic):
         windows = torch.stack([tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
         return windows[:, :-1], windows[:, 1:]
 
-    @staticmethod
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    loss = staticmethod(TokenData.loss)  # next-token cross-entropy, as for TokenData
 
 
 def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:

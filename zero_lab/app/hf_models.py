@@ -17,6 +17,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 __all__ = ["GPT2", "Llama"]
 
+#: What both models set alike: no special tokens, the LM head tied to the token embedding.
+_TIED_LM = {"bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": True}
+
 
 class GPT2(GPT2LMHeadModel):
     """GPT-2 (learned positions, GELU MLP, LayerNorm), LM head tied to the token embedding."""
@@ -41,9 +44,7 @@ class GPT2(GPT2LMHeadModel):
             resid_pdrop=dropout,
             embd_pdrop=dropout,
             attn_pdrop=dropout,
-            bos_token_id=None,
-            eos_token_id=None,
-            tie_word_embeddings=True,
+            **_TIED_LM,
         )
         super().__init__(config)
 
@@ -71,8 +72,6 @@ class Llama(LlamaForCausalLM):
             num_attention_heads=num_attention_heads,
             num_key_value_heads=num_key_value_heads,
             max_position_embeddings=max_position_embeddings,
-            bos_token_id=None,
-            eos_token_id=None,
-            tie_word_embeddings=True,
+            **_TIED_LM,
         )
         super().__init__(config)

@@ -106,8 +106,9 @@ def _with_user_dir(overrides: list[str], user_dir: Path) -> list[str]:
     """``--config-dir`` as the first entry of ``hydra.searchpath`` (the compose API has no such flag)."""
     entries = [f"file://{user_dir}"]
     rest = []
+    parser = OverridesParser.create()
     for override in overrides:
-        parsed = OverridesParser.create().parse_override(override)
+        parsed = parser.parse_override(override)
         if parsed.get_key_element() == "hydra.searchpath":
             entries += [str(e) for e in parsed.value() or []]
         else:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from zero_lab.app.build import Training, clip_gradients
+from zero_lab.app.build import Training, clip_gradients, enum_str
 from zero_lab.app.protocols import Batch, Inputs, call_model, loss_of, to_device
 from zero_lab.comm import Communicator
 
@@ -58,7 +58,7 @@ class StepOptions:
         return cls(
             output_key=str(cfg.get("output_key", "logits")),
             accumulate=int(cfg.get("accumulate", 1)),
-            autocast=str(getattr(autocast, "value", autocast)) if autocast is not None else None,
+            autocast=enum_str(autocast) if autocast is not None else None,
         )
 
 
@@ -82,6 +82,12 @@ def micro_batches(batch: Batch, count: int) -> list[Batch]:
     return list(zip(pieces, target_pieces))
 
 
+def _on_device(batch: Batch, device: torch.device, dtype: torch.dtype) -> Batch:
+    """The batch on ``device``; floating inputs in ``dtype`` (bf16/fp16 models take inputs in their dtype)."""
+    inputs, targets = batch
+    return to_device(inputs, device, dtype), targets.to(device) if torch.is_tensor(targets) else targets
+
+
 def _autocast(options: StepOptions, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     if options.autocast is None:
         return contextlib.nullcontext()
@@ -93,10 +99,7 @@ def forward_backward(
 ) -> torch.Tensor:
     """Forward and backward over ``options.accumulate`` micro-batches; returns the (detached)
     loss of the rank's whole batch. The caller zeroes gradients before and steps after."""
-    inputs, targets = batch
-    inputs = to_device(inputs, device, training.param_dtype)  # bf16/fp16 models take inputs in their dtype
-    targets = targets.to(device) if torch.is_tensor(targets) else targets
-    parts = micro_batches((inputs, targets), options.accumulate)
+    parts = micro_batches(_on_device(batch, device, training.param_dtype), options.accumulate)
     total = torch.zeros((), device=device)
     for index, (micro_inputs, micro_targets) in enumerate(parts):
         last = index == len(parts) - 1
@@ -155,9 +158,7 @@ def validation_loss(
     try:
         with torch.no_grad():
             for index in range(batches):
-                inputs, targets = data.val_shard(index, rank, world_size)
-                inputs = to_device(inputs, device, training.param_dtype)
-                targets = targets.to(device) if torch.is_tensor(targets) else targets
+                inputs, targets = _on_device(data.val_shard(index, rank, world_size), device, training.param_dtype)
                 with _autocast(options, device):
                     loss = loss_of(call_model(model, inputs), targets, data, options.output_key)
                 total += loss.double()
