@@ -27,7 +27,7 @@ from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import external
 
-__all__ = ["check_external_world", "fail", "parse_command_line", "prepare"]
+__all__ = ["check_external_world", "fail", "parse_command_line", "prepare", "world_size_given"]
 
 EXIT_CONFIG = 2
 
@@ -103,6 +103,11 @@ def prepare(argv: list[str]) -> list[str]:
     return argv
 
 
+def world_size_given(overrides: list[str]) -> bool:
+    """Whether the command line sets ``dist.world_size`` (``+dist.world_size=`` too)."""
+    return any(o.lstrip("+").startswith("dist.world_size=") for o in overrides)
+
+
 def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld) -> None:
     """Refuse what cannot run when ranks come from torchrun or srun: a sweep, or a ``dist.world_size``
     given on the command line that differs from the launcher's (never two silent half-worlds)."""
@@ -113,8 +118,7 @@ def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, 
                 "`python train.py -m ...` (ranks start inside each job) or with hydra/launcher=slurm"
             ]
         )
-    given = any(o.lstrip("+").startswith("dist.world_size=") for o in overrides)
-    if given and cfg.dist.world_size != world.world_size:
+    if world_size_given(overrides) and cfg.dist.world_size != world.world_size:
         fix = {
             "torchrun": "drop dist.world_size or change --nproc_per_node/--nnodes",
             "srun": (

@@ -289,9 +289,10 @@ def _describe_failure(failure: RankFailure, run_dir: Path) -> str:
         )
     else:
         what = failure.summary
-    echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
     if isinstance(failure, RankStalled):  # the others' /proc states, or the peer that waited
         echoes = "".join(f"\n  (rank {r}: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
+    else:
+        echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
     log_path = run_dir / "logs" / f"rank{failure.rank}.log"
     verb = "stalled" if isinstance(failure, RankStalled) else "failed"
     what = what.removeprefix("stalled: ")

@@ -50,7 +50,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
-from zero_lab.app.cli import fail
+from zero_lab.app.cli import fail, world_size_given
 from zero_lab.app.validate import ConfigError
 from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
@@ -163,8 +163,7 @@ class SlurmJobsLauncher(SlurmLauncher):
     def _check_world(self, cfg: DictConfig, overrides: list[str]) -> None:
         """Multi-node mode: a ``dist.world_size`` given for the job must equal nodes × tasks_per_node."""
         nodes, per_node = _tasks(self.params)
-        given = any(o.lstrip("+").startswith("dist.world_size=") for o in overrides)
-        if nodes * per_node > 1 and given and int(cfg.dist.world_size) != nodes * per_node:
+        if nodes * per_node > 1 and world_size_given(overrides) and int(cfg.dist.world_size) != nodes * per_node:
             fail(
                 ConfigError(
                     [

@@ -135,24 +135,6 @@ def describe_exit(exitcode: int) -> str:
     return f"killed by {signal_name(-exitcode)} (exit code {exitcode})" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def _root_cause(failures: dict[int, str], died: dict[int, int], summaries: dict[int, str]) -> RankFailure:
-    """The rank that failed first. Ranks that died without reporting (``died``: rank ->
-    exit code, in the order they were seen) come first — a SIGKILL or a segfault is a
-    cause, never an echo — then ranks' own errors, then peers' collective errors that only
-    echo a lost connection (Gloo's "Connection reset by peer"); ties by rank."""
-    order = list(died)
-
-    def key(rank: int) -> tuple[int, int]:
-        if rank in died:
-            return (0, order.index(rank))
-        return (1 + any(echo in failures[rank] for echo in _ECHOES), rank)
-
-    ranked = sorted(failures, key=key)
-    first = ranked[0]
-    others = {r: failures[r] for r in ranked[1:]}
-    return RankFailure(first, failures[first], others, died.get(first), summaries.get(first))
-
-
 def _is_echo(details: str) -> bool:
     return any(echo in details for echo in _ECHOES)
 
@@ -307,44 +289,99 @@ def _collect(
     procs: list[Any], results: Any, deadline: float, forwarding: _ForwardSignals, watch: StallWatch | None = None
 ) -> list[Any]:
     """Wait for one result per rank; fail fast on the first error, death or stall."""
-    out: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    summaries: dict[int, str] = {}
-    died: dict[int, int] = {}
-    while len(out) < len(procs):
-        _drain(results, out, failures, summaries)
-        _note_deaths(procs, results, out, failures, died, summaries)
-        if watch is not None and not failures and not forwarding.signum and (late := watch.stalled(set(out))):
-            raise _stalled(procs, watch, late, out)
-        if failures:
-            _gather_more_failures(procs, results, failures, out, died, summaries)
-            cause = _root_cause(failures, died, summaries)
-            if _is_echo(cause.details) and (absent := _absent(procs, out, failures)):
+    reports = _Reports(procs, results)
+    while len(reports.out) < len(procs):
+        reports.drain()
+        reports.note_deaths()
+        if watch is not None and not reports.failures and not forwarding.signum and watch.stalled(set(reports.out)):
+            raise _stalled(procs, watch, reports.out)
+        if reports.failures:
+            reports.gather_more_failures()
+            cause = reports.root_cause()
+            if _is_echo(cause.details) and (absent := reports.absent()):
                 cause = _absent_from_collective(procs, absent, cause)
             if forwarding.signum:
                 raise Interrupted(forwarding.signum, f"rank {cause.rank} ended without stopping cleanly") from cause
             raise cause
         if time.monotonic() > min(deadline, forwarding.deadline):
-            missing = sorted(set(range(len(procs))) - set(out))
+            missing = sorted(set(range(len(procs))) - set(reports.out))
             if time.monotonic() > forwarding.deadline:
                 why = f"ranks {missing} did not stop within {forwarding.grace_s:g} s; the world was killed"
                 raise Interrupted(forwarding.signum, why)
             raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
         time.sleep(0.005)
-    return [out[rank] for rank in range(len(procs))]
+    return [reports.out[rank] for rank in range(len(procs))]
 
 
-def _drain(results: Any, out: dict[int, Any], failures: dict[int, str], summaries: dict[int, str]) -> None:
-    """Take every report waiting in the queue."""
-    while not results.empty():
-        rank, ok, payload = results.get()
-        if ok:
-            out[rank] = pickle.loads(payload)
-        else:
-            failures[rank], summaries[rank] = payload
+class _Reports:
+    """What the ranks of one world have reported so far: ``out`` (rank -> result),
+    ``failures`` (rank -> traceback, or how its process ended), ``summaries`` (rank -> its
+    error's own first line) and ``died`` (rank -> exit code of a rank that ended without a
+    report, in the order seen)."""
+
+    def __init__(self, procs: list[Any], results: Any) -> None:
+        self.procs = procs
+        self.results = results
+        self.out: dict[int, Any] = {}
+        self.failures: dict[int, str] = {}
+        self.summaries: dict[int, str] = {}
+        self.died: dict[int, int] = {}
+
+    def drain(self) -> None:
+        """Take every report waiting in the queue."""
+        while not self.results.empty():
+            rank, ok, payload = self.results.get()
+            if ok:
+                self.out[rank] = pickle.loads(payload)
+            else:
+                self.failures[rank], self.summaries[rank] = payload
+
+    def note_deaths(self) -> None:
+        """Record ranks whose process ended without a report (killed, crashed), in the order seen."""
+        for rank, proc in enumerate(self.procs):
+            if rank in self.out or rank in self.failures or proc.exitcode is None:
+                continue
+            time.sleep(0.05)  # its report may still be in flight
+            self.drain()
+            if rank not in self.out and rank not in self.failures:
+                self.died[rank] = proc.exitcode
+                self.failures[rank] = f"process {describe_exit(proc.exitcode)} before reporting"
+
+    def gather_more_failures(self) -> None:
+        """Give the other ranks a moment to report or die: the first report may be an echo of a
+        rank whose death is not noticed yet."""
+        grace = time.monotonic() + 2.0
+        while time.monotonic() < grace and len(self.failures) + len(self.out) < len(self.procs):
+            self.drain()
+            self.note_deaths()
+            if all(p.exitcode is not None for p in self.procs) and self.results.empty():
+                break
+            time.sleep(0.02)
+
+    def absent(self) -> list[int]:
+        """Ranks still alive that neither returned nor reported a failure."""
+        return [
+            r for r, p in enumerate(self.procs) if r not in self.out and r not in self.failures and p.exitcode is None
+        ]
+
+    def root_cause(self) -> RankFailure:
+        """The rank that failed first. Ranks that died without reporting come first — a SIGKILL
+        or a segfault is a cause, never an echo — then ranks' own errors, then peers' collective
+        errors that only echo a lost connection (Gloo's "Connection reset by peer"); ties by rank."""
+        order = list(self.died)
+
+        def key(rank: int) -> tuple[int, int]:
+            if rank in self.died:
+                return (0, order.index(rank))
+            return (1 + _is_echo(self.failures[rank]), rank)
+
+        ranked = sorted(self.failures, key=key)
+        first = ranked[0]
+        others = {r: self.failures[r] for r in ranked[1:]}
+        return RankFailure(first, self.failures[first], others, self.died.get(first), self.summaries.get(first))
 
 
-def _stalled(procs: list[Any], watch: StallWatch, late: list[int], out: dict[int, Any]) -> RankStalled:
+def _stalled(procs: list[Any], watch: StallWatch, out: dict[int, Any]) -> RankStalled:
     """The rank to blame for a stall: stopped, else in uninterruptible I/O, else one that is
     not asleep the way a rank waiting in a collective is (a pipe, a file, a busy loop), else
     the fewest beats (it is behind its peers), else the oldest last beat; every rank's state
@@ -366,11 +403,6 @@ def _stalled(procs: list[Any], watch: StallWatch, late: list[int], out: dict[int
     return RankStalled(rank, summary, others, summary=summary)
 
 
-def _absent(procs: list[Any], out: dict[int, Any], failures: dict[int, str]) -> list[int]:
-    """Ranks still alive that neither returned nor reported a failure."""
-    return [r for r, p in enumerate(procs) if r not in out and r not in failures and p.exitcode is None]
-
-
 def _absent_from_collective(procs: list[Any], absent: list[int], waited: RankFailure) -> RankStalled:
     """A collective timed out (or lost its peer) on ``waited.rank`` while ``absent`` ranks
     live on without a report: blame the first of them, not the rank that waited."""
@@ -382,41 +414,3 @@ def _absent_from_collective(procs: list[Any], absent: list[int], waited: RankFai
     )
     others = {waited.rank: waited.details} | waited.others
     return RankStalled(rank, summary, others, summary=summary)
-
-
-def _note_deaths(
-    procs: list[Any],
-    results: Any,
-    out: dict[int, Any],
-    failures: dict[int, str],
-    died: dict[int, int],
-    summaries: dict[int, str],
-) -> None:
-    """Record ranks whose process ended without a report (killed, crashed), in the order seen."""
-    for rank, proc in enumerate(procs):
-        if rank in out or rank in failures or proc.exitcode is None:
-            continue
-        time.sleep(0.05)  # its report may still be in flight
-        _drain(results, out, failures, summaries)
-        if rank not in out and rank not in failures:
-            died[rank] = proc.exitcode
-            failures[rank] = f"process {describe_exit(proc.exitcode)} before reporting"
-
-
-def _gather_more_failures(
-    procs: list[Any],
-    results: Any,
-    failures: dict[int, str],
-    out: dict[int, Any],
-    died: dict[int, int],
-    summaries: dict[int, str],
-) -> None:
-    """Give the other ranks a moment to report or die: the first report may be an echo of a
-    rank whose death is not noticed yet."""
-    grace = time.monotonic() + 2.0
-    while time.monotonic() < grace and len(failures) + len(out) < len(procs):
-        _drain(results, out, failures, summaries)
-        _note_deaths(procs, results, out, failures, died, summaries)
-        if all(p.exitcode is not None for p in procs) and results.empty():
-            break
-        time.sleep(0.02)
