@@ -90,7 +90,7 @@ def check_partition_fits(
     without the rest of its tensor. ``group_classes`` gives each param group's class
     (default: ``optimizer_class`` for all); the error names the first such parameter.
     """
-    cut = {s.param for s in partition.shards if s.start != 0 or s.stop != partition.specs[s.param].numel}
+    cut = set(partition.cut_params())
     cut.update(i for layout in partition.layouts for i in layout.params)
     classes = group_classes or []
     for index in sorted(cut):
