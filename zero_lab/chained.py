@@ -81,8 +81,23 @@ def group_class(group: Mapping[str, Any], default: type[Optimizer]) -> type[Opti
     return default if value is None else resolve_class(value)
 
 
+#: Param-group keys that are not hyperparameters of the class that steps the group.
+NOT_HYPERPARAMETERS = ("params", "param_names", GROUP_CLASS_KEY)
+
+
 def _hyper(group: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in group.items() if k not in ("params", "param_names", GROUP_CLASS_KEY)}
+    return {k: v for k, v in group.items() if k not in NOT_HYPERPARAMETERS}
+
+
+def check_group_classes(groups: Sequence[Mapping[str, Any]], classes: Sequence[type[Optimizer]], what: str) -> None:
+    """Raise ``ValueError`` when a saved group names a class other than the one stepping it here."""
+    for index, (saved, cls) in enumerate(zip(groups, classes)):
+        named = saved.get(GROUP_CLASS_KEY)
+        if named is not None and resolve_class(named) is not cls:
+            raise ValueError(
+                f"{what} {index} was saved for {named} but is stepped by {class_path(cls)} here; "
+                "build the optimizer with the same optimizer_class per group"
+            )
 
 
 def _required_args(cls: type[Optimizer], group: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,13 +212,7 @@ class ChainedOptimizer(Optimizer):
                 f"state_dict has {len(groups)} param groups but this optimizer has {len(self.param_groups)}; "
                 "load a state saved from the same groups"
             )
-        for index, (saved, cls) in enumerate(zip(groups, self.group_classes())):
-            named = saved.get(GROUP_CLASS_KEY)
-            if named is not None and resolve_class(named) is not cls:
-                raise ValueError(
-                    f"param group {index} was saved for {named} but is stepped by {class_path(cls)} here; "
-                    "build the optimizer with the same optimizer_class per group"
-                )
+        check_group_classes(groups, self.group_classes(), "param group")
         parts = _split(state_dict, [inner for inner, _ in self._routes], len(self.optimizers))
         for optimizer, part in zip(self.optimizers, parts):
             optimizer.load_state_dict(part)

@@ -53,7 +53,9 @@ from torch.optim import Optimizer
 from zero_lab.api_checks import check_same_params_on_every_rank, check_state_matches_params, check_target_rank
 from zero_lab.chained import (
     GROUP_CLASS_KEY,
+    NOT_HYPERPARAMETERS,
     ChainedOptimizer,
+    check_group_classes,
     class_defaults,
     class_path,
     group_class,
@@ -71,7 +73,7 @@ __all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "c
 
 logger = logging.getLogger(__name__)
 
-_NOT_HYPERPARAMETERS = ("params", "param_names", GROUP_CLASS_KEY)
+_NOT_HYPERPARAMETERS = NOT_HYPERPARAMETERS
 
 #: State entry holding the fp32 master copy of a parameter (``master_weights=True``).
 MASTER_KEY = "master_param"
@@ -88,11 +90,11 @@ def check_partition_fits(
     without the rest of its tensor. ``group_classes`` gives each param group's class
     (default: ``optimizer_class`` for all); the error names the first such parameter.
     """
-    cut = {s.param for s in partition.shards if s.start != 0 or s.stop != partition.specs[s.param].numel}
+    cut = set(partition.cut_params())
     cut.update(i for layout in partition.layouts for i in layout.params)
+    classes = group_classes or []
     for index in sorted(cut):
         spec = partition.specs[index]
-        classes = group_classes or []
         cls = classes[spec.group] if spec.group < len(classes) else optimizer_class
         if spec.elementwise and is_elementwise(cls):
             continue
@@ -702,12 +704,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         first use (``[muon.state_dict(), adamw.state_dict()]``, see
         :func:`zero_lab.chained.merge_state_dicts`).
         """
-        if isinstance(state_dict, (list, tuple)):
-            state_dict = merge_state_dicts(state_dict, self.group_classes())
-        groups = state_dict["param_groups"]
-        self._check_group_classes(groups)
-        self._check_group_sizes([len(g["params"]) for g in groups])
         classes = self.group_classes()
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = merge_state_dicts(state_dict, classes)
+        groups = state_dict["param_groups"]
+        check_group_classes(groups, classes, "state_dict param group")
+        self._check_group_sizes([len(g["params"]) for g in groups])
         elementwise = [is_elementwise(cls) for cls, g in zip(classes, self.param_groups) for _ in g["params"]]
         check_state_matches_params(state_dict, self.all_params, [s.name for s in self.partition.specs], elementwise)
         params = self.all_params
@@ -718,15 +720,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             return None if saved is None else slice_state(saved, params[index].shape, start, stop)
 
         self.load_shard_states(state_of, groups)
-
-    def _check_group_classes(self, groups: list[dict[str, Any]]) -> None:
-        for index, (saved, cls) in enumerate(zip(groups, self.group_classes())):
-            named = saved.get(GROUP_CLASS_KEY)
-            if named is not None and group_class(saved, cls) is not cls:
-                raise ValueError(
-                    f"state_dict param group {index} was saved for {named} but is stepped by {class_path(cls)} "
-                    "here; build the optimizer with the same optimizer_class per group"
-                )
 
     def _check_group_sizes(self, sizes: list[int]) -> None:
         expected = [len(g["params"]) for g in self.param_groups]

@@ -272,7 +272,11 @@ class Partition:
     @property
     def is_whole(self) -> bool:
         """True when no parameter is cut (every shard is a full parameter)."""
-        return all(s.start == 0 and s.stop == self.specs[s.param].numel for s in self.shards)
+        return not self.cut_params()
+
+    def cut_params(self) -> list[int]:
+        """Indices of the parameters cut into element ranges (a shard short of the whole), sorted."""
+        return sorted({s.param for s in self.shards if s.start != 0 or s.stop != self.specs[s.param].numel})
 
     def owners(self) -> list[int]:
         """Owner rank of each parameter; only for whole-parameter partitions."""

@@ -110,7 +110,7 @@ class TorchPrivateNames:
         """The owner of each parameter, or a ``RuntimeError`` naming a parameter split over ranks."""
         partition = self.partition
         if not partition.is_whole:
-            cut = next(s.param for s in partition.shards if s.stop - s.start != partition.specs[s.param].numel)
+            cut = partition.cut_params()[0]
             raise RuntimeError(
                 f"{name} maps each parameter to one rank, but this optimizer's partitioner "
                 f"cuts parameter #{cut} into element ranges on several ranks; read opt.partition.shards "
