@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # zero_lab from th
 import torch
 
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
-from zero_lab.bench.models import MODELS
+from zero_lab.bench.workloads import MODELS
 from zero_lab.comm import Communicator
 from zero_lab.runtime.launch import run_world
 

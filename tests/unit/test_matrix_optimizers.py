@@ -19,7 +19,7 @@ from zero_lab import (
     register_elementwise,
     split_state_dict,
 )
-from zero_lab.app import checkpoint as app_checkpoint
+from zero_lab.app import run_checkpoints as app_checkpoint
 from zero_lab.app.models import TinyLM
 from zero_lab.app.preflight import preflight
 from zero_lab.app.schema import register_configs

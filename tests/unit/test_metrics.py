@@ -12,7 +12,8 @@ import termios
 import pytest
 import torch
 
-from zero_lab.app.build import Training, ddp_state_bytes, tensor_bytes
+from zero_lab.app.build import Training
+from zero_lab.app.memory import ddp_state_bytes, training_tensor_bytes
 from zero_lab.app.metrics import RankStep, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.measure import optimizer_state_bytes
@@ -72,7 +73,7 @@ def test_tensor_bytes_count_params_grads_buffers_and_state_each_once():
     state = optimizer_state_bytes(training.optimizer)
     assert state > 0 and buffers == 2 * 5 * 4 + 8
     # the optimizer's param_groups hold the model's own parameters: counted once, not twice
-    assert tensor_bytes(training) == 2 * params + buffers + state
+    assert training_tensor_bytes(training) == 2 * params + buffers + state
 
 
 def test_ddp_state_bytes_is_the_planners_number_and_matches_the_real_state():

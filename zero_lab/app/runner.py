@@ -12,7 +12,7 @@
    parameter exchange), then one all-gather of every rank's measurements;
 5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`,
    before any checkpoint of the diverged state); every ``checkpoint_every`` steps, save
-   atomically (:mod:`zero_lab.app.checkpoint`: each rank its shard for ZeRO, rank 0 the
+   atomically (:mod:`zero_lab.app.run_checkpoints`: each rank its shard for ZeRO, rank 0 the
    full state for plain optimizers), keeping the ``keep_checkpoints`` newest;
    after a SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank
    finishes the step, saves (whatever ``checkpoint_every`` says: a requeued job resumes
@@ -42,15 +42,13 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app import checkpoint
+from zero_lab.app import run_checkpoints
 from zero_lab.app.build import (
     Training,
     build_training,
-    ddp_state_bytes,
-    master_weight_bytes,
-    tensor_bytes,
 )
 from zero_lab.app.data import stream_seed
+from zero_lab.app.memory import ddp_state_bytes, master_weight_bytes, training_tensor_bytes
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
@@ -116,9 +114,9 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     data = instantiate(cfg.data)
     losses: list[float] = []
     start = 0
-    resumed: checkpoint.Restored | None = None
+    resumed: run_checkpoints.Restored | None = None
     if cfg.resume is not None:
-        resumed = checkpoint.restore(training, str(cfg.resume), cfg.steps, str(cfg.resume_optimizer))
+        resumed = run_checkpoints.restore(training, str(cfg.resume), cfg.steps, str(cfg.resume_optimizer))
         start, losses = resumed.step, resumed.losses
         log.info("resumed from %s at step %d (resume_optimizer=%s)", resumed.path, start, cfg.resume_optimizer)
     gather = MetricsGather(device)
@@ -160,7 +158,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
             if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
                 _settle(training)
-                saved = checkpoint.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
+                saved = run_checkpoints.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
                 log.info("checkpoint %s", saved)
             heartbeat.beat()  # progress, for the job process's stall watch (dist.stall_timeout_s)
             if stopped_by:
@@ -218,7 +216,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
         exchange_calls=exchange.calls if exchange else 0.0,
         optim_state_bytes=optimizer_state_bytes(training.optimizer),
         master_weight_bytes=master_weight_bytes(training.optimizer),
-        tensor_bytes=tensor_bytes(training),
+        tensor_bytes=training_tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),
         samples=batch_rows(batch[0]),
         grad_norm=grad_norm if grad_norm is not None else 0.0,

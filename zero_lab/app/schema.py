@@ -114,7 +114,7 @@ class Exchange(str, enum.Enum):
 
 
 class ResumeOptimizer(str, enum.Enum):
-    """``resume_optimizer``: what a resume does with the checkpoint's optimizer (zero_lab.app.checkpoint.POLICIES)."""
+    """``resume_optimizer``: what a resume does with the checkpoint's optimizer (app.run_checkpoints.POLICIES)."""
 
     strict = "strict"  # load it; class and hyper-parameters must equal this run's
     override = "override"  # load it; this run's hyper-parameters win (recorded in summary.json)

@@ -3,10 +3,10 @@
 ``scripts/bench.py`` is a thin command line over :func:`zero_lab.bench.cli.main`. The
 modules, each with one job:
 
-* :mod:`~zero_lab.bench.models` — the models and their synthetic data;
+* :mod:`~zero_lab.bench.workloads` — the models and their synthetic data;
 * :mod:`~zero_lab.bench.strategies` — ``STRATEGIES``: name -> builder (DDP, torch's
   ZeRO, FairScale OSS, zero_lab's settings, FSDP2);
-* :mod:`~zero_lab.bench.runner` — one strategy stepped and timed;
+* :mod:`~zero_lab.bench.stepper` — one strategy stepped and timed;
 * :mod:`~zero_lab.bench.meter` — collectives counted from the profiler (for peers
   that do not meter their own; zero_lab's come from ``comm_stats``);
 * :mod:`~zero_lab.bench.host` — RSS, peak RSS, free memory;

@@ -20,11 +20,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from zero_lab.bench.models import MODELS
 from zero_lab.bench.render import run_text, targets_text
 from zero_lab.bench.run import Settings, check_collectives, default_out, machine, run_world_size, tabulate
 from zero_lab.bench.strategies import STRATEGIES
 from zero_lab.bench.targets import evaluate
+from zero_lab.bench.workloads import MODELS
 
 __all__ = ["main", "parse_args"]
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zero_lab.bench.models import MODELS, PLAN_ONLY
+from zero_lab.bench.workloads import MODELS, PLAN_ONLY
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.planner import MemoryPlan, plan_memory, specs_from_module
 

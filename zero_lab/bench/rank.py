@@ -30,9 +30,9 @@ from torch import nn
 
 from zero_lab.bench import host
 from zero_lab.bench.meter import CollectiveMeter
-from zero_lab.bench.models import MODELS, ModelPreset
-from zero_lab.bench.runner import Runner, max_abs_diff
+from zero_lab.bench.stepper import Runner, max_abs_diff
 from zero_lab.bench.strategies import STRATEGIES
+from zero_lab.bench.workloads import MODELS, ModelPreset
 from zero_lab.comm import Communicator
 from zero_lab.partition import SortedGreedy
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from zero_lab.bench.models import MODELS
 from zero_lab.bench.strategies import LR, STRATEGIES
+from zero_lab.bench.workloads import MODELS
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = ["plan_rounds", "strategy_cost_bytes"]

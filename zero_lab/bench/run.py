@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from zero_lab.bench import host
-from zero_lab.bench.models import MODELS
 from zero_lab.bench.rank import RankJob, bench_rank, collectives_rank
 from zero_lab.bench.rounds import plan_rounds, strategy_cost_bytes
 from zero_lab.bench.strategies import STRATEGIES, fairscale_status
 from zero_lab.bench.summary import merge_ranks, planned_state, summarize
+from zero_lab.bench.workloads import MODELS
 from zero_lab.runtime.launch import run_world
 
 __all__ = ["Settings", "check_collectives", "machine", "run_world_size", "summarize_run"]

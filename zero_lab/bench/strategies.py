@@ -42,8 +42,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.bench.models import blocks_of
-from zero_lab.bench.runner import Runner
+from zero_lab.bench.stepper import Runner
+from zero_lab.bench.workloads import blocks_of
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from zero_lab.bench.models import MODELS
 from zero_lab.bench.strategies import LR, STRATEGIES
+from zero_lab.bench.workloads import MODELS
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = ["MIB", "common_rounds", "median_ms", "merge_ranks", "paired", "paired_ratio", "planned_state", "summarize"]

@@ -1,4 +1,4 @@
-"""zero_lab.bench.runner: a deferred (prefetch) step gives the same training as the plain loop (one rank)."""
+"""zero_lab.bench.stepper: a deferred (prefetch) step gives the same training as the plain loop (one rank)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.bench.models import MODELS
-from zero_lab.bench.runner import Runner
+from zero_lab.bench.stepper import Runner
+from zero_lab.bench.workloads import MODELS
 from zero_lab.overlap import prefetch_exchange
 from zero_lab.partition import Flat
 
