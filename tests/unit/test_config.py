@@ -4,6 +4,7 @@ key and what is allowed; the synthetic data is the same global batch at any worl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -15,12 +16,15 @@ from omegaconf import OmegaConf
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.build import make_scheduler, optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
+from zero_lab.app.objective import OBJECTIVES
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.protocols import call_model, loss_of
-from zero_lab.app.schema import register_configs
+from zero_lab.app.run_checkpoints import POLICIES
+from zero_lab.app.schema import Config, DistConfig, Exchange, ResumeOptimizer, register_configs
 from zero_lab.app.slurm_launcher import job_resources
 from zero_lab.app.validate import ConfigError, check
+from zero_lab.exchange import EXCHANGES
 from zero_lab.partition import ParamSpec
 
 register_configs()
@@ -115,6 +119,31 @@ def test_default_is_zero_adam_on_two_cpu_gloo_ranks_with_wandb_offline():
     assert (choices["logger"], str(cfg.logger.mode.value)) == ("wandb", "offline")
     assert cfg.overlap is False and cfg.bucket_view is False
     assert Path(str(hydra_node.run.dir)).parts[-3] == "outputs"
+
+
+def test_each_plain_default_is_stated_once_in_the_schema():
+    """A plain key's default lives in Config / DistConfig alone: config.yaml picks group options
+    and sets no plain key; a dist= option sets only what DistConfig leaves to it (MISSING) or
+    changes; so `python train.py --cfg job` shows the schema's value, stated nowhere else."""
+    root = OmegaConf.load(CONF_DIR / "config.yaml")
+    plain = [f.name for f in dataclasses.fields(Config) if f.name not in GROUPS]
+    assert not [key for key in root if key in plain], "config.yaml restates a default of schema.Config"
+    defaults = {f.name: f.default for f in dataclasses.fields(DistConfig)}
+    for option in options("dist"):
+        node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "dist" / f"{option}.yaml"))
+        restated = [k for k, v in node.items() if str(getattr(defaults[k], "value", defaults[k])) == str(v)]
+        assert not restated, f"dist/{option}.yaml restates DistConfig's default of {restated}"
+    cfg, _, _ = compose_job([])
+    for f in dataclasses.fields(Config):
+        if f.name not in GROUPS and f.name != "dist":
+            assert cfg[f.name] == f.default, f.name  # the composed job takes the schema's value
+
+
+def test_choice_keys_take_their_values_from_the_constants_they_describe():
+    assert [m.value for m in Exchange] == list(EXCHANGES)
+    assert [m.value for m in ResumeOptimizer] == list(POLICIES)
+    help_lines = Path(CONF_DIR / "config.yaml").read_text()
+    assert not [name for name in OBJECTIVES if name in help_lines]  # objective= names OBJECTIVES, lists none
 
 
 BAD_INPUT = [

@@ -25,7 +25,6 @@ three together (the optimizer steps inside DDP's communication hook):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,9 +37,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
-from zero_lab.app.metrics import LocalStepClock
 from zero_lab.app.schema import APP_KEYS
-from zero_lab.comm import CommStats
+from zero_lab.app.training import Training
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
@@ -72,34 +70,6 @@ def is_zero(optim_cfg: Any) -> bool:
     except Exception:  # an unknown target is validate's to report
         return False
     return isinstance(target, type) and issubclass(target, ZeroRedundancyOptimizer)
-
-
-@dataclass
-class Training:
-    """The model (unwrapped), its DDP wrapper and the optimizer of one rank.
-
-    ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
-    exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
-    broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
-    ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
-    """
-
-    model: nn.Module
-    ddp: DDP
-    optimizer: Optimizer
-    zero: bool
-    exchange_stats: CommStats | None = None
-    max_grad_norm: float | None = None
-    scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
-    scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
-    step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
-
-    def __post_init__(self) -> None:
-        self.step_clock = LocalStepClock(self.optimizer)
-
-    @property
-    def param_dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
 
 
 def build_training(cfg: DictConfig, device: torch.device) -> Training:

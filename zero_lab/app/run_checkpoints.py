@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from zero_lab import checkpoint as sharded
-from zero_lab.app.build import Training
+from zero_lab.app.training import Training
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
 
 __all__ = ["POLICIES", "Restored", "ResumeMismatch", "restore", "save"]

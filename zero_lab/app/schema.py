@@ -18,8 +18,12 @@ place where an argument, its type and its default are stated.
 To add a group option: write ``conf/<group>/<name>.yaml`` (or a YAML in a config dir of your
 own, ``--config-dir``) with a ``_target_``. Nothing to add here: the root config merges the
 derived schema under every option (``derived/<group>``). To add a
-plain top-level key: one field in :class:`Config` (or :class:`DistConfig`), one line in
-``conf/config.yaml``, and a rule in :mod:`zero_lab.app.validate` if it has a range.
+plain top-level key: one field in :class:`Config` (or :class:`DistConfig`) with its type, its
+default and a comment on what it does; that field is the one place of all three
+(``conf/config.yaml`` picks group options only; tests/unit/test_config.py holds it so). A key
+with a range also gets a rule in :mod:`zero_lab.app.validate`. A key whose values are a
+constant of the code (``exchange``, ``resume_optimizer``) is typed by an enum made from that
+constant (:func:`_choices`), so the choices too are stated once.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,8 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.run_checkpoints import POLICIES
+from zero_lab.exchange import EXCHANGES
 
 __all__ = [
     "APP_KEYS",
@@ -105,20 +111,18 @@ class OverlapHook(str, enum.Enum):
     interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
 
 
-class Exchange(str, enum.Enum):
-    """``exchange=``: the collective of ZeRO's parameter exchange (``auto`` measures both)."""
+def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
+    """A ``str`` enum whose members are ``values``, the constant the core or the app states
+    them in; the config types a key with it, so a value outside it fails while Hydra composes."""
+    made = enum.Enum(name, {value: value for value in values}, type=str, module=__name__)  # type: ignore[misc]
+    made.__doc__ = doc
+    return made
 
-    auto = "auto"
-    broadcast = "broadcast"
-    all_gather = "all_gather"
 
-
-class ResumeOptimizer(str, enum.Enum):
-    """``resume_optimizer``: what a resume does with the checkpoint's optimizer (app.run_checkpoints.POLICIES)."""
-
-    strict = "strict"  # load it; class and hyper-parameters must equal this run's
-    override = "override"  # load it; this run's hyper-parameters win (recorded in summary.json)
-    reset = "reset"  # weights and step only; a fresh optimizer
+#: ``exchange=``: the collective of ZeRO's parameter exchange, or ``auto`` (times each at step 1).
+Exchange = _choices("Exchange", EXCHANGES, "``exchange=``: zero_lab.exchange.EXCHANGES")
+#: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
+ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.run_checkpoints.POLICIES")
 
 
 class Autocast(str, enum.Enum):
@@ -138,24 +142,21 @@ class ParamDtype(str, enum.Enum):
 
 @dataclass
 class DistConfig:
-    """Where the ranks run. ``timeout_s`` bounds every collective (the run itself has no
-    time limit); ``stop_grace_s`` is how long ranks may take to stop after SIGTERM/SIGINT;
-    a rank that makes no progress for ``stall_timeout_s`` past the slowest step seen stops
-    the world, named (``null``: only ``timeout_s`` bounds a stall);
-    more than ``max_ranks_per_core`` ranks per CPU core is refused (oversubscription).
-    ``find_unused_parameters``, ``static_graph``, ``broadcast_buffers`` are DDP's arguments;
-    ``sync_batchnorm`` converts the model's BatchNorm layers before DDP wraps it."""
+    """Where the ranks run (``dist.<key>``). ``world_size``, ``backend`` and ``device`` are what
+    a ``dist=`` option picks (``conf/dist/cpu.yaml``, ``cuda.yaml``); the rest default here."""
 
-    world_size: int = 2
-    backend: Backend = Backend.gloo
-    device: Device = Device.cpu
-    timeout_s: float = 900.0
-    stop_grace_s: float = 120.0
+    world_size: int = MISSING  # ranks (dist=cpu: 2, dist=cuda: 1; set it to your GPU count)
+    backend: Backend = MISSING  # gloo (CPU) or nccl (GPU)
+    device: Device = MISSING  # cpu or cuda (one GPU per rank, cuda:LOCAL_RANK)
+    timeout_s: float = 900.0  # bounds every collective (the run itself has no time limit)
+    stop_grace_s: float = 120.0  # how long ranks may take to stop after SIGTERM/SIGINT
+    # a rank with no progress this long past the slowest step stops the world, named (null: only timeout_s)
     stall_timeout_s: float | None = 30.0
-    threads_per_rank: int = 1
-    bucket_cap_mb: float = 25.0
+    threads_per_rank: int = 1  # torch.set_num_threads of each rank
+    bucket_cap_mb: float = 25.0  # DDP's gradient bucket size (partitioner=ddp_bucket follows the buckets)
+    # more ranks than CPU cores x this is refused before any start; raise it to oversubscribe
     max_ranks_per_core: int = 2
-    master_port: int | None = None  # under srun: the rendezvous port (None: derived from the job id)
+    master_port: int | None = None  # under srun: the rendezvous port (null: derived from the job id)
     # DDP's own options (torch.nn.parallel.DistributedDataParallel), passed as they are:
     find_unused_parameters: bool = False  # a model whose forward leaves some parameters unused
     static_graph: bool = False  # the same parameters used the same way every step
@@ -165,7 +166,9 @@ class DistConfig:
 
 @dataclass
 class Config:
-    """The root config. Groups are typed by their option's derived schema; plain keys here."""
+    """The root config: the groups (typed by their option's derived schema; ``conf/config.yaml``
+    picks the default options) and every plain key with its type, default and what it does.
+    ``python train.py --cfg job`` prints them all."""
 
     optim: Any = MISSING
     partitioner: Any = MISSING
@@ -174,27 +177,34 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     logger: Any = MISSING
     scheduler: Any = MISSING
-    overlap: bool = False
+    overlap: bool = False  # step inside DDP's comm hook (needs a zero_* optimizer)
+    # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
     overlap_hook: OverlapHook = OverlapHook.zero_step
-    bucket_view: bool = False
-    exchange: Exchange = Exchange.auto
-    prefetch: bool = False
+    bucket_view: bool = False  # parameters_as_bucket_view: one collective per buffer, not per tensor
+    # zero_*: the parameter exchange's collective (zero_lab.exchange.EXCHANGES; auto times each at step 1)
+    exchange: Exchange = Exchange["auto"]
+    prefetch: bool = False  # zero_*: step() only issues the exchange; the next forward waits per module
+    # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
     param_dtype: ParamDtype = ParamDtype.float32
-    accumulate: int = 1  # micro-batches per optimizer step (DDP's no_sync on all but the last)
+    accumulate: int = 1  # micro-batches per step (the global batch is split; DDP no_sync on all but the last)
+    # bf16 or fp16 (with GradScaler): torch.autocast around forward and loss, fp32 parameters
     autocast: Autocast | None = None
     compile: bool = False  # torch.compile the DDP-wrapped model
-    eval_every: int = 0  # 0: never; N: the validation loss every N steps and at the last (val/loss)
-    eval_batches: int = 2  # held-out batches per validation
-    output_key: str = "logits"  # a forward returning a mapping / ModelOutput: the entry the data's loss reads
-    seed: int = 0
-    steps: int = 20
-    log_every: int = 1
-    checkpoint_every: int = 0
-    keep_checkpoints: int | None = None  # after each save keep the N newest checkpoints; None/0: all
-    resume: str | None = None
-    resume_optimizer: ResumeOptimizer = ResumeOptimizer.strict
-    progress: bool = True
-    objective: Any = "final_loss"  # what the job returns to a sweeper: a name or a list (zero_lab/app/objective.py)
+    eval_every: int = 0  # N > 0: validation loss on held-out batches every N steps and at the end (val/loss)
+    eval_batches: int = 2  # held-out batches per validation (data.val_shard)
+    # a model whose forward returns a dict / ModelOutput: the entry data.loss reads (app/protocols.py)
+    output_key: str = "logits"
+    seed: int = 0  # model init; each step's draws come from (seed, rank, step)
+    steps: int = 20  # optimizer steps
+    log_every: int = 1  # write metrics every N steps (the last step is always written)
+    checkpoint_every: int = 0  # 0 = never; K: every K steps, checkpoints/step_<8 digits> (a dir for zero_*, else .pt)
+    keep_checkpoints: int | None = None  # after each save keep only the N newest checkpoints; null or 0 = keep all
+    resume: str | None = None  # a run dir (or checkpoint file) to continue from
+    # what a resume does with the optimizer (app.run_checkpoints.POLICIES)
+    resume_optimizer: ResumeOptimizer = ResumeOptimizer["strict"]
+    progress: bool = True  # tqdm bar on rank 0 (only when stderr is a terminal)
+    # what the job returns to a sweeper (Optuna): a name of app.objective.OBJECTIVES, or a list of them
+    objective: Any = "final_loss"
 
 
 def constructor_arguments(
