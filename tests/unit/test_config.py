@@ -17,7 +17,7 @@ from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.build import make_scheduler, optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.objective import OBJECTIVES
-from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.protocols import call_model, loss_of
 from zero_lab.app.run_checkpoints import POLICIES
@@ -35,7 +35,7 @@ MODEL_FOR_DATA = {"regression": "mlp", "tokens": "transformer", "text": "gpt2", 
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return group_options(group)
 
 
 def test_every_group_has_its_required_options():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-__all__ = ["CONF_DIR", "CONF_MODULE", "CONF_PACKAGE", "SOURCE_DIR"]
+__all__ = ["CONF_DIR", "CONF_MODULE", "CONF_PACKAGE", "SOURCE_DIR", "group_options"]
 
 SOURCE_DIR = Path(__file__).resolve().parents[1]  # the zero_lab package (inside a checkout: its git tree)
 CONF_MODULE = "zero_lab.conf"
@@ -32,3 +32,9 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of config group ``group``: the names of ``<conf_dir>/<group>/*.yaml``, sorted.
+    The one list of them; a message that names options reads it, so a new YAML shows up there."""
+    return sorted(path.stem for path in Path(conf_dir, group).glob("*.yaml"))

@@ -43,7 +43,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from zero_lab.app.paths import CONF_DIR
+from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.run_checkpoints import POLICIES
 from zero_lab.exchange import EXCHANGES
 
@@ -269,20 +269,21 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
     for group in GROUPS:
         seen: set[str] = set()
         for directory in (conf_dir, *extra_dirs):
-            for path in sorted(Path(directory, group).glob("*.yaml")):
-                if path.stem in seen:
+            for name in group_options(group, directory):
+                if name in seen:
                     continue
-                seen.add(path.stem)
+                seen.add(name)
+                path = Path(directory, group, f"{name}.yaml")
                 try:
                     node = OmegaConf.load(path)
                     assert isinstance(node, DictConfig)
                     if node.get("_target_") is None:  # e.g. scheduler=none: nothing to build
                         continue
-                    schema = option_schema(group, path.stem, node)
+                    schema = option_schema(group, name, node)
                 except Exception:  # no _target_, or one that cannot be imported: validate.py names it
                     continue
-                store.store(group=f"schema/{group}", name=path.stem, node=schema)
-                store.store(group=f"derived/{group}", name=path.stem, node=schema)
+                store.store(group=f"schema/{group}", name=name, node=schema)
+                store.store(group=f"derived/{group}", name=name, node=schema)
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero, param_groups
 from zero_lab.app.objective import check_objective
+from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.protocols import forward_problems, protocol_problems
 from zero_lab.app.schema import (
     APP_KEYS,
@@ -265,7 +266,10 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
         out.append("dist.backend=nccl: needs dist.device=cuda; on CPU use dist.backend=gloo")
     if device == "cuda":
         if not torch.cuda.is_available():
-            out.append("dist.device=cuda: no CUDA device is visible here; use dist=cpu (dist.device=cpu)")
+            out.append(
+                f"dist.device=cuda: no CUDA device is visible here; use {_either('dist', _on_device('cpu'))} "
+                "(dist.device=cpu)"
+            )
         elif "LOCAL_RANK" not in os.environ and world > torch.cuda.device_count():
             out.append(
                 f"dist.world_size={world}: only {torch.cuda.device_count()} CUDA devices here (one rank per device)"
@@ -292,7 +296,8 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
     dist_cfg = cfg.dist
     if dist_cfg.get("sync_batchnorm") and enum_str(dist_cfg.device) != "cuda":
         out.append(
-            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use dist=cuda, or keep "
+            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use "
+            f"{_either('dist', _on_device('cuda'))}, or keep "
             "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
             "default, gives every rank rank 0's running statistics)"
         )
@@ -436,15 +441,13 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
     if cfg.get("prefetch") and not zero:
-        out.append(
-            f"prefetch=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}"
-        )
+        out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     kwargs = _optimizer_kwargs(cfg)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         out += _check_on_real_shapes(cfg, optim, cls, kwargs)
     if cfg.overlap and not zero:
-        out.append(f"overlap=true: needs a ZeRO optimizer (optim=zero_adam, zero_adamw or zero_sgd); got optim={optim}")
+        out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     return out
@@ -620,7 +623,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     if getattr(partitioner, "needs_ddp_buckets", False) and not cfg.overlap:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
-            "add overlap=true, or pick sorted_greedy, manual or flat"
+            f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
         ]
     specs, classes = _routed_specs(cfg, model)
     specs = _with_ddp_buckets(cfg, specs)
@@ -635,7 +638,8 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     try:
         check_partition_fits(partition, _optimizer_class(cfg), partitioner, classes)
     except ValueError as error:
-        return [f"{name}: {error} In the config: partitioner=sorted_greedy or partitioner=manual"]
+        fitting = _fitting_partitioners(specs, world, _optimizer_class(cfg), classes)
+        return [f"{name}: {error} In the config: {_either('partitioner', fitting)}"]
     return []
 
 
@@ -676,6 +680,66 @@ def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
         f"{' and rank 0 keeps all of it (÷ 1.00)' if buckets == 1 else ''}; add partitioner.shard_buckets=true "
         "to cut every bucket across the ranks, or lower dist.bucket_cap_mb"
     ]
+
+
+def _option_nodes(group: str) -> dict[str, DictConfig]:
+    """The shipped options of ``group`` (:func:`~zero_lab.app.paths.group_options`), each its YAML as written."""
+    return {name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml") for name in group_options(group)}
+
+
+def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
+    """The shipped options of ``group`` whose node passes ``test`` (an option it cannot read is left out)."""
+    out = []
+    for name, node in _option_nodes(group).items():
+        try:
+            if test(node):
+                out.append(name)
+        except Exception:
+            continue
+    return out
+
+
+def _either(group: str, names: Sequence[str]) -> str:
+    """``optim=zero_adam, optim=zero_sgd or optim=zero_muon``: options of ``group`` to pick from,
+    each as the command line writes it."""
+    picks = [f"{group}={name}" for name in names] or [f"another {group} option"]
+    return ", ".join(picks[:-1]) + f" or {picks[-1]}" if len(picks) > 1 else picks[0]
+
+
+def _target(node: DictConfig) -> Any:
+    return get_object(str(node.get("_target_")))
+
+
+def _zero_options() -> list[str]:
+    """The ``optim`` options that build a ZeRO optimizer."""
+    return _options_where("optim", lambda node: is_zero(node))
+
+
+def _on_device(device: str) -> list[str]:
+    """The ``dist`` options that put the ranks on ``device``."""
+    return _options_where("dist", lambda node: node.get("device") == device)
+
+
+def _without_ddp_buckets() -> list[str]:
+    """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
+    return _options_where("partitioner", lambda node: not getattr(_target(node), "needs_ddp_buckets", False))
+
+
+def _fitting_partitioners(
+    specs: list[ParamSpec], world: int, optimizer_class: type, classes: list[type] | None
+) -> list[str]:
+    """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
+
+    def fits(node: DictConfig) -> bool:
+        if getattr(_target(node), "needs_ddp_buckets", False):
+            return False
+        kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
+        _buildable(kept, "partitioner", Partitioner)
+        partitioner = instantiate(kept)
+        check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
+        return True
+
+    return _options_where("partitioner", fits)
 
 
 def _list_syntax(node: DictConfig, world: int) -> str:
