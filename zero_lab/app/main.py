@@ -24,14 +24,13 @@ The run dir (Hydra's output dir) then holds::
 
 :func:`run` returns the ``objective`` (:mod:`zero_lab.app.objective`) read from summary.json,
 which is what a sweeper such as Optuna optimises, and ends with a few lines that show what
-ZeRO saved (:func:`closing_lines`): final loss, optimizer state per rank against what the
+ZeRO saved (:func:`zero_lab.app.closing.closing_lines`): final loss, optimizer state per rank against what the
 plain optimizer would hold (the planner's prediction), the exchange's share of the step.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import multiprocessing
 import os
@@ -52,10 +51,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import enum_str
 from zero_lab.app.cli import check_external_world, fail
+from zero_lab.app.closing import closing_lines, optimizer_name
 from zero_lab.app.objective import check_directions, objective_value
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
+from zero_lab.app.summary import RunSummary
 from zero_lab.app.validate import ConfigError, check, notices, to_container, was_checked
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_atomic, write_json
@@ -183,76 +184,17 @@ def _report(
             f"{_resume_hint(run_dir, meta)}",
             128 + stopped.stopped_by,
         )
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary = RunSummary.read(run_dir / "summary.json")
     log.info(
         "finished in %.1f s: final loss %.6g, param checksum %s",
         seconds,
-        summary["final_loss"],
-        summary["param_checksum"][:16],
+        summary.final_loss,
+        (summary.param_checksum or "")[:16],
     )
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
-    print("\n".join(closing_lines(summary, _optimizer_name(cfg), run_dir, seconds)), flush=True)
+    print("\n".join(closing_lines(summary, optimizer_name(cfg), run_dir, seconds)), flush=True)
     return value
-
-
-def closing_lines(summary: dict[str, Any], name: str, run_dir: Path, seconds: float) -> list[str]:
-    """What the run showed, in a few lines: final loss; optimizer state per rank against what
-    plain DDP + the same optimizer class (``name``) would hold on every rank (summary.json's
-    ``ddp_state_bytes``, the planner's prediction); the exchange's share of the median step;
-    the run dir."""
-    world, steps = summary["world_size"], len(summary["losses"])
-    plain = summary["ddp_state_bytes"]
-    held = max(summary["optim_state_bytes"])
-    if not summary["zero"]:
-        state = f"{_size(held)}, all of it on every rank (plain {name}; a zero_* optimizer shards it)"
-        exchange = "none (plain DDP: every rank steps every parameter)"
-    else:
-        state = (
-            f"{_size(held)} on the fullest of {world} rank(s) (imbalance {summary['imbalance']:.2f}); "
-            f"plain {name} would hold {_size(plain)} on every rank (planner): ÷ {plain / max(held, 1):.2f}"
-        )
-        exchange = _exchange_share(summary)
-    return [
-        f"zero_lab: final loss {summary['final_loss']:.6g} after {steps} steps on {world} rank(s) ({seconds:.1f} s)",
-        f"  optimizer state per rank: {state}",
-        f"  parameter exchange: {exchange}",
-        f"  run dir: {run_dir}",
-    ]
-
-
-def _optimizer_name(cfg: DictConfig) -> str:
-    """``Adam`` for optim=adam and optim=zero_adam alike: the class that holds the state."""
-    path = cfg.optim.optimizer_class.path if "optimizer_class" in cfg.optim else cfg.optim._target_
-    name = str(path).rsplit(".", 1)[-1]
-    return f"{name} + the classes optim.param_groups names" if cfg.optim.get("param_groups") else name
-
-
-def _exchange_share(summary: dict[str, Any]) -> str:
-    """``12% of the step (median 2.9 of 24.1 ms), 3.00 MiB per step`` (slowest rank's medians)."""
-    step, exchange, volume = summary["step_time_s"], summary["exchange_time_s"], summary["exchange_bytes_per_step"]
-    if summary["overlap"]:
-        return f"inside backward (overlap=true: not timed apart), {_size(volume)} per step"
-    if not step:
-        return f"{_size(volume)} per step"
-    if summary["prefetch"]:
-        exposed = summary["exchange_exposed_s"]
-        share = (
-            f"{exposed / step:.0%} of the step exposed (median {1e3 * exposed:.1f} of {1e3 * step:.1f} ms; "
-            f"{1e3 * exchange:.1f} ms in flight, prefetch hid the rest)"
-        )
-    else:
-        share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
-    return f"{share}, {_size(volume)} per step"
-
-
-def _size(nbytes: float) -> str:
-    """Bytes in the largest unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
 
 
 def _resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:

@@ -6,7 +6,8 @@ bytes (summed over the real state tensors), the bytes of every tensor it trains 
 (parameters, gradients, buffers, optimizer state, master weights — what ZeRO shrinks,
 without the interpreter's and torch's own memory), peak memory (CUDA peak allocated on
 GPU, peak RSS on CPU) and samples. One ``all_gather`` of that float64 vector per step brings
-every rank's values everywhere; :func:`step_record` turns them into namespaced keys::
+every rank's values everywhere; :func:`step_record` turns them into namespaced keys
+(the per-rank ones named by :data:`zero_lab.app.summary.STEP_KEYS`)::
 
     train/loss                      mean over ranks = the global-batch loss
     train/loss/rank{r}
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from zero_lab.app.summary import NAMESPACED, STEP_KEYS, step_key
 from zero_lab.comm import Communicator
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
@@ -72,20 +74,6 @@ class RankStep:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
-
-#: RankStep field -> key prefix; each gets /rank{r}, /max and /mean
-_KEYS: dict[str, str] = {
-    "step_s": "time/step_s",
-    "exchange_s": "time/exchange_s",
-    "optim_step_s": "time/optim_step_s",
-    "exchange_exposed_s": "comm/exchange_exposed_s",
-    "exchange_bytes": "comm/exchange_bytes",
-    "exchange_calls": "comm/exchange_calls",
-    "optim_state_bytes": "memory/optim_state_bytes",
-    "master_weight_bytes": "memory/master_weight_bytes",
-    "tensor_bytes": "memory/tensor_bytes",
-    "peak_bytes": "memory/peak_bytes",
-}
 
 
 class LocalStepClock:
@@ -158,11 +146,11 @@ def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, gra
     losses = [r.loss for r in per_rank]
     record: dict[str, Any] = {"step": step, "train/loss": sum(losses) / len(losses)}
     record.update({f"train/loss/rank{r}": loss for r, loss in enumerate(losses)})
-    for field, prefix in _KEYS.items():
+    for field, prefix in STEP_KEYS.items():
         record.update(_per_rank(prefix, [getattr(r, field) for r in per_rank]))
     slowest = max(r.step_s for r in per_rank)
-    record["train/samples_per_s"] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
-    record["memory/imbalance"] = imbalance
+    record[NAMESPACED["samples_per_s"]] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
+    record[NAMESPACED["imbalance"]] = imbalance
     if grad_norm:
         record["train/grad_norm"] = per_rank[0].grad_norm
     return record
@@ -174,8 +162,7 @@ def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[s
     slowest rank's ÷ the mean (``optim_step_max_over_mean``: 1.0 when the partition's cost is even)."""
     if not records:
         return {"optim_step_s": None, "optim_step_max_over_mean": None}
-    per_rank = [statistics.median(r[f"time/optim_step_s/rank{k}"] for r in records) for k in range(world_size)]
-    ratios = [
-        r["time/optim_step_s/max"] / r["time/optim_step_s/mean"] for r in records if r["time/optim_step_s/mean"] > 0
-    ]
+    per_rank = [statistics.median(r[step_key("optim_step_s", f"rank{k}")] for r in records) for k in range(world_size)]
+    high, mean = step_key("optim_step_s", "max"), step_key("optim_step_s", "mean")
+    ratios = [r[high] / r[mean] for r in records if r[mean] > 0]
     return {"optim_step_s": per_rank, "optim_step_max_over_mean": statistics.median(ratios) if ratios else None}

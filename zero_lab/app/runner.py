@@ -54,6 +54,7 @@ from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
+from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, RunSummary, step_key
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
@@ -168,11 +169,11 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         checksum = _agreed_checksum(training.model, gather)
         if rank == 0:
             summary = _summary(cfg, spec, training, losses, records, checksum, start)
-            summary["stopped_by"] = signal_name(stopped_by) if stopped_by else None
+            summary.stopped_by = signal_name(stopped_by) if stopped_by else None
             if resumed is not None:
-                summary["resume_optimizer"] = str(cfg.resume_optimizer)
-                summary["resume_overridden"] = resumed.overridden
-            write_json(run_dir / "summary.json", summary)
+                summary.resume_optimizer = str(cfg.resume_optimizer)
+                summary.resume_overridden = resumed.overridden
+            write_json(run_dir / "summary.json", summary.as_dict())
             for sink in sinks:
                 sink.summary(summary)
     log.info("done: final loss %.6g, param checksum %s", losses[-1], checksum)
@@ -277,62 +278,56 @@ def _summary(
     records: list[dict[str, Any]],
     checksum: str,
     start: int,
-) -> dict[str, Any]:
-    """summary.json: the contract scripts and dashboards read (see the README)."""
+) -> RunSummary:
+    """summary.json (:class:`~zero_lab.app.summary.RunSummary`): the contract scripts and dashboards read."""
     world = dist.get_world_size()
     timed = records[1:] or records  # the first step pays one-off allocation costs
     last = records[-1] if records else {}
 
-    def per_rank(prefix: str) -> list[float]:
-        return [last.get(f"{prefix}/rank{r}", 0.0) for r in range(world)]
+    def per_rank(measurement: str) -> list[float]:
+        return [last.get(step_key(measurement, f"rank{r}"), 0.0) for r in range(world)]
 
-    def median(key: str) -> float:
-        return statistics.median(r[key] for r in timed) if timed else 0.0
+    def median(key: str) -> float | None:
+        return statistics.median(r[key] for r in timed) if timed else None
 
-    summary: dict[str, Any] = {
-        "final_loss": losses[-1],
-        "losses": losses,
-        "world_size": world,
-        "steps": cfg.steps,
-        "param_checksum": checksum,
-        "start_step": start,
-        "resumed_from": str(cfg.resume) if cfg.resume is not None else None,
-        "zero": training.zero,
-        "bucket_view": bool(cfg.bucket_view),
-        "overlap": bool(cfg.overlap),
-        "exchange_mode": getattr(training.optimizer, "exchange_mode", None),
-        "exchange": training.optimizer.exchange_report().as_dict() if training.zero else None,
-        "prefetch": bool(cfg.get("prefetch", False)),
-        "model_params": sum(p.numel() for p in training.model.parameters()),
-        "global_batch": cfg.data.global_batch,
-        "param_dtype": str(cfg.param_dtype),
-        "master_weights": bool(cfg.optim.get("master_weights", False)),
-        "max_grad_norm": cfg.optim.get("max_grad_norm"),
-        "optim_state_bytes": per_rank("memory/optim_state_bytes"),
-        "master_weight_bytes": per_rank("memory/master_weight_bytes"),
-        "tensor_bytes": per_rank("memory/tensor_bytes"),
-        "peak_bytes": per_rank("memory/peak_bytes"),
-        "ddp_state_bytes": ddp_state_bytes(training.model, training.optimizer),  # planned, for "÷ DDP"
-        "imbalance": last.get("memory/imbalance", 1.0),
-        "step_time_s": median("time/step_s/max") if records else None,
-        "exchange_time_s": median("time/exchange_s/max") if records else None,
-        "exchange_exposed_s": median("comm/exchange_exposed_s/max") if records else None,
-        "exchange_bytes_per_step": median("comm/exchange_bytes/max") if records else None,
-        "samples_per_s": median("train/samples_per_s") if records else None,
-        "final_val_loss": next((r["val/loss"] for r in reversed(records) if "val/loss" in r), None),
-        "accumulate": cfg.get("accumulate", 1),
-        "autocast": str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
-        "compile": bool(cfg.get("compile", False)),
-        "compiled_graphs": _compiled_graphs() if cfg.get("compile") else None,
-    }
-    summary.update(local_step_summary(timed, world))  # time/optim_step_s: per-rank medians, slowest ÷ mean
-    planned = summary["ddp_state_bytes"]
-    summary["state_vs_ddp"] = max(summary["optim_state_bytes"]) / planned if planned else None
-    if training.zero:
-        summary["partition"] = training.optimizer.partition.report().as_dict()
-    kept = ("choices", "git", "command", "name", "group", "requeued")
-    summary.update({k: v for k, v in spec.meta.items() if k in kept})
-    return summary
+    optim_state = per_rank("optim_state_bytes")
+    planned = ddp_state_bytes(training.model, training.optimizer)  # planned, for "÷ DDP"
+    return RunSummary(
+        final_loss=losses[-1],
+        losses=losses,
+        world_size=world,
+        steps=cfg.steps,
+        param_checksum=checksum,
+        start_step=start,
+        resumed_from=str(cfg.resume) if cfg.resume is not None else None,
+        zero=training.zero,
+        bucket_view=bool(cfg.bucket_view),
+        overlap=bool(cfg.overlap),
+        exchange_mode=getattr(training.optimizer, "exchange_mode", None),
+        exchange=training.optimizer.exchange_report().as_dict() if training.zero else None,
+        prefetch=bool(cfg.get("prefetch", False)),
+        model_params=sum(p.numel() for p in training.model.parameters()),
+        global_batch=cfg.data.global_batch,
+        param_dtype=str(cfg.param_dtype),
+        master_weights=bool(cfg.optim.get("master_weights", False)),
+        max_grad_norm=cfg.optim.get("max_grad_norm"),
+        optim_state_bytes=optim_state,
+        master_weight_bytes=per_rank("master_weight_bytes"),
+        tensor_bytes=per_rank("tensor_bytes"),
+        peak_bytes=per_rank("peak_bytes"),
+        ddp_state_bytes=planned,
+        imbalance=last.get(NAMESPACED["imbalance"], 1.0),
+        **{name: median(key) for name, key in MEDIAN_OF.items()},  # step_time_s, exchange_time_s, ...
+        final_val_loss=next((r["val/loss"] for r in reversed(records) if "val/loss" in r), None),
+        accumulate=cfg.get("accumulate", 1),
+        autocast=str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
+        compile=bool(cfg.get("compile", False)),
+        compiled_graphs=_compiled_graphs() if cfg.get("compile") else None,
+        **local_step_summary(timed, world),  # time/optim_step_s: per-rank medians, slowest ÷ mean
+        state_vs_ddp=max(optim_state) / planned if planned else None,
+        partition=training.optimizer.partition.report().as_dict() if training.zero else None,
+        provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
+    )
 
 
 def _compiled_graphs() -> int:
@@ -343,7 +338,7 @@ def _compiled_graphs() -> int:
 def _exchange_record(training: Training) -> dict[str, Any]:
     """The exchange's mode and, with ``exchange=auto``, each candidate's measured time (once, first step)."""
     report = training.optimizer.exchange_report()  # type: ignore[attr-defined]
-    record: dict[str, Any] = {"comm/exchange_mode": report.mode}
+    record: dict[str, Any] = {NAMESPACED["exchange_mode"]: report.mode}
     record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
     return record
 

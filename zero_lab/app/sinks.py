@@ -1,9 +1,10 @@
 """Where metrics go: ``metrics.jsonl`` (rank 0) always, plus the configured logger.
 
-A sink is anything with ``log(record)``, ``summary(values)`` and ``close(failed)``
-(:class:`MetricSink`). ``cfg.logger`` is a ``_partial_`` target completed at the call
-site (:func:`make_logger_sink`) with the run dir and what the W&B run shows (its config,
-group, name, tags and summary keys: :mod:`zero_lab.app.wandb_run`).
+A sink is anything with ``log(record)``, ``summary(summary)`` (the run's
+:class:`~zero_lab.app.summary.RunSummary`) and ``close(failed)`` (:class:`MetricSink`).
+``cfg.logger`` is a ``_partial_`` target completed at the call site (:func:`make_logger_sink`)
+with the run dir and what the W&B run shows (its config, group, name, tags and summary keys:
+:mod:`zero_lab.app.wandb_run`).
 
 Who runs the logger: with ranks started inside the Hydra job, the job process follows
 rank 0's ``metrics.jsonl`` (:class:`JsonlFollower`), which keeps W&B's per-call cost off
@@ -31,6 +32,7 @@ from omegaconf import OmegaConf
 
 from zero_lab.app.build import enum_str, is_zero
 from zero_lab.app.schema import HYDRA_KEYS
+from zero_lab.app.summary import RunSummary
 from zero_lab.app.wandb_run import identity, run_config, run_summary, where
 from zero_lab.files import finite_json
 
@@ -40,7 +42,7 @@ __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", 
 class MetricSink(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
 
-    def summary(self, values: dict[str, Any]) -> None: ...
+    def summary(self, summary: RunSummary) -> None: ...
 
     def close(self, failed: bool = False) -> None: ...
 
@@ -56,7 +58,7 @@ class JsonlSink:
         self._file.write(json.dumps(finite_json(record), allow_nan=False) + "\n")  # strict JSON: NaN -> null
         self._file.flush()
 
-    def summary(self, values: dict[str, Any]) -> None:
+    def summary(self, summary: RunSummary) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:
@@ -72,7 +74,7 @@ class NullSink:
     def log(self, record: dict[str, Any]) -> None:
         pass
 
-    def summary(self, values: dict[str, Any]) -> None:
+    def summary(self, summary: RunSummary) -> None:
         pass
 
     def close(self, failed: bool = False) -> None:
@@ -133,10 +135,10 @@ class WandbSink:
     def log(self, record: dict[str, Any]) -> None:
         self.run.log(record)
 
-    def summary(self, values: dict[str, Any]) -> None:
-        self.run.summary.update(run_summary(values))  # one record, not one per key
-        if values.get("exchange"):  # the exchange zero_lab chose (exchange=auto) and its timings
-            self.run.config.update({"exchange_report": values["exchange"]}, allow_val_change=True)
+    def summary(self, summary: RunSummary) -> None:
+        self.run.summary.update(run_summary(summary))  # one record, not one per key
+        if summary.exchange:  # the exchange zero_lab chose (exchange=auto) and its timings
+            self.run.config.update({"exchange_report": summary.exchange}, allow_val_change=True)
 
     def close(self, failed: bool = False) -> None:
         line = where(bool(self.run.offline), str(self.run.settings.sync_dir), self.run.url)
@@ -246,7 +248,7 @@ class JsonlFollower:
                 self._forward()
                 summary = self.path.with_name("summary.json")
                 if summary.exists():  # written by rank 0 at the end, also of a run stopped by a signal
-                    self._sink.summary(json.loads(summary.read_text()))
+                    self._sink.summary(RunSummary.read(summary))
         finally:
             self._sink.close(failed=failed or self._error is not None)
         if self._error is not None and not failed:

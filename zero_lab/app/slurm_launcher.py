@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
 from zero_lab.app.cli import fail, world_size_given
+from zero_lab.app.closing import FIRST_LINE
 from zero_lab.app.validate import ConfigError
 from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
@@ -61,8 +62,6 @@ __all__ = ["JOB_BASE_GIB", "RANK_BASE_GIB", "SlurmJobsLauncher", "closing_block"
 RANK_BASE_GIB = 0.5
 #: The job process of one-task mode: Hydra, the metrics follower, W&B.
 JOB_BASE_GIB = 0.5
-#: Lines of the job's closing block (:func:`zero_lab.app.main.closing_lines`) and of its W&B note.
-_CLOSING_START = "zero_lab: final loss"
 
 
 def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
@@ -97,9 +96,9 @@ def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:
 
 
 def closing_block(log_text: str) -> list[str]:
-    """The last closing block a job printed (``zero_lab: final loss ...`` and the lines after it)."""
+    """The last closing block a job printed (:func:`zero_lab.app.closing.closing_lines`, and its W&B note)."""
     lines = log_text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(_CLOSING_START)]
+    starts = [i for i, line in enumerate(lines) if line.startswith(FIRST_LINE)]
     if not starts:
         return []
     block = [lines[starts[-1]]]

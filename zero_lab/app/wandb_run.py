@@ -10,9 +10,9 @@ Pure functions of dicts (no wandb import), used by :mod:`zero_lab.app.sinks`:
   left out — no ``logger.group <nil>``);
 * :func:`identity` — W&B ``group`` (the sweep), ``name`` (the job's overrides), ``tags``
   (``optim:zero_adam``, ``world_size:2`` and every override, e.g. ``param_dtype:bfloat16``);
-* :func:`run_summary` — ``summary.json`` as W&B summary keys: scalars as they are, every
-  per-rank list as ``…/rank{r}``, ``…/max``, ``…/min``, plus ``memory/imbalance``,
-  ``memory/state_vs_ddp`` and ``comm/exchange_mode``;
+* :func:`run_summary` — the :class:`~zero_lab.app.summary.RunSummary` as W&B summary keys:
+  scalars as they are, every per-rank list as ``…/rank{r}``, ``…/max``, ``…/min`` (the step
+  keys' prefixes), plus ``memory/imbalance``, ``memory/state_vs_ddp`` and ``comm/exchange_mode``;
 * :func:`where` — the line that tells the user where the run went and how to upload it.
 
     config = run_config(resolved, meta["choices"], identity(logger_cfg, meta, world_size=2, zero=True))
@@ -23,19 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from zero_lab.app.schema import HYDRA_KEYS
+from zero_lab.app.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
 
 __all__ = ["identity", "run_config", "run_summary", "where"]
 
 _GETTERS = frozenset({"hydra.utils.get_class", "hydra.utils.get_method", "hydra.utils.get_object"})
-#: summary.json per-rank lists -> W&B summary key prefix (the same names as the per-step keys)
-PER_RANK = {
-    "optim_state_bytes": "memory/optim_state_bytes",
-    "master_weight_bytes": "memory/master_weight_bytes",
-    "tensor_bytes": "memory/tensor_bytes",
-    "peak_bytes": "memory/peak_bytes",
-    "optim_step_s": "time/optim_step_s",  # median local optimizer step per rank
-}
 MAX_TAG = 64  # W&B refuses longer tags
+#: Summary scalars W&B also shows under their namespaced key (memory/imbalance, ...).
+_NAMESPACED_TOO = ("imbalance", "state_vs_ddp", "ddp_state_bytes", "exchange_mode")
 
 
 def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -78,21 +73,16 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
     return out
 
 
-def run_summary(summary: dict[str, Any]) -> dict[str, Any]:
+def run_summary(summary: RunSummary) -> dict[str, Any]:
     """W&B summary keys of ``summary.json`` (see the module docstring)."""
-    out = {k: v for k, v in summary.items() if isinstance(v, (bool, int, float, str))}
-    for key, prefix in PER_RANK.items():
-        values = summary.get(key) or []
-        out.update({f"{prefix}/rank{r}": v for r, v in enumerate(values)})
-        if values:
-            out[f"{prefix}/max"], out[f"{prefix}/min"] = max(values), min(values)
-    extra = {
-        "memory/imbalance": summary.get("imbalance"),
-        "memory/state_vs_ddp": summary.get("state_vs_ddp"),
-        "memory/ddp_state_bytes": summary.get("ddp_state_bytes"),
-        "comm/exchange_mode": summary.get("exchange_mode"),
-    }
-    out.update({k: v for k, v in extra.items() if v is not None})
+    values = summary.as_dict()
+    out = {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
+    for key in PER_RANK:
+        prefix, per_rank = STEP_KEYS[key], values.get(key) or []
+        out.update({f"{prefix}/rank{r}": v for r, v in enumerate(per_rank)})
+        if per_rank:
+            out[f"{prefix}/max"], out[f"{prefix}/min"] = max(per_rank), min(per_rank)
+    out.update({NAMESPACED[k]: values[k] for k in _NAMESPACED_TOO if values.get(k) is not None})
     return out
 
 

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from zero_lab.app.summary import step_key
 from zero_lab.report.runs import WORLD_KEY, Run, percentile
 from zero_lab.report.table import byte_unit, ddp_baseline
 
@@ -123,7 +124,7 @@ def plot_time(runs: list[Run], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, max(3.2, 0.55 * len(runs) + 1.8)))
     ys = list(range(len(runs)))
     for y, run in zip(ys, runs):
-        steps, exchanges = run.per_step("time/step_s/max"), run.per_step("time/exchange_s/max")
+        steps, exchanges = run.per_step(step_key("step_s", "max")), run.per_step(step_key("exchange_s", "max"))
         exchanges = exchanges or [0.0] * len(steps)
         compute = [s - e for s, e in zip(steps, exchanges)]
         ex_mid, ex_low, ex_high = _spread(exchanges)

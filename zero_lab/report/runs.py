@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from zero_lab.app.summary import RunSummary
+
 __all__ = ["WORLD_KEY", "Failed", "Run", "find_runs", "label_runs", "parse_overrides", "percentile", "run_date"]
 
 WORLD_KEY = "dist.world_size"
@@ -38,7 +40,7 @@ class Run:
     """One complete run: its summary, its logged steps and how it was configured."""
 
     path: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     rows: list[dict[str, Any]]  # metrics.jsonl, one per logged step
     overrides: dict[str, str]
     config: dict[str, Any]
@@ -48,15 +50,15 @@ class Run:
 
     @property
     def world_size(self) -> int:
-        return int(self.summary["world_size"])
+        return int(self.summary.world_size)
 
     @property
     def losses(self) -> list[float]:
-        return [float(x) for x in self.summary["losses"]]
+        return [float(x) for x in self.summary.losses]
 
     def per_rank(self, key: str) -> list[float] | None:
-        """A per-rank list of ``summary.json`` (``None`` when an older run lacks it)."""
-        values = self.summary.get(key)
+        """A per-rank list of the summary (:data:`~zero_lab.app.summary.PER_RANK`); ``None`` when absent."""
+        values = getattr(self.summary, key)
         return [float(v) for v in values] if values else None
 
     def per_step(self, key: str) -> list[float]:
@@ -169,7 +171,7 @@ def _load(path: Path) -> Run | Failed:
     reason = _why_incomplete(path, summary, rows, config)
     if reason is not None:
         return Failed(path, reason, overrides, config, meta)
-    return Run(path, summary, rows, overrides, config, meta)
+    return Run(path, RunSummary.from_dict(summary), rows, overrides, config, meta)
 
 
 def _why_incomplete(path: Path, summary: Any, rows: list[dict[str, Any]], config: dict[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from zero_lab.app.summary import MEDIAN_OF
 from zero_lab.report.runs import Run
 
 __all__ = [
@@ -91,9 +92,9 @@ class Baseline:
 
 
 def _ddp_key(run: Run) -> tuple[str, str, object, str]:
-    choices = run.meta.get("choices") or run.summary.get("choices") or {}
+    choices = run.meta.get("choices") or run.summary.choices
     optim = str(choices.get("optim", "?")).removeprefix("zero_")
-    return optim, str(choices.get("model")), run.summary.get("model_params"), str(run.summary.get("param_dtype"))
+    return optim, str(choices.get("model")), run.summary.model_params, str(run.summary.param_dtype)
 
 
 def ddp_baseline(run: Run, runs: list[Run]) -> Baseline | None:
@@ -101,11 +102,11 @@ def ddp_baseline(run: Run, runs: list[Run]) -> Baseline | None:
     measured = [
         max(other.per_rank("optim_state_bytes") or [0.0])
         for other in runs
-        if not other.summary.get("zero") and _ddp_key(other) == _ddp_key(run)
+        if not other.summary.zero and _ddp_key(other) == _ddp_key(run)
     ]
     if measured and max(measured) > 0:
         return Baseline(max(measured), "measured")
-    planned = run.summary.get("ddp_state_bytes")
+    planned = run.summary.ddp_state_bytes
     return Baseline(float(planned), "plan") if planned else None
 
 
@@ -186,7 +187,7 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("÷ DDP", _vs_ddp, "state max / DDP + plain optimizer's state per rank ('plan': planner's prediction)"),
     Column("÷ ideal 1/W", _vs_ideal, "state max / (DDP's state / W); 1.00 is a perfect split"),
-    Column("imbalance", _plain(lambda r: r.summary.get("imbalance"), _number(".3f")), "partition max / ideal"),
+    Column("imbalance", _plain(lambda r: r.summary.imbalance, _number(".3f")), "partition max / ideal"),
     Column(
         "tensors/rank",
         lambda r, _: _bytes(_max(r.per_rank("tensor_bytes"))),
@@ -199,17 +200,17 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "exchanged/step",
-        _plain(lambda r: r.median("comm/exchange_bytes/max"), format_bytes),
+        _plain(lambda r: r.median(MEDIAN_OF["exchange_bytes_per_step"]), format_bytes),
         "parameter-exchange bytes per step (median)",
     ),
     Column(
         "exchange",
-        _plain(lambda r: r.median("time/exchange_s/max"), format_ms),
+        _plain(lambda r: r.median(MEDIAN_OF["exchange_time_s"]), format_ms),
         "parameter-exchange time per step (median, slowest rank)",
     ),
     Column(
         "step",
-        _plain(lambda r: r.median("time/step_s/max"), format_ms),
+        _plain(lambda r: r.median(MEDIAN_OF["step_time_s"]), format_ms),
         "step time (median over steps after the first, slowest rank)",
     ),
     Column(
@@ -219,14 +220,14 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "slowest ÷ mean",
-        _plain(lambda r: r.summary.get("optim_step_max_over_mean"), _number(".2f")),
+        _plain(lambda r: r.summary.optim_step_max_over_mean, _number(".2f")),
         "local optimizer step, slowest rank ÷ mean (median over steps): the partition's cost imbalance",
     ),
-    Column("samples/s", _plain(lambda r: r.median("train/samples_per_s"), _number(".0f")), "global batch / step"),
-    Column("final loss", _plain(lambda r: float(r.summary["final_loss"]), _number(".6g")), "loss at the last step"),
+    Column("samples/s", _plain(lambda r: r.median(MEDIAN_OF["samples_per_s"]), _number(".0f")), "global batch / step"),
+    Column("final loss", _plain(lambda r: float(r.summary.final_loss), _number(".6g")), "loss at the last step"),
     Column(
         "val loss",
-        _plain(lambda r: r.summary.get("final_val_loss"), _number(".6g")),
+        _plain(lambda r: r.summary.final_val_loss, _number(".6g")),
         "held-out loss at the last validation (eval_every=N)",
     ),
 )
