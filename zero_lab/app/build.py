@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -37,9 +37,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import APP_KEYS
 from zero_lab.app.training import Training
-from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
     "PARAM_DTYPES",
@@ -48,7 +48,6 @@ __all__ = [
     "clip_gradients",
     "compiled",
     "enum_str",
-    "is_zero",
     "make_ddp",
     "make_scaler",
     "make_scheduler",
@@ -63,15 +62,6 @@ def enum_str(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def is_zero(optim_cfg: Any) -> bool:
-    """True when the optim node builds a ``ZeroRedundancyOptimizer`` (or a subclass)."""
-    try:
-        target = get_object(str(optim_cfg.get("_target_", "")))
-    except Exception:  # an unknown target is validate's to report
-        return False
-    return isinstance(target, type) and issubclass(target, ZeroRedundancyOptimizer)
-
-
 def build_training(cfg: DictConfig, device: torch.device) -> Training:
     """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why."""
     torch.manual_seed(cfg.seed)
@@ -80,7 +70,7 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
     ddp = make_ddp(model, cfg.dist, device)
-    zero = is_zero(cfg.optim)
+    zero = OptimPlan.of(cfg.optim).zero
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
     groups = param_groups(cfg.optim, model)

@@ -11,11 +11,10 @@ line (:data:`FIRST_LINE`)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from zero_lab.app.summary import RunSummary
 
-__all__ = ["FIRST_LINE", "closing_lines", "optimizer_name"]
+__all__ = ["FIRST_LINE", "closing_lines"]
 
 #: How the closing block starts (``zero_lab: final loss 0.0123 after 20 steps ...``).
 FIRST_LINE = "zero_lab: final loss"
@@ -23,7 +22,7 @@ FIRST_LINE = "zero_lab: final loss"
 
 def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float) -> list[str]:
     """What the run showed, in a few lines (module docstring); ``name``: the optimizer class
-    that holds the state (:func:`optimizer_name`)."""
+    that holds the state (:attr:`zero_lab.app.optim_plan.OptimPlan.name`)."""
     world, steps = summary.world_size, len(summary.losses)
     plain = summary.ddp_state_bytes or 0
     held = max(summary.optim_state_bytes)
@@ -42,13 +41,6 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
         f"  parameter exchange: {exchange}",
         f"  run dir: {run_dir}",
     ]
-
-
-def optimizer_name(cfg: Any) -> str:
-    """``Adam`` for optim=adam and optim=zero_adam alike: the class that holds the state."""
-    path = cfg.optim.optimizer_class.path if "optimizer_class" in cfg.optim else cfg.optim._target_
-    name = str(path).rsplit(".", 1)[-1]
-    return f"{name} + the classes optim.param_groups names" if cfg.optim.get("param_groups") else name
 
 
 def _exchange_share(summary: RunSummary) -> str:

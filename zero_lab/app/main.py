@@ -51,8 +51,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.build import enum_str
 from zero_lab.app.cli import check_external_world, fail
-from zero_lab.app.closing import closing_lines, optimizer_name
+from zero_lab.app.closing import closing_lines
 from zero_lab.app.objective import check_directions, objective_value
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
@@ -193,7 +194,7 @@ def _report(
     )
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
-    print("\n".join(closing_lines(summary, optimizer_name(cfg), run_dir, seconds)), flush=True)
+    print("\n".join(closing_lines(summary, OptimPlan.of(cfg.optim).name, run_dir, seconds)), flush=True)
     return value
 
 

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from zero_lab.app.build import enum_str, is_zero
+from zero_lab.app.build import enum_str
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import HYDRA_KEYS
 from zero_lab.app.summary import RunSummary
 from zero_lab.app.wandb_run import identity, run_config, run_summary, where
@@ -179,7 +180,7 @@ def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta
     (:func:`~zero_lab.app.wandb_run.run_config`)."""
     logger_cfg = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     assert isinstance(logger_cfg, dict)
-    logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, is_zero(cfg.optim))
+    logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, OptimPlan.of(cfg.optim).zero)
     used = {k: v for k, v in logger_cfg.items() if k not in HYDRA_KEYS}
     return instantiate(logger_cfg)(run_dir=str(run_dir), config=run_config(config, meta.get("choices", {}), used))
 

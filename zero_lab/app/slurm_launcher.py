@@ -44,14 +44,15 @@ from typing import Any
 import torch
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero
+from zero_lab.app.build import PARAM_DTYPES, enum_str
 from zero_lab.app.cli import fail, world_size_given
 from zero_lab.app.closing import FIRST_LINE
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.validate import ConfigError
 from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
@@ -72,8 +73,7 @@ def _planned_rank_bytes(cfg: DictConfig) -> int:
     """What the planner prices for one rank of plain DDP + this optimizer (an upper bound for ZeRO)."""
     with torch.device("meta"):
         model = instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
-    path = cfg.optim.optimizer_class.path if is_zero(cfg.optim) else cfg.optim._target_
-    plan = plan_memory(specs_from_module(model), 1, None, get_object(str(path)))
+    plan = plan_memory(specs_from_module(model), 1, None, OptimPlan.of(cfg.optim).optimizer_class)
     return plan.ranks[0].total_bytes
 
 

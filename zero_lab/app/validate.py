@@ -40,8 +40,9 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import PARAM_DTYPES, enum_str, is_zero, param_groups
+from zero_lab.app.build import PARAM_DTYPES, enum_str, param_groups
 from zero_lab.app.objective import check_objective
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.protocols import forward_problems, protocol_problems
 from zero_lab.app.schema import (
@@ -92,21 +93,37 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem in ``cfg``; return if none."""
     choices = dict(choices or {})
     problems: list[str] = []
+    plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
     for rule in _RULES:
         try:
-            problems.extend(rule(cfg, choices))
+            problems.extend(rule(cfg, choices, plan))
         except Exception as error:  # a broken node is itself a problem to report
             problems.append(f"{rule.__name__.removeprefix('_check_')}: {error}")
     if problems:
         raise ConfigError(problems)
 
 
+def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
+    """What ``cfg.optim`` builds (:class:`~zero_lab.app.optim_plan.OptimPlan`); ``None``, with the
+    problem added, when it cannot be looked up (an unimportable ``_target_`` is _check_arguments')."""
+    try:
+        get_object(str(cfg.optim.get("_target_")))
+    except Exception:
+        return None
+    try:
+        return OptimPlan.of(cfg.optim)
+    except Exception as error:
+        problems.append(f"optim: {error}")
+        return None
+
+
 def notices(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
     ``partitioner=ddp_bucket`` leaves without state."""
-    if is_zero(cfg.optim):
-        return _idle_ranks_notice(cfg, overrides)
+    plan = OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
+    if plan.zero:
+        return _idle_ranks_notice(cfg, overrides, plan)
     unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
     if not unused:
         return []
@@ -153,7 +170,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix.rstrip("."), node
 
 
-def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Top-level and ``dist.`` keys are :class:`~zero_lab.app.schema.Config`'s fields: one added
     with ``+`` (``+warmup_steps=10``) would be accepted and ignored, so it is refused as a typo is."""
     out = []
@@ -169,7 +186,7 @@ def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_finite(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_finite(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0)."""
     out = []
     for key, value in _leaves(to_container(cfg)):
@@ -182,7 +199,7 @@ _INT64 = (-(2**63), 2**63 - 1)
 _WIDER = {"seed": (0, 2**64 - 1)}  # torch.manual_seed takes any unsigned 64-bit seed
 
 
-def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Every integer fits 64 bits (torch, JSON readers and W&B take no wider ones):
     ``seed=18446744073709551616`` is refused here, not by a rank's ``manual_seed``."""
     out = []
@@ -194,25 +211,12 @@ def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any]) -> list[s
     return out
 
 
-def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """``dist.stall_timeout_s``: seconds past the slowest step, or null (off)."""
     value = cfg.dist.get("stall_timeout_s")
     if value is not None and value <= 0:
         return [f"dist.stall_timeout_s={value}: must be > 0 (seconds past the slowest step), or null to turn it off"]
     return []
-
-
-def _looked_up_class(node: DictConfig, key: str) -> Any:
-    """The class a ``{_target_: hydra.utils.get_class, path: ...}`` node names, looked up
-    without calling anything else: a node whose ``_target_`` is another callable is refused
-    before it could run (``builtins.open`` would create a file)."""
-    target = str(node.get("_target_"))
-    if target not in ("hydra.utils.get_class", "hydra.utils.get_object"):
-        raise ValueError(
-            f"{key}._target_={target}: must be hydra.utils.get_class (a lookup, with {key}.path=<a class>); "
-            "nothing else is called before the config is accepted"
-        )
-    return get_object(str(node.get("path")))
 
 
 def _buildable(node: DictConfig, key: str, base: type) -> None:
@@ -234,7 +238,7 @@ def _is_kind_of(target: type, base: type) -> bool:
     return issubclass(target, base)
 
 
-def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     out = []
     bounds: list[tuple[str, Any, float, str]] = [
         ("dist.world_size", cfg.dist.world_size, 1, "a positive number of ranks"),
@@ -258,7 +262,7 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_devices(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     device, backend = enum_str(cfg.dist.device), enum_str(cfg.dist.backend)
     world = cfg.dist.world_size
     out = []
@@ -286,7 +290,7 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """DDP's options against what they cannot work with. ``find_unused_parameters``,
     ``static_graph`` and ``broadcast_buffers`` train to DDP + the plain optimizer's parameters with
     every ZeRO mode (partitioners, bucket views, both overlap hooks, prefetch:
@@ -304,7 +308,7 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
     return out
 
 
-def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """``accumulate``, ``autocast``, ``eval_every``/``eval_batches``, ``scheduler.warmup_steps``, ``compile``."""
     out = []
     accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
@@ -343,7 +347,7 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any]) -> list[st
     return out
 
 
-def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """The model/data protocol (:mod:`zero_lab.app.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
     out = protocol_problems(get_object(cfg.model._target_), get_object(cfg.data._target_), model_name, data_name)
@@ -356,14 +360,14 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_forward(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Rank 0's first batch through the model built on ``meta``, then the loss (protocols.forward_problems)."""
     try:
         model = _meta_model(cfg)
         data = instantiate(cfg.data)
     except Exception:  # reported by _check_model / _check_model_data
         return []
-    if _check_model_data(cfg, choices):
+    if _check_model_data(cfg, choices, plan):
         return []
     dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
     unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
@@ -371,7 +375,7 @@ def _check_forward(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return [f"model={_choice(choices, 'model', cfg)} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
 
 
-def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Bind every group node to its ``_target_``'s signature: unknown and missing keys named."""
     out = []
     for group in GROUPS:
@@ -417,32 +421,25 @@ def _has_var_keyword(target: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _optimizer_class(cfg: DictConfig) -> Any:
-    """The ``torch.optim`` class that steps: the target itself, or the class a wrapper (ZeRO,
-    ``ChainedOptimizer``) names as ``optimizer_class`` (looked up, never called)."""
-    if "optimizer_class" in cfg.optim:
-        return _looked_up_class(cfg.optim.optimizer_class, "optim.optimizer_class")
-    return get_object(cfg.optim._target_)
-
-
-def _optimizer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+def _optimizer_kwargs(cfg: DictConfig, plan: OptimPlan) -> dict[str, Any]:
     """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
-    own = inspect.signature(get_object(cfg.optim._target_)).parameters if "optimizer_class" in cfg.optim else {}
+    own = inspect.signature(plan.target).parameters if "optimizer_class" in cfg.optim else {}
     optim = to_container(cfg)["optim"]
     return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
 
 
-def _check_optim(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Build the real optimizer class with the configured arguments (torch's own checks)."""
-    zero = is_zero(cfg.optim)
+    if plan is None:  # reported by check() or _check_arguments
+        return []
+    zero, cls = plan.zero, plan.optimizer_class
     optim = _choice(choices, "optim", cfg)
     out = []
-    cls = _optimizer_class(cfg)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
     if cfg.get("prefetch") and not zero:
         out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
-    kwargs = _optimizer_kwargs(cfg)
+    kwargs = _optimizer_kwargs(cfg, plan)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         out += _check_on_real_shapes(cfg, optim, cls, kwargs)
@@ -493,7 +490,9 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
     return []
 
 
-def _routed_specs(cfg: DictConfig, model: torch.nn.Module) -> tuple[list[ParamSpec], list[type] | None]:
+def _routed_specs(
+    cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan
+) -> tuple[list[ParamSpec], list[type] | None]:
     """The specs the optimizer will partition: with ``optim.param_groups``, one group per
     routed group, each marked elementwise or not by the class that steps it."""
     device = enum_str(cfg.dist.device)
@@ -503,8 +502,7 @@ def _routed_specs(cfg: DictConfig, model: torch.nn.Module) -> tuple[list[ParamSp
         groups = None
     if groups is None:
         return specs_from_module(model, device=device), None
-    default = _optimizer_class(cfg)
-    classes = [group_class(group, default) for group in groups]
+    classes = plan.group_classes(groups)
     specs = [
         ParamSpec.of(
             param,
@@ -533,7 +531,7 @@ def _mentions(message: str, value: Any) -> bool:
     return any(isinstance(v, (int, float)) and not isinstance(v, bool) and str(v) in message for v in values)
 
 
-def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """``optim.max_grad_norm``: positive, and every gradient must exist before the step."""
     out = []
     max_norm = cfg.optim.get("max_grad_norm")
@@ -554,7 +552,7 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module:
         return instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
 
 
-def _check_model(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     try:
         _meta_model(cfg)
     except Exception as error:  # any constructor error is the user's to fix
@@ -573,28 +571,28 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """CPU ranks started here: refuse a model whose planned memory (parameters, gradients,
     DDP buffers, optimizer state, masters; activations not counted) exceeds what this host
     has available, with the numbers, instead of a rank dying of it while building."""
     available = available_memory_bytes()
-    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ:
+    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ or plan is None:
         return []  # GPU memory and torchrun's hosts are not priced here
     try:
         model = _meta_model(cfg)
-        cls = _optimizer_class(cfg)
+        cls = plan.optimizer_class
         partitioner = None
-        if is_zero(cfg.optim):
+        if plan.zero:
             _buildable(cfg.partitioner, "partitioner", Partitioner)  # nothing else is called
             partitioner = instantiate(cfg.partitioner)
         master = bool(cfg.optim.get("master_weights", False))
-        plan = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
+        memory = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
     except Exception:  # an unbuildable model or partitioner is reported by its own check
         return []
-    needed = sum(rank.total_bytes for rank in plan.ranks)
+    needed = sum(rank.total_bytes for rank in memory.ranks)
     if needed <= available:
         return []
-    worst = max(plan.ranks, key=lambda r: r.total_bytes)
+    worst = max(memory.ranks, key=lambda r: r.total_bytes)
     gib = 2**30
     return [
         f"model={_choice(choices, 'model', cfg)}: the planner prices {cfg.dist.world_size} rank(s) at "
@@ -605,10 +603,10 @@ def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]
     ]
 
 
-def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """Run the real partitioner on the model's real parameter specs at ``dist.world_size``."""
     world = cfg.dist.world_size
-    if not is_zero(cfg.optim) or world < 1:
+    if plan is None or not plan.zero or world < 1:
         return []
     try:
         model = _meta_model(cfg)
@@ -625,7 +623,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
             f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
         ]
-    specs, classes = _routed_specs(cfg, model)
+    specs, classes = _routed_specs(cfg, model, plan)
     specs = _with_ddp_buckets(cfg, specs)
     try:
         partition = partitioner(specs, world)
@@ -636,16 +634,16 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
             f"(parameter names look like: {names}, ...)"
         ]
     try:
-        check_partition_fits(partition, _optimizer_class(cfg), partitioner, classes)
+        check_partition_fits(partition, plan.optimizer_class, partitioner, classes)
     except ValueError as error:
-        fitting = _fitting_partitioners(specs, world, _optimizer_class(cfg), classes)
+        fitting = _fitting_partitioners(specs, world, plan.optimizer_class, classes)
         return [f"{name}: {error} In the config: {_either('partitioner', fitting)}"]
     return []
 
 
-def _specs(cfg: DictConfig, model: torch.nn.Module) -> list[ParamSpec]:
+def _specs(cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan) -> list[ParamSpec]:
     """The specs the optimizer will partition; with overlap, with the buckets DDP would make."""
-    return _with_ddp_buckets(cfg, _routed_specs(cfg, model)[0])
+    return _with_ddp_buckets(cfg, _routed_specs(cfg, model, plan)[0])
 
 
 def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
@@ -657,17 +655,17 @@ def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec
     return specs
 
 
-def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan) -> list[str]:
     """``partitioner=ddp_bucket`` gives each DDP bucket wholly to one rank: a model that fits
     fewer buckets than ranks leaves ranks without state (one bucket: all of it on rank 0)."""
     world = cfg.dist.world_size
-    if not (is_zero(cfg.optim) and cfg.overlap) or world < 2:
+    if not (plan.zero and cfg.overlap) or world < 2:
         return []
     try:
         partitioner = instantiate(cfg.partitioner)
         if not getattr(partitioner, "needs_ddp_buckets", False) or getattr(partitioner, "shard_buckets", False):
             return []
-        specs = _specs(cfg, _meta_model(cfg))
+        specs = _specs(cfg, _meta_model(cfg), plan)
     except Exception:  # the checks report it
         return []
     buckets = len({s.bucket for s in specs if s.trainable})
@@ -712,7 +710,7 @@ def _target(node: DictConfig) -> Any:
 
 def _zero_options() -> list[str]:
     """The ``optim`` options that build a ZeRO optimizer."""
-    return _options_where("optim", lambda node: is_zero(node))
+    return _options_where("optim", lambda node: OptimPlan.of(node).zero)
 
 
 def _on_device(device: str) -> list[str]:
@@ -751,7 +749,7 @@ def _list_syntax(node: DictConfig, world: int) -> str:
     return ""
 
 
-def _check_resume(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     if cfg.resume is None:
         return []
     path = Path(str(cfg.resume)).expanduser()
@@ -769,7 +767,7 @@ def _check_resume(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _check_logger(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     if enum_str(cfg.logger.get("mode")) != "online":
         return []
     netrc = Path.home() / ".netrc"
@@ -782,11 +780,11 @@ def _check_logger(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _check_objective(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     return check_objective(cfg.objective)
 
 
-_RULES: list[Callable[[DictConfig, Mapping[str, Any]], list[str]]] = [
+_RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[str]]] = [
     _check_known_keys,
     _check_finite,
     _check_integer_widths,

@@ -1,0 +1,74 @@
+"""What ``cfg.optim`` builds, answered once from the config: is it ZeRO, which class steps.
+
+Every part of the app that asks "is this a ZeRO run?" or "which ``torch.optim`` class holds
+the state?" reads one :class:`OptimPlan` (the checks, the builder, the W&B tags, the Slurm
+launcher's memory estimate, the closing lines) instead of importing targets itself. Making
+one looks classes up and calls nothing: ``optim.optimizer_class`` must be a
+``{_target_: hydra.utils.get_class, path: <class>}`` lookup.
+
+    plan = OptimPlan.of(cfg.optim)
+    plan.zero, plan.optimizer_class.__name__, plan.name     # True, "Adam", "Adam"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.utils import get_object
+
+from zero_lab.chained import group_class
+from zero_lab.optimizer import ZeroRedundancyOptimizer
+
+__all__ = ["OptimPlan"]
+
+#: The ``_target_`` an ``optimizer_class`` node may name: a lookup, nothing that runs.
+_LOOKUPS = ("hydra.utils.get_class", "hydra.utils.get_object")
+
+
+@dataclass(frozen=True)
+class OptimPlan:
+    """``target``: the class ``optim._target_`` names (``ZeroRedundancyOptimizer``,
+    ``ChainedOptimizer``, ``torch.optim.Adam``); ``zero``: it shards the state (a
+    ``ZeroRedundancyOptimizer``); ``optimizer_class``: the class that holds and steps the state
+    (the ``optimizer_class`` a wrapper names, else the target); ``routed``: ``optim.param_groups``
+    is set, so a group may name a class of its own (:meth:`group_classes`)."""
+
+    target: Any
+    optimizer_class: Any
+    zero: bool
+    routed: bool = False
+
+    @classmethod
+    def of(cls, optim: Mapping[str, Any]) -> OptimPlan:
+        """The plan of an ``optim`` node (as composed, or a YAML as written); raises
+        ``ValueError`` naming the key when a class cannot be looked up."""
+        target = get_object(str(optim.get("_target_")))
+        zero = isinstance(target, type) and issubclass(target, ZeroRedundancyOptimizer)
+        inner = optim.get("optimizer_class")
+        stepping = target if inner is None else _looked_up(inner, "optim.optimizer_class")
+        return cls(target, stepping, zero, routed=optim.get("param_groups") is not None)
+
+    @property
+    def name(self) -> str:
+        """``Adam`` for optim=adam and optim=zero_adam alike (the class holding the state)."""
+        name = getattr(self.optimizer_class, "__name__", str(self.optimizer_class))
+        return f"{name} + the classes optim.param_groups names" if self.routed else name
+
+    def group_classes(self, groups: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """The class that steps each param group (its own ``optimizer_class``, else this plan's)."""
+        return [group_class(group, self.optimizer_class) for group in groups]
+
+
+def _looked_up(node: Any, key: str) -> Any:
+    """The class a ``{_target_: hydra.utils.get_class, path: ...}`` node names, looked up
+    without calling anything else: a node whose ``_target_`` is another callable is refused
+    before it could run (``builtins.open`` would create a file)."""
+    target = str(node.get("_target_")) if isinstance(node, Mapping) else None
+    if target not in _LOOKUPS:
+        raise ValueError(
+            f"{key}._target_={target}: must be hydra.utils.get_class (a lookup, with {key}.path=<a class>); "
+            "nothing else is called before the config is accepted"
+        )
+    return get_object(str(node.get("path")))
