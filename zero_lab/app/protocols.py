@@ -37,7 +37,7 @@ real batch, before any rank starts; the runner calls the same :func:`call_model`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -164,8 +164,11 @@ def batch_rows(inputs: Inputs) -> int:
     return int(first.shape[0])
 
 
-def protocol_problems(model_cls: Any, data_cls: Any, model_name: str, data_name: str) -> list[str]:
-    """What the classes lack: ``task`` on either side (or a mismatch), and a data method to read batches."""
+def protocol_problems(
+    model_cls: Any, data_cls: Any, model_name: str, data_name: str, fitting: Sequence[str] = ()
+) -> list[str]:
+    """What the classes lack: ``task`` on either side (or a mismatch), and a data method to read
+    batches. ``fitting``: the data options a mismatch can pick instead (``data=tokens``)."""
     out = []
     model_task, data_task = getattr(model_cls, "task", None), getattr(data_cls, "task", None)
     for name, cls, task, other in (
@@ -181,7 +184,7 @@ def protocol_problems(model_cls: Any, data_cls: Any, model_name: str, data_name:
     if not out and model_task != data_task:
         out.append(
             f"{data_name}: {model_name} is a {model_task!r} model and needs data for that task, but this data's "
-            f"task is {data_task!r} (model=mlp: data=regression, model=transformer: data=tokens; {DOC})"
+            f"task is {data_task!r} ({'pick ' + ' or '.join(fitting) + '; ' if fitting else ''}{DOC})"
         )
     if not (callable(getattr(data_cls, "shard", None)) or callable(getattr(data_cls, "batches", None))):
         out.append(

@@ -350,7 +350,12 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: Opti
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     """The model/data protocol (:mod:`zero_lab.app.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
-    out = protocol_problems(get_object(cfg.model._target_), get_object(cfg.data._target_), model_name, data_name)
+    model_cls, data_cls = get_object(cfg.model._target_), get_object(cfg.data._target_)
+    task = getattr(model_cls, "task", None)
+    fitting = []
+    if getattr(data_cls, "task", None) != task:  # the shipped data options for this model's task
+        fitting = [f"data={name}" for name in _options_where("data", lambda node: _target(node).task == task)]
+    out = protocol_problems(model_cls, data_cls, model_name, data_name, fitting)
     batch = cfg.data.get("global_batch")
     world = cfg.dist.world_size
     if not isinstance(batch, int):
