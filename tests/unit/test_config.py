@@ -5,7 +5,9 @@ key and what is allowed; the synthetic data is the same global batch at any worl
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,22 @@ def test_choice_keys_take_their_values_from_the_constants_they_describe():
     assert [m.value for m in ResumeOptimizer] == list(POLICIES)
     help_lines = Path(CONF_DIR / "config.yaml").read_text()
     assert not [name for name in OBJECTIVES if name in help_lines]  # objective= names OBJECTIVES, lists none
+
+
+def test_the_docs_tables_say_what_the_code_states():
+    """docs/ restates choices and defaults for readers: held to the one place of each."""
+    docs = Path(__file__).parents[2] / "docs"
+    optuna = (docs / "training.md").read_text().split("## Optuna", 1)[1]
+    listed = re.findall(r"^\| `(\w+)`", optuna.split("\n\n| `objective=`", 1)[1], flags=re.M)
+    assert set(listed) == set(OBJECTIVES)
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    for key, default, meaning in re.findall(
+        r"^\| `(\w+)` \| (\w+) \| (.*) \|$", (docs / "checkpoints.md").read_text(), re.M
+    ):
+        expected = defaults[key].value if isinstance(defaults[key], enum.Enum) else defaults[key]
+        assert default == ("null" if expected is None else str(expected)), key
+        if key == "resume_optimizer":
+            assert re.findall(r"`(\w+)`", meaning) == list(POLICIES)
 
 
 BAD_INPUT = [

@@ -38,7 +38,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.schema import APP_KEYS
+from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES
 from zero_lab.app.training import Training
 
 __all__ = [
@@ -53,8 +53,6 @@ __all__ = [
     "make_scheduler",
     "optimizer_factory",
 ]
-
-PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def enum_str(value: Any) -> str:

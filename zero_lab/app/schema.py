@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -51,6 +52,7 @@ __all__ = [
     "APP_KEYS",
     "GROUPS",
     "HYDRA_KEYS",
+    "PARAM_DTYPES",
     "SUPPLIED_BY_APP",
     "Autocast",
     "Backend",
@@ -132,12 +134,9 @@ class Autocast(str, enum.Enum):
     fp16 = "fp16"  # with torch's GradScaler
 
 
-class ParamDtype(str, enum.Enum):
-    """The dtype the model's parameters (and so DDP's gradients and the exchange) live in."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+#: ``param_dtype=``: the dtype the model's parameters (and so DDP's gradients and the exchange) live in.
+PARAM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ParamDtype = _choices("ParamDtype", PARAM_DTYPES, "``param_dtype=``: zero_lab.app.schema.PARAM_DTYPES")
 
 
 @dataclass
@@ -185,7 +184,7 @@ class Config:
     exchange: Exchange = Exchange["auto"]
     prefetch: bool = False  # zero_*: step() only issues the exchange; the next forward waits per module
     # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
-    param_dtype: ParamDtype = ParamDtype.float32
+    param_dtype: ParamDtype = ParamDtype["float32"]
     accumulate: int = 1  # micro-batches per step (the global batch is split; DDP no_sync on all but the last)
     # bf16 or fp16 (with GradScaler): torch.autocast around forward and loss, fp32 parameters
     autocast: Autocast | None = None
