@@ -19,6 +19,7 @@ from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.build import make_scheduler, optimizer_factory
 from zero_lab.app.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.objective import OBJECTIVES
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.protocols import call_model, loss_of
@@ -146,6 +147,17 @@ def test_choice_keys_take_their_values_from_the_constants_they_describe():
     assert [m.value for m in ResumeOptimizer] == list(POLICIES)
     help_lines = Path(CONF_DIR / "config.yaml").read_text()
     assert not [name for name in OBJECTIVES if name in help_lines]  # objective= names OBJECTIVES, lists none
+
+
+@pytest.mark.parametrize("option", options("optim"))
+def test_one_plan_says_whether_an_optim_option_is_zero_and_which_class_steps(option):
+    cfg, _, _ = compose_job([f"optim={option}"])
+    plan = OptimPlan.of(cfg.optim)
+    assert plan.zero == option.startswith("zero_") == issubclass(plan.target, ZeroRedundancyOptimizer)
+    assert (issubclass(plan.optimizer_class, torch.optim.Optimizer) and plan.optimizer_class is not plan.target) or (
+        not plan.zero and "optimizer_class" not in cfg.optim
+    )
+    assert plan.name.split(" ")[0] == plan.optimizer_class.__name__
 
 
 def test_the_docs_tables_say_what_the_code_states():

@@ -17,13 +17,14 @@ place where an argument, its type and its default are stated.
 
 To add a group option: write ``conf/<group>/<name>.yaml`` (or a YAML in a config dir of your
 own, ``--config-dir``) with a ``_target_``. Nothing to add here: the root config merges the
-derived schema under every option (``derived/<group>``). To add a
-plain top-level key: one field in :class:`Config` (or :class:`DistConfig`) with its type, its
-default and a comment on what it does; that field is the one place of all three
-(``conf/config.yaml`` picks group options only; tests/unit/test_config.py holds it so). A key
+derived schema under every option (``derived/<group>``).
+
+To add a plain top-level key: one field in :class:`Config` (or :class:`DistConfig`) with its
+type, its default and a comment on what it does. That field is the one place of all three:
+``conf/config.yaml`` picks group options only (tests/unit/test_config.py holds it so). A key
 with a range also gets a rule in :mod:`zero_lab.app.validate`. A key whose values are a
-constant of the code (``exchange``, ``resume_optimizer``) is typed by an enum made from that
-constant (:func:`_choices`), so the choices too are stated once.
+constant of the code (``exchange``, ``resume_optimizer``, ``param_dtype``) is typed by an
+enum made from that constant (:func:`_choices`), so its choices too are stated once.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class DistConfig:
     """Where the ranks run (``dist.<key>``). ``world_size``, ``backend`` and ``device`` are what
     a ``dist=`` option picks (``conf/dist/cpu.yaml``, ``cuda.yaml``); the rest default here."""
 
-    world_size: int = MISSING  # ranks (dist=cpu: 2, dist=cuda: 1; set it to your GPU count)
+    world_size: int = MISSING  # ranks (on dist=cuda: your GPU count)
     backend: Backend = MISSING  # gloo (CPU) or nccl (GPU)
     device: Device = MISSING  # cpu or cuda (one GPU per rank, cuda:LOCAL_RANK)
     timeout_s: float = 900.0  # bounds every collective (the run itself has no time limit)
