@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from zero_lab import ZeroRedundancyOptimizer
@@ -154,9 +154,9 @@ def test_one_plan_says_whether_an_optim_option_is_zero_and_which_class_steps(opt
     cfg, _, _ = compose_job([f"optim={option}"])
     plan = OptimPlan.of(cfg.optim)
     assert plan.zero == option.startswith("zero_") == issubclass(plan.target, ZeroRedundancyOptimizer)
-    assert (issubclass(plan.optimizer_class, torch.optim.Optimizer) and plan.optimizer_class is not plan.target) or (
-        not plan.zero and "optimizer_class" not in cfg.optim
-    )
+    wrapped = cfg.optim.optimizer_class.path if "optimizer_class" in cfg.optim else None  # ZeRO, ChainedOptimizer
+    assert plan.optimizer_class is (get_class(wrapped) if wrapped else plan.target)
+    assert issubclass(plan.optimizer_class, torch.optim.Optimizer)
     assert plan.name.split(" ")[0] == plan.optimizer_class.__name__
 
 
