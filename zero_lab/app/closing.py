@@ -5,7 +5,7 @@ hold on every rank (``ddp_state_bytes``, the planner's prediction); the exchange
 median step; the run dir. The Slurm launcher finds them again in a job's log by their first
 line (:data:`FIRST_LINE`)::
 
-    print("\n".join(closing_lines(RunSummary.read(run_dir / "summary.json"), "Adam", run_dir, 12.3)))
+    print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
 """
 
 from __future__ import annotations

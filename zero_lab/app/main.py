@@ -57,7 +57,7 @@ from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import SOURCE_DIR
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
-from zero_lab.app.summary import RunSummary
+from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.validate import ConfigError, check, notices, to_container, was_checked
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_atomic, write_json
@@ -185,7 +185,7 @@ def _report(
             f"{_resume_hint(run_dir, meta)}",
             128 + stopped.stopped_by,
         )
-    summary = RunSummary.read(run_dir / "summary.json")
+    summary = RunSummary.read(run_dir / SUMMARY_FILE)
     log.info(
         "finished in %.1f s: final loss %.6g, param checksum %s",
         seconds,

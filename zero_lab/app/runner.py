@@ -54,7 +54,7 @@ from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
-from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, RunSummary, step_key
+from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
@@ -173,7 +173,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             if resumed is not None:
                 summary.resume_optimizer = str(cfg.resume_optimizer)
                 summary.resume_overridden = resumed.overridden
-            write_json(run_dir / "summary.json", summary.as_dict())
+            write_json(run_dir / SUMMARY_FILE, summary.as_dict())
             for sink in sinks:
                 sink.summary(summary)
     log.info("done: final loss %.6g, param checksum %s", losses[-1], checksum)

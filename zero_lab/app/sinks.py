@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from zero_lab.app.build import enum_str
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import HYDRA_KEYS
-from zero_lab.app.summary import RunSummary
+from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.wandb_run import identity, run_config, run_summary, where
 from zero_lab.files import finite_json
 
@@ -247,7 +247,7 @@ class JsonlFollower:
         try:
             if self._error is None:
                 self._forward()
-                summary = self.path.with_name("summary.json")
+                summary = self.path.with_name(SUMMARY_FILE)
                 if summary.exists():  # written by rank 0 at the end, also of a run stopped by a signal
                     self._sink.summary(RunSummary.read(summary))
         finally:

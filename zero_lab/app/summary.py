@@ -15,7 +15,7 @@ the key a summary scalar has in the step records and in W&B.
 dashboards read it); :meth:`RunSummary.from_dict` reads it back, also from an older run that
 lacks the newer keys (they read as ``None``)::
 
-    summary = RunSummary.read(run_dir / "summary.json")
+    summary = RunSummary.read(run_dir / SUMMARY_FILE)
     summary.final_loss, max(summary.optim_state_bytes), summary.as_dict()["step_time_s"]
 """
 
@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEDIAN_OF", "NAMESPACED", "PER_RANK", "PROVENANCE", "STEP_KEYS", "RunSummary", "step_key"]
+__all__ = ["MEDIAN_OF", "NAMESPACED", "PER_RANK", "PROVENANCE", "STEP_KEYS", "SUMMARY_FILE", "RunSummary", "step_key"]
 
+#: The summary's file in a run dir.
+SUMMARY_FILE = "summary.json"
 #: A per-rank measurement -> its metric key prefix (``memory/tensor_bytes/rank0``, ``/max``, ``/mean``).
 STEP_KEYS: dict[str, str] = {
     "step_s": "time/step_s",

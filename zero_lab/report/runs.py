@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from zero_lab.app.summary import RunSummary
+from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 
 __all__ = ["WORLD_KEY", "Failed", "Run", "find_runs", "label_runs", "parse_overrides", "percentile", "run_date"]
 
@@ -119,7 +119,7 @@ def find_runs(root: Path) -> tuple[list[Run], list[Failed]]:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in ("meta.json", ".hydra", "summary.json"))
+    return any((path / name).exists() for name in ("meta.json", ".hydra", SUMMARY_FILE))
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -166,7 +166,7 @@ def _load(path: Path) -> Run | Failed:
     lines = _read_yaml(path / ".hydra" / "overrides.yaml")
     overrides = parse_overrides(lines if isinstance(lines, list) else meta.get("overrides", []))
     config = _read_yaml(path / ".hydra" / "config.yaml") or {}
-    summary = _read_json(path / "summary.json")
+    summary = _read_json(path / SUMMARY_FILE)
     rows = _read_rows(path / "metrics.jsonl")
     reason = _why_incomplete(path, summary, rows, config)
     if reason is not None:
