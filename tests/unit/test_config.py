@@ -161,15 +161,18 @@ def test_one_plan_says_whether_an_optim_option_is_zero_and_which_class_steps(opt
 
 
 def test_the_docs_tables_say_what_the_code_states():
-    """docs/ restates choices and defaults for readers: held to the one place of each."""
+    """docs/ restates options, choices and defaults for readers: held to the one place of each."""
     docs = Path(__file__).parents[2] / "docs"
+    groups = re.findall(r"^\| `(\w+)` \| (.*?) \|", (docs / "configuration.md").read_text(), re.M)
+    for group, listed in groups:  # the "Config groups" table names every shipped option
+        assert set(group_options(group)) <= set(re.findall(r"`(\w+)`", listed)), group
     optuna = (docs / "training.md").read_text().split("## Optuna", 1)[1]
-    listed = re.findall(r"^\| `(\w+)`", optuna.split("\n\n| `objective=`", 1)[1], flags=re.M)
-    assert set(listed) == set(OBJECTIVES)
+    objectives = re.findall(r"^\| `(\w+)`", optuna.split("\n\n| `objective=`", 1)[1], flags=re.M)
+    assert set(objectives) == set(OBJECTIVES)
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    for key, default, meaning in re.findall(
-        r"^\| `(\w+)` \| (\w+) \| (.*) \|$", (docs / "checkpoints.md").read_text(), re.M
-    ):
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.*) \|$", (docs / "checkpoints.md").read_text(), re.M)
+    assert [key for key, *_ in rows] == ["checkpoint_every", "keep_checkpoints", "resume", "resume_optimizer"]
+    for key, default, meaning in rows:
         expected = defaults[key].value if isinstance(defaults[key], enum.Enum) else defaults[key]
         assert default == ("null" if expected is None else str(expected)), key
         if key == "resume_optimizer":

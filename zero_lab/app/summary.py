@@ -9,7 +9,7 @@ summary (:mod:`zero_lab.app.wandb_run`) and the report (:mod:`zero_lab.report`) 
 :class:`~zero_lab.app.metrics.RankStep`, and the summary's per-rank list of the same name) to
 its namespaced key prefix; a step record holds ``<prefix>/rank{r}``, ``/max`` and ``/mean``.
 :data:`MEDIAN_OF` says which step key each summary median is taken of, :data:`NAMESPACED`
-the key a summary scalar has in the step records and in W&B.
+the namespaced key of a summary scalar (in the step records and in W&B).
 
 ``summary.json`` is :meth:`RunSummary.as_dict`, key for key and in this order (scripts and
 dashboards read it); :meth:`RunSummary.from_dict` reads it back, also from an older run that
@@ -55,7 +55,8 @@ def step_key(measurement: str, which: str) -> str:
     return f"{STEP_KEYS[measurement]}/{which}"
 
 
-#: Summary fields a step record (and W&B) also holds, under a namespaced key.
+#: Summary fields with a namespaced key: in the step records (``memory/imbalance``,
+#: ``train/samples_per_s``, step 0's ``comm/exchange_mode``) and in W&B's summary.
 NAMESPACED: dict[str, str] = {
     "imbalance": "memory/imbalance",
     "state_vs_ddp": "memory/state_vs_ddp",
@@ -76,7 +77,7 @@ MEDIAN_OF: dict[str, str] = {
 @dataclass
 class RunSummary:
     """``summary.json``: what one finished (or signal-stopped) run measured. Medians are over
-    the logged steps after the first (it pays one-off costs), of the slowest rank."""
+    the steps after the first (it pays one-off costs), of the slowest rank."""
 
     final_loss: float
     losses: list[float]
