@@ -22,6 +22,7 @@ CORE_MODULES = (
     "zero_lab.optimizer",
     "zero_lab.partition",
     "zero_lab.exchange",
+    "zero_lab.collectives",
     "zero_lab.comm",
     "zero_lab.overlap",
     "zero_lab.checkpoint",
