@@ -29,10 +29,10 @@ does; each rank takes its fastest repetition per candidate (load from other proc
 only ever adds time, so the minimum is the least disturbed figure), scaled from the
 sample's bytes to the whole exchange's; an all-reduce MAX makes the slowest rank's
 figures decide, so every rank picks the same (ties go to the first registered); then
-the exchange runs with the choice. The sample measures bandwidth,
-not the per-call cost of ``per_shard``'s one broadcast per tensor. The choice, the
-timings and the sample's size are in :meth:`ParamExchange.report`. On one host with Gloo
-broadcasts win by 4-6x; on NCCL all-gather usually does.
+the exchange runs with the choice. The sample measures bandwidth, not the per-call cost
+of ``per_shard``'s one broadcast per tensor. The choice, the timings and the sample's
+size are in :meth:`ParamExchange.report`. On one host with Gloo broadcasts win by 4-6x;
+on NCCL all-gather usually does.
 
 Every rank issues the same collectives in the same order, because all of it is
 derived from the partition, which every rank computes identically. At world size 1
@@ -73,7 +73,7 @@ __all__ = [
 
 #: Timed repetitions per candidate when ``exchange="auto"`` (after one warm-up each).
 TUNE_REPS = 3
-#: Most bytes the ``auto`` trial stages: both candidates are timed on a sample this large.
+#: Most bytes the ``auto`` trial stages: every candidate is timed on a sample this large.
 TUNE_SAMPLE_BYTES = 16 << 20
 
 
@@ -207,11 +207,11 @@ class _Buffer:
                 param = self.params[piece.param]
                 if into_params and not param.requires_grad:
                     continue
-                flat = param.data.reshape(-1)[piece.start + lo - piece.offset : piece.start + hi - piece.offset]
+                a, b = piece.start + lo - piece.offset, piece.start + hi - piece.offset
                 if into_params:
-                    flat.copy_(storage[lo:hi])
+                    _write_elements(param.data, a, b, storage[lo:hi])
                 else:
-                    storage[lo:hi].copy_(flat)
+                    storage[lo:hi].copy_(param.data.reshape(-1)[a:b])
 
     def issue(self, comm: Communicator, collective: Collective) -> InFlight:
         """Fill the buffer with ``collective``; without a view, stage this rank's range first
@@ -237,8 +237,12 @@ class _Shard:
         self.bounds = [(0, 0)] * owner + [(0, numel)] + [(numel, numel)] * (world_size - owner - 1)
 
     def issue(self, comm: Communicator, collective: Collective) -> InFlight:
-        storage = self.params[self.index].data.view(-1)[self.start : self.stop]
-        return collective.issue(comm, storage, self.bounds, collective.label)
+        param = self.params[self.index].data
+        if param.is_contiguous():
+            return collective.issue(comm, param.view(-1)[self.start : self.stop], self.bounds, collective.label)
+        staged = param.reshape(-1)[self.start : self.stop].clone()  # fill a copy; write it back when it lands
+        inflight = collective.issue(comm, staged, self.bounds, collective.label)
+        return inflight.then(lambda: _write_elements(param, self.start, self.stop, staged))
 
 
 _Unit = _Buffer | _Shard
@@ -456,12 +460,21 @@ def issue_owner_broadcast(
 def _pack(buffer: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, int, int]], into_params: bool) -> None:
     offset = 0
     for param, a, b in pieces:
-        flat = param.data.reshape(-1)[a:b]
         if into_params:
-            flat.copy_(buffer[offset : offset + b - a])
+            _write_elements(param.data, a, b, buffer[offset : offset + b - a])
         else:
-            buffer[offset : offset + b - a].copy_(flat)
+            buffer[offset : offset + b - a].copy_(param.data.reshape(-1)[a:b])
         offset += b - a
+
+
+def _write_elements(tensor: torch.Tensor, start: int, stop: int, values: torch.Tensor) -> None:
+    """``tensor.view(-1)[start:stop] = values``, also for a non-contiguous tensor (whose reshape is a copy)."""
+    if tensor.is_contiguous():
+        tensor.view(-1)[start:stop].copy_(values)
+        return
+    flat = tensor.reshape(-1)
+    flat[start:stop].copy_(values)
+    tensor.copy_(flat.view_as(tensor))
 
 
 # ---------------------------------------------------------------------- Join

@@ -7,7 +7,8 @@ exchange may be in flight) and of the consolidated optimizer state. With prefetc
 rank issues the units in rank 0's first-use order (rank 1 is fed a different one), and a
 single-unit exchange is warned about. A collective registered by the test (a zero-padded
 all-reduce, one class) trains every layout to the same bits as the broadcasts, and
-``exchange="auto"`` then times it too.
+``exchange="auto"`` then times it too. A transposed (non-contiguous) weight reaches every
+replica with every collective.
 """
 
 from __future__ import annotations
@@ -140,7 +141,20 @@ def every_mode() -> dict[str, Any]:
     register_collective(PaddedAllReduce)  # in this rank's process only; after the runs above
     out |= {f"{layout}/all_reduce/False": _train(layout, "all_reduce", False) for layout in LAYOUTS}
     out["auto_with_all_reduce"] = _train("per_shard", "auto", False)
+    out["transposed"] = {name: _transposed(name) for name in ("broadcast", "all_gather", "all_reduce")}
     return out
+
+
+def _transposed(exchange: str) -> str:
+    """One step of a layer whose weight is a transposed (non-contiguous) tensor, each rank on its own batch."""
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 4)
+    with torch.no_grad():
+        layer.weight = nn.Parameter(torch.arange(12.0).view(3, 4).t() / 10)
+    opt = ZeroRedundancyOptimizer(layer.parameters(), torch.optim.SGD, exchange=exchange, lr=0.1)
+    layer(torch.randn(2, 3, generator=torch.Generator().manual_seed(dist.get_rank()))).sum().backward()
+    opt.step()  # the owner's update must reach the parameter itself on every rank
+    return _digest(p.contiguous() for p in layer.parameters())
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -168,6 +182,8 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
         assert rank_result["overlap_prefetch"]["evals"] == rank_result["overlap"]["evals"]
         assert {k for k in plain if "/all_reduce/" in k} == {f"{layout}/all_reduce/False" for layout in LAYOUTS}
         assert plain["bucket/all_reduce/False"]["report"]["mode"] == "bucket_all_reduce"
+        assert len(set(rank_result["transposed"].values())) == 1
+        assert rank_result["transposed"] == results[0]["transposed"]  # every replica whole
         registered = rank_result["auto_with_all_reduce"]
         assert set(registered["report"]["timings_s"]) == {"broadcast", "all_gather", "all_reduce"}
         assert registered["params"] == plain["per_shard/broadcast/False"]["params"]
