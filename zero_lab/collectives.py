@@ -20,7 +20,9 @@ first) are derived from it. A new collective is one class plus its tests::
 
     @register_collective
     class PaddedAllReduce:
-        name, label, in_place_shards = "all_reduce", "exchange_all_reduce", False
+        name = "all_reduce"
+        label = "exchange_all_reduce"
+        in_place_shards = False
 
         def issue(self, comm, storage, bounds, op):
             start, stop = bounds[comm.rank]
@@ -37,7 +39,7 @@ first) are derived from it. A new collective is one class plus its tests::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 Bounds = Sequence[tuple[int, int]]
+C = TypeVar("C", bound=type)
 
 
 class InFlight:
@@ -96,9 +99,10 @@ class Collective(Protocol):
     ``name``: the value of ``exchange=``. ``label``: the Communicator op, so the profiler
     shows ``zero_lab::<label>`` (and ``zero_lab::<label>/wait``). ``in_place_shards``:
     how the ``per_shard`` layout (a whole-parameter partition without bucket views) is
-    cut into units — ``True``: every shard is its own unit, filled in place (a collective
-    that sends each range from its owner, like a broadcast); ``False``: the shards are
-    staged in one rank-major buffer per (device, dtype), one unit each.
+    cut into units — ``True``: every shard is its own unit, filled in place (its
+    ``bounds`` are empty but for the owner's; a collective that sends each range from its
+    owner, like a broadcast); ``False``: the shards are staged in one rank-major buffer
+    per (device, dtype), one unit each.
     """
 
     name: str
@@ -161,7 +165,7 @@ class AllGather:
 _REGISTRY: dict[str, Collective] = {c.name: c() for c in (Broadcast, AllGather)}
 
 
-def register_collective(cls: type) -> type:
+def register_collective(cls: C) -> C:
     """Make ``cls()`` the collective of ``exchange=cls.name`` (and a candidate of ``"auto"``);
     returns ``cls``, so it works as a decorator. Registering the same class again is a no-op."""
     collective = cls()
