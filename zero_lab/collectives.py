@@ -7,8 +7,8 @@ a :class:`Collective` makes the whole of ``storage`` up to date on every rank:
 
 * :class:`Broadcast` (``"broadcast"``) — one broadcast per non-empty range, from its
   owner, in place;
-* :class:`AllGather` (``"all_gather"``) — one ``all_gather_into_tensor``: in place when
-  the ranges are equal and rank-major (``bounds[r] == (r·n, (r+1)·n)``); otherwise each
+* :class:`AllGather` (``"all_gather"``) — one ``all_gather_into_tensor``: straight into
+  ``storage`` when the ranges are equal and rank-major (``bounds[r] == (r·n, (r+1)·n)``); otherwise each
   rank's range is zero-padded to the longest in a ``W × longest`` staging buffer, which
   is gathered and the other ranks' ranges copied out of when it lands.
 

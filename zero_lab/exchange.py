@@ -13,7 +13,8 @@ again. Two choices make up its ``mode``:
   gets one buffer laid out rank by rank (trainable parameters only), parameters are
   views into it, rank r owns its (unequal) segment.
 * ``per_shard`` — otherwise: ``param.data`` is never replaced; the shards are
-  exchanged in place (broadcast) or through a rank-major staging buffer (all-gather).
+  exchanged in place, one unit each (a collective with ``in_place_shards``: broadcast),
+  or through a rank-major staging buffer (all-gather).
 
 **Collective** (``exchange=``), a :class:`~zero_lab.collectives.Collective` registered
 by name in :mod:`zero_lab.collectives`, fills each unit from every rank's range:
