@@ -430,19 +430,18 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             self._partitioner, self._ddp_buckets = partitioner, buckets
             self._built = self._build_shards()
             return
-        if partitioner is self._partitioner and buckets == self._ddp_buckets:
-            return
-        aligned = partitioner(self._param_specs(buckets), self.world_size)
-        if (aligned.shards, aligned.layouts) != (self.partition.shards, self.partition.layouts):
-            wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
-            if partitioner is not self._partitioner:
-                wanted += f", partitioner={partitioner!r}"
-            logger.warning(
-                "zero_lab: the overlap hook brings DDP's buckets after this optimizer built its shards along "
-                "others; they are kept (every bucket is still stepped correctly, only less aligned with DDP's). "
-                "To build them along DDP's buckets once, pass %s to ZeroRedundancyOptimizer",
-                wanted,
-            )
+        if not partitioner.needs_ddp_buckets or (partitioner is self._partitioner and buckets == self._ddp_buckets):
+            return  # the partition does not follow DDP's buckets, or it was built along these
+        wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
+        if partitioner is not self._partitioner:
+            wanted += f" and partitioner={partitioner!r}"
+        logger.warning(
+            "zero_lab: the overlap hook brings DDP's buckets%s after this optimizer built its shards along other "
+            "ones; they are kept (every bucket is still stepped correctly, only less aligned with DDP's). To build "
+            "them along DDP's buckets once, pass %s to ZeroRedundancyOptimizer",
+            f" and shard_buckets={shard_buckets}" if partitioner is not self._partitioner else "",
+            wanted,
+        )
 
     def wait_for_exchange(self, params: Iterable[int] | None = None) -> None:
         """Finish an exchange in flight (``prefetch_exchange``): the units holding the
@@ -495,16 +494,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     # ------------------------------------------------------------------ partition
 
-    def _param_specs(self, ddp_buckets: Mapping[int, int] | None = None) -> list[ParamSpec]:
-        """Every parameter's spec, with its DDP bucket from ``ddp_buckets`` (default: the ones given)."""
-        buckets = self._ddp_buckets if ddp_buckets is None else ddp_buckets
+    def _param_specs(self) -> list[ParamSpec]:
         classes = self.group_classes()
         return [
             ParamSpec.of(
                 param,
                 name=name,
                 group=index,
-                bucket=buckets.get(id(param)),
+                bucket=self._ddp_buckets.get(id(param)),
                 elementwise=is_elementwise(classes[index]),
                 stepper=classes[index].__name__,
             )
