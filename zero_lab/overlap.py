@@ -8,6 +8,14 @@ be built with ``overlap_with_ddp=True`` (its ``step()`` is then a no-op)::
     for x in data:
         ddp(x).sum().backward()   # all-reduce, step and parameter exchange happen in here
 
+Creating the hook attaches it to the optimizer
+(:meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.attach_ddp`) with DDP's buckets as
+:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: an optimizer still waiting for
+them builds its partition now, once; one built already (``ddp_buckets=`` at construction, as
+the app passes) keeps it. The hook is then the optimizer's exchange:
+``exchange_report()`` is its ``overlap_per_bucket`` (broadcasts, so ``exchange="auto"`` means
+broadcast and ``"all_gather"`` is refused by the optimizer's constructor).
+
 Algorithm. For each gradient bucket, DDP calls the hook when the bucket's gradients
 are ready. The hook starts the wrapped all-reduce hook; when it completes, this rank
 steps the shards it owns among the bucket's parameters, with the *reduced* bucket as
@@ -20,7 +28,8 @@ What torch's version cannot do and this one does:
 
 * **every update from iteration 1** — the partition never waits for DDP to
   finalise its buckets: each bucket is planned from ``bucket.parameters()`` when it
-  arrives, so a rebuilt bucket layout only changes how many broadcasts it takes;
+  arrives, so a rebuilt bucket layout (or a partition along other buckets) only changes
+  how many broadcasts it takes;
 * **Gloo** — the exchange runs on its *own* process group and is issued strictly in
   bucket-index order (a lock-protected in-order drain), so no two ranks ever
   interleave collectives differently; backward ends waiting for the exchange;
