@@ -323,7 +323,7 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
         if indices:
             hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
     zero.start_prefetch()
-    if zero.exchange_units == 1 and zero.world_size > 1 and not zero.overlap_with_ddp:
+    if not zero.overlap_with_ddp and zero.world_size > 1 and zero.exchange_units == 1:
         mib = sum(p.numel() * p.element_size() for p in zero.all_params) / 2**20
         warnings.warn(
             f"prefetch_exchange: the parameter exchange is a single buffer ({mib:.2f} MiB), so the first module "
