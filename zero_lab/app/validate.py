@@ -651,7 +651,7 @@ def _specs(cfg: DictConfig, model: torch.nn.Module) -> list[ParamSpec]:
 
 
 def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
-    """With overlap the hook partitions along DDP's buckets: give the specs the buckets DDP would make."""
+    """With overlap the optimizer partitions along DDP's buckets: give the specs the buckets DDP would make."""
     if cfg.overlap:
         model = DdpBuckets.from_bucket_cap_mb(cfg.dist.bucket_cap_mb)
         buckets = iter(model.assign([s.nbytes for s in specs if s.trainable]))
