@@ -96,13 +96,14 @@ class Pending:
 
 
 class Communicator:
-    """Collectives on one process group, metered in :attr:`stats`."""
+    """Collectives on one process group, metered in :attr:`stats` (``stats=``: into another
+    communicator's, e.g. the overlap hooks' own group into the optimizer's)."""
 
-    def __init__(self, process_group: Any = None):
+    def __init__(self, process_group: Any = None, *, stats: CommStats | None = None):
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        self.stats = CommStats()
+        self.stats = stats if stats is not None else CommStats()
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
 
     def count_in_flight(self, start: float, end: float) -> None:

@@ -100,7 +100,7 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, re
         handle = prefetch_exchange(model, opt) if prefetch else None
     units = opt.exchange_units  # with auto undecided: the most any candidate collective would issue
     if prefetch and dist.get_rank() == 1:
-        opt.first_use.note([0, 1])  # a different order on rank 1: rank 0's must win
+        opt.note_first_use([0, 1])  # a different order on rank 1: rank 0's must win
     evals = []
     for step in range(STEPS):
         opt.zero_grad()

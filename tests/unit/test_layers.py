@@ -21,6 +21,7 @@ CORE_MODULES = (
     "zero_lab",
     "zero_lab.optimizer",
     "zero_lab.partition",
+    "zero_lab.ddp_buckets",
     "zero_lab.exchange",
     "zero_lab.collectives",
     "zero_lab.comm",
