@@ -68,9 +68,10 @@ from zero_lab.chained import (
     group_class,
     merge_state_dicts,
 )
+from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
-from zero_lab.exchange import EXCHANGES, ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
+from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.shard_state import merge_states, slice_state
@@ -204,14 +205,14 @@ class DdpStepHook(Protocol):
 def _exchange_of(exchange: str, overlap_with_ddp: bool) -> str:
     """The collective the optimizer's own exchange uses: ``exchange``, except that with
     overlap the hooks broadcast each DDP bucket, so ``auto`` is ``broadcast`` and
-    ``all_gather`` is refused."""
-    if exchange not in EXCHANGES:
-        raise ValueError(f"exchange={exchange!r} is not one of {list(EXCHANGES)}")
+    any other collective is refused."""
+    if exchange != "auto":
+        collective_named(exchange)  # raises, listing the registered collectives
     if not overlap_with_ddp:
         return exchange
-    if exchange == "all_gather":
+    if exchange not in ("auto", "broadcast"):
         raise ValueError(
-            "exchange='all_gather' with overlap_with_ddp=True: the overlap hooks exchange each DDP bucket by "
+            f"exchange={exchange!r} with overlap_with_ddp=True: the overlap hooks exchange each DDP bucket by "
             "broadcasts from its owners; pass exchange='broadcast' or 'auto' (which is broadcast there)"
         )
     return "broadcast"
@@ -255,7 +256,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             shard without buffers), ``"all_gather"`` (one ``all_gather_into_tensor`` per
             buffer) or ``"auto"`` (time both at the first step, the slowest rank's figures
             decide so all ranks agree; see :meth:`exchange_report`). With overlap the
-            hooks broadcast each DDP bucket: ``auto`` is broadcast, ``all_gather`` is refused.
+            hooks broadcast each DDP bucket: ``auto`` is broadcast, any other collective is refused.
     """
 
     def __init__(
