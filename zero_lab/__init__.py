@@ -6,6 +6,7 @@ opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=
 """
 
 from zero_lab.chained import ChainedOptimizer, merge_state_dicts, split_state_dict
+from zero_lab.collectives import Collective, register_collective
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise, register_elementwise
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Partitioner, SortedGreedy
@@ -16,6 +17,7 @@ ShardedOptimizer = ZeroRedundancyOptimizer
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
     "ChainedOptimizer",
+    "Collective",
     "Flat",
     "Manual",
     "ParamSpec",
@@ -27,6 +29,7 @@ __all__ = [
     "is_elementwise",
     "merge_state_dicts",
     "muon_param_groups",
+    "register_collective",
     "register_elementwise",
     "split_state_dict",
 ]

@@ -10,8 +10,10 @@ counts its payload bytes and calls, and times it. Collectives run on the process
 group's timeout (set at ``init_process_group``), so a lost peer raises instead of hanging.
 
 Blocking collectives (``broadcast_many``, ``all_gather_into``, ``all_reduce``, ...)
-return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``) return
-a :class:`Pending`; its ``wait()`` finishes them. Accounting, in :class:`CommStats`:
+return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``,
+``issue_all_reduce``) return a :class:`Pending`; its ``wait()`` finishes them. The
+parameter exchange's collectives (:mod:`zero_lab.collectives`) are built on these.
+Accounting, in :class:`CommStats`:
 
 * ``bytes``/``calls`` — counted at issue. ``bytes`` is the payload this rank
   contributed to or received from each collective: a broadcast of ``n`` bytes counts
@@ -94,13 +96,14 @@ class Pending:
 
 
 class Communicator:
-    """Collectives on one process group, metered in :attr:`stats`."""
+    """Collectives on one process group, metered in :attr:`stats` (``stats=``: into another
+    communicator's, e.g. the overlap hooks' own group into the optimizer's)."""
 
-    def __init__(self, process_group: Any = None):
+    def __init__(self, process_group: Any = None, *, stats: CommStats | None = None):
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
-        self.stats = CommStats()
+        self.stats = stats if stats is not None else CommStats()
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
 
     def count_in_flight(self, start: float, end: float) -> None:
@@ -144,6 +147,14 @@ class Communicator:
         """Start filling ``output`` (W equal chunks) with every rank's ``local`` chunk, in rank order."""
         return self._issue(
             op, _nbytes(output), 1, lambda: [_all_gather_single(output, local, group=self.group, async_op=True)]
+        )
+
+    def issue_all_reduce(
+        self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"
+    ) -> Pending:
+        """Start reducing ``tensor`` in place across the ranks; ``wait()`` the result."""
+        return self._issue(
+            op, _nbytes(tensor), 1, lambda: [dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True)]
         )
 
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:

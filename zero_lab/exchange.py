@@ -13,23 +13,27 @@ again. Two choices make up its ``mode``:
   gets one buffer laid out rank by rank (trainable parameters only), parameters are
   views into it, rank r owns its (unequal) segment.
 * ``per_shard`` — otherwise: ``param.data`` is never replaced; the shards are
-  exchanged in place (broadcast) or through a rank-major staging buffer (all-gather).
+  exchanged in place, one unit each (a collective with ``in_place_shards``: broadcast),
+  or through a rank-major staging buffer (all-gather).
 
-**Collective** (``exchange=``): ``broadcast`` — one broadcast per rank of its range of
-each buffer (per shard in the ``per_shard`` layout); ``all_gather`` — one
+**Collective** (``exchange=``), a :class:`~zero_lab.collectives.Collective` registered
+by name in :mod:`zero_lab.collectives`, fills each unit from every rank's range:
+``broadcast`` — one broadcast per rank of its range of each buffer (per shard in the
+``per_shard`` layout, its ``in_place_shards``); ``all_gather`` — one
 ``all_gather_into_tensor`` per buffer (unequal segments are padded to the longest in
-a staging buffer); ``auto`` — at the first exchange, both are timed on a bounded
-sample (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, cut in W equal ranges:
-W broadcasts against one all-gather, in the exchange's dtype and device; one warm-up,
-then :data:`TUNE_REPS` alternating repetitions), so the trial never stages a model-sized
-copy and the first step peaks no higher than the chosen exchange does; each rank takes
-its fastest repetition per candidate (load from other processes only ever adds time, so
-the minimum is the least disturbed figure), scaled from the sample's bytes to the whole
-exchange's; an all-reduce MAX makes the slowest rank's figures decide, so every rank
-picks the same; then the exchange runs with the choice. The sample measures bandwidth,
-not the per-call cost of ``per_shard``'s one broadcast per tensor. The choice, the
-timings and the sample's size are in :meth:`ParamExchange.report`. On one host with Gloo
-broadcasts win by 4-6x; on NCCL all-gather usually does.
+a staging buffer); ``auto`` — at the first exchange, every registered collective is
+timed on a bounded sample (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, cut
+in W equal ranges, e.g. W broadcasts against one all-gather, in the exchange's dtype and
+device; one warm-up, then :data:`TUNE_REPS` alternating repetitions), so the trial never
+stages a model-sized copy and the first step peaks no higher than the chosen exchange
+does; each rank takes its fastest repetition per candidate (load from other processes
+only ever adds time, so the minimum is the least disturbed figure), scaled from the
+sample's bytes to the whole exchange's; an all-reduce MAX makes the slowest rank's
+figures decide, so every rank picks the same (ties go to the first registered); then
+the exchange runs with the choice. The sample measures bandwidth, not the per-call cost
+of ``per_shard``'s one broadcast per tensor. The choice, the timings and the sample's
+size are in :meth:`ParamExchange.report`. On one host with Gloo broadcasts win by 4-6x;
+on NCCL all-gather usually does.
 
 Every rank issues the same collectives in the same order, because all of it is
 derived from the partition, which every rank computes identically. At world size 1
@@ -47,13 +51,14 @@ all through :class:`~zero_lab.comm.Communicator`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from zero_lab.comm import Communicator, Pending
+from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
+from zero_lab.comm import Communicator
 from zero_lab.partition import Partition
 
 __all__ = [
@@ -67,13 +72,9 @@ __all__ = [
     "share_grads_with_joined",
 ]
 
-#: The collectives an exchange can use, in the order ``auto`` tries them (ties go to the first).
-COLLECTIVES: tuple[str, ...] = ("broadcast", "all_gather")
-#: Accepted values of ``exchange=``.
-EXCHANGES: tuple[str, ...] = ("auto", *COLLECTIVES)
 #: Timed repetitions per candidate when ``exchange="auto"`` (after one warm-up each).
 TUNE_REPS = 3
-#: Most bytes the ``auto`` trial stages: both candidates are timed on a sample this large.
+#: Most bytes the ``auto`` trial stages: every candidate is timed on a sample this large.
 TUNE_SAMPLE_BYTES = 16 << 20
 
 
@@ -83,7 +84,7 @@ class ExchangeReport:
 
     mode: str  # "<layout>_<collective>", e.g. "flat_broadcast"
     layout: str  # "flat", "bucket" or "per_shard"
-    collective: str  # "broadcast", "all_gather", "auto" (not decided yet) or "none" (world size 1)
+    collective: str  # a registered collective's name, "auto" (not decided yet) or "none" (world size 1)
     requested: str  # the constructor's exchange=
     timings_s: dict[str, float] = field(default_factory=dict)  # auto: fastest exchange per candidate
     sample_bytes: int = 0  # auto: the bytes each candidate was timed on (scaled to the whole exchange)
@@ -97,24 +98,6 @@ class ExchangeReport:
             "timings_s": dict(self.timings_s),
             "tune_sample_bytes": self.sample_bytes,
         }
-
-
-class InFlight:
-    """One unit's collectives in flight and what to do when they land (copy out of staging)."""
-
-    def __init__(self, pending: Pending, finish: Callable[[], None] | None = None):
-        self.pending = pending
-        self._finish = finish
-        self.done = False
-        self.param_indices: frozenset[int] = frozenset()  # global indices of the parameters it writes
-
-    def wait(self) -> None:
-        if self.done:
-            return
-        self.pending.wait()
-        if self._finish is not None:
-            self._finish()
-        self.done = True
 
 
 class FirstUse:
@@ -150,7 +133,7 @@ class FirstUse:
         if agreed:
             self.position = agreed
 
-    def ordered(self, units: Sequence[_Buffer | _ShardBroadcast]) -> Sequence[_Buffer | _ShardBroadcast]:
+    def ordered(self, units: Sequence[_Unit]) -> Sequence[_Unit]:
         position = self.position
         if not position:
             return units
@@ -214,11 +197,6 @@ class _Buffer:
                 view.copy_(param.data.reshape(-1))
                 param.data = view.view_as(param.data)
 
-    @property
-    def equal_segments(self) -> bool:
-        length = self.bounds[0][1] - self.bounds[0][0]
-        return all(a == r * length and b - a == length for r, (a, b) in enumerate(self.bounds))
-
     def _copy(self, storage: torch.Tensor, ranks: Iterable[int], into_params: bool) -> None:
         """Copy each piece's part inside ``bounds[r]`` (r in ``ranks``) between params and ``storage``."""
         for rank in ranks:
@@ -230,55 +208,45 @@ class _Buffer:
                 param = self.params[piece.param]
                 if into_params and not param.requires_grad:
                     continue
-                flat = param.data.reshape(-1)[piece.start + lo - piece.offset : piece.start + hi - piece.offset]
+                a, b = piece.start + lo - piece.offset, piece.start + hi - piece.offset
                 if into_params:
-                    flat.copy_(storage[lo:hi])
+                    _write_elements(param.data, a, b, storage[lo:hi])
                 else:
-                    storage[lo:hi].copy_(flat)
+                    storage[lo:hi].copy_(param.data.reshape(-1)[a:b])
 
-    def issue(self, comm: Communicator, collective: str) -> InFlight:
-        storage = self.storage
+    def issue(self, comm: Communicator, collective: Collective) -> InFlight:
+        """Fill the buffer with ``collective``; without a view, stage this rank's range first
+        and copy the other ranks' ranges into the parameters when it lands."""
+        if self.storage is not None:
+            return collective.issue(comm, self.storage, self.bounds, collective.label)
+        storage = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        self._copy(storage, [comm.rank], into_params=False)
         others = [r for r in range(comm.world_size) if r != comm.rank]
-        if storage is None:
-            storage = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-            self._copy(storage, [comm.rank], into_params=False)
-        finish = None if self.storage is not None else (lambda: self._copy(storage, others, into_params=True))
-        if collective == "broadcast":
-            segments = [(storage[a:b], rank) for rank, (a, b) in enumerate(self.bounds) if b > a]
-            return InFlight(comm.issue_broadcasts(segments, op="exchange_broadcast"), finish)
-        start, stop = self.bounds[comm.rank]
-        if self.equal_segments:
-            pending = comm.issue_all_gather(storage, storage[start:stop].clone(), op="exchange_all_gather")
-            return InFlight(pending, finish)
-        chunk = max(b - a for a, b in self.bounds)
-        local = torch.zeros(chunk, dtype=self.dtype, device=self.device)
-        local[: stop - start].copy_(storage[start:stop])
-        gathered = torch.empty(chunk * comm.world_size, dtype=self.dtype, device=self.device)
-        pending = comm.issue_all_gather(gathered, local, op="exchange_all_gather")
-
-        def unpad() -> None:
-            for rank in others:
-                a, b = self.bounds[rank]
-                storage[a:b].copy_(gathered[rank * chunk : rank * chunk + b - a])
-            if finish is not None:
-                finish()
-
-        return InFlight(pending, unpad)
+        inflight = collective.issue(comm, storage, self.bounds, collective.label)
+        return inflight.then(lambda: self._copy(storage, others, into_params=True))
 
 
-class _ShardBroadcast:
-    """One shard broadcast in place from its owner (``per_shard`` layout, broadcast)."""
+class _Shard:
+    """One shard filled in place from its owner (``per_shard`` layout, a collective with ``in_place_shards``)."""
 
-    def __init__(self, params: list[torch.Tensor], param: int, start: int, stop: int, owner: int):
+    def __init__(self, params: list[torch.Tensor], param: int, start: int, stop: int, owner: int, world_size: int):
         self.params = params
         self.param_indices = frozenset((param,))
-        self.index, self.start, self.stop, self.owner = param, start, stop, owner
+        self.index, self.start, self.stop = param, start, stop
+        # the shard is the whole of its unit: empty ranges before and after the owner's
+        numel = stop - start
+        self.bounds = [(0, 0)] * owner + [(0, numel)] + [(numel, numel)] * (world_size - owner - 1)
 
-    def issue(self, comm: Communicator, collective: str) -> InFlight:
-        param = self.params[self.index]
-        whole = self.start == 0 and self.stop == param.numel()
-        tensor = param.data if whole else param.data.view(-1)[self.start : self.stop]
-        return InFlight(comm.issue_broadcasts([(tensor, self.owner)], op="exchange_broadcast"))
+    def issue(self, comm: Communicator, collective: Collective) -> InFlight:
+        param = self.params[self.index].data
+        if param.is_contiguous():
+            return collective.issue(comm, param.view(-1)[self.start : self.stop], self.bounds, collective.label)
+        staged = param.reshape(-1)[self.start : self.stop].clone()  # fill a copy; write it back when it lands
+        inflight = collective.issue(comm, staged, self.bounds, collective.label)
+        return inflight.then(lambda: _write_elements(param, self.start, self.stop, staged))
+
+
+_Unit = _Buffer | _Shard
 
 
 class ParamExchange:
@@ -297,8 +265,8 @@ class ParamExchange:
         bucket_view: bool,
         exchange: str = "auto",
     ):
-        if exchange not in EXCHANGES:
-            raise ValueError(f"exchange={exchange!r} is not one of {list(EXCHANGES)}")
+        if exchange != "auto":
+            collective_named(exchange)  # a clear error naming the registered ones
         if bucket_view and not partition.is_whole and not partition.layouts:
             raise ValueError(
                 "parameters_as_bucket_view=True needs a whole-parameter partition or one with buffer layouts "
@@ -313,9 +281,9 @@ class ParamExchange:
         self.timings_s: dict[str, float] = {}
         self.sample_bytes = 0
         self.buffers: list[_Buffer] = []
-        self._shard_units: list[_ShardBroadcast] = []
+        self._shard_units: list[_Shard] = []
         self._inflight: list[tuple[frozenset[int], InFlight]] = []
-        self._first_use_order: tuple[str, Sequence[_Buffer | _ShardBroadcast]] | None = None  # (collective, units)
+        self._first_use_order: tuple[str, Sequence[_Unit]] | None = None  # (collective, units)
         self.rebuild()
 
     # ------------------------------------------------------------------ layout
@@ -355,7 +323,7 @@ class ParamExchange:
             if pieces
         ]
         self._shard_units = [
-            _ShardBroadcast(self.params, s.param, s.start, s.stop, s.rank)
+            _Shard(self.params, s.param, s.start, s.stop, s.rank, self.partition.world_size)
             for s in sorted(self.partition.shards, key=lambda s: (s.param, s.start))
             if trainable[s.param]
         ]
@@ -382,11 +350,13 @@ class ParamExchange:
 
     @property
     def unit_count(self) -> int:
-        candidates = COLLECTIVES if self.collective not in COLLECTIVES else (self.collective,)
+        names = registered_collectives()
+        candidates = names if self.collective not in names else (self.collective,)
         return max(len(self._units(c)) for c in candidates)
 
-    def _units(self, collective: str) -> Sequence[_Buffer | _ShardBroadcast]:
-        if self.layout == "per_shard" and collective == "broadcast":
+    def _units(self, collective: str) -> Sequence[_Unit]:
+        """The units ``collective`` fills: single shards or buffers (see ``Collective.in_place_shards``)."""
+        if self.layout == "per_shard" and collective_named(collective).in_place_shards:
             return self._shard_units
         return self.buffers
 
@@ -407,10 +377,11 @@ class ParamExchange:
             first_use.agree(self.comm, len(self.params), self.params[0].device)
         if self.collective == "auto":
             self._tune()  # on a bounded sample; then this exchange runs with the choice
+        collective = collective_named(self.collective)
         for unit in self._issue_order(first_use):
-            self._inflight.append((unit.param_indices, unit.issue(self.comm, self.collective)))
+            self._inflight.append((unit.param_indices, unit.issue(self.comm, collective)))
 
-    def _issue_order(self, first_use: FirstUse | None) -> Sequence[_Buffer | _ShardBroadcast]:
+    def _issue_order(self, first_use: FirstUse | None) -> Sequence[_Unit]:
         """The units of this collective in first-use order once agreed (sorted once per build), else build order."""
         units = self._units(self.collective)
         if first_use is None or not first_use.position:
@@ -441,38 +412,35 @@ class ParamExchange:
         self._inflight = keep
 
     def _tune(self) -> None:
-        """Time every collective on a bounded sample; the max over ranks decides (see module docstring)."""
+        """Time every registered collective on a bounded sample; the max over ranks decides (see module docstring)."""
         trainable = [s for s in self.partition.shards if self.params[s.param].requires_grad]
         first = self.params[trainable[0].param] if trainable else self.params[0]
         dtype, device, world = first.dtype, first.device, self.comm.world_size
         total_bytes = sum(s.numel * self.params[s.param].element_size() for s in trainable)
         chunk = max(1, min(total_bytes, TUNE_SAMPLE_BYTES) // first.element_size() // world)
         scratch = torch.zeros(chunk * world, dtype=dtype, device=device)
-        local = torch.zeros(chunk, dtype=dtype, device=device)
         self.sample_bytes = scratch.numel() * scratch.element_size()
         scale = max(total_bytes, 1) / self.sample_bytes
+        bounds = [(r * chunk, (r + 1) * chunk) for r in range(world)]
+        candidates = registered_collectives()
 
-        def timed(collective: str) -> float:
+        def timed(name: str) -> float:
             start = time.perf_counter()
-            if collective == "broadcast":
-                ranges = [(scratch[r * chunk : (r + 1) * chunk], r) for r in range(world)]
-                self.comm.issue_broadcasts(ranges, op="exchange_tune").wait()
-            else:
-                self.comm.issue_all_gather(scratch, local, op="exchange_tune").wait()
+            collective_named(name).issue(self.comm, scratch, bounds, "exchange_tune").wait()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return time.perf_counter() - start
 
-        for collective in COLLECTIVES:
-            timed(collective)
-        samples: dict[str, list[float]] = {c: [] for c in COLLECTIVES}
+        for name in candidates:
+            timed(name)
+        samples: dict[str, list[float]] = {name: [] for name in candidates}
         for _ in range(TUNE_REPS):
-            for collective in COLLECTIVES:
-                samples[collective].append(timed(collective))
-        mine = torch.tensor([min(samples[c]) * scale for c in COLLECTIVES], dtype=torch.float64)
+            for name in candidates:
+                samples[name].append(timed(name))
+        mine = torch.tensor([min(samples[name]) * scale for name in candidates], dtype=torch.float64)
         agreed = self.comm.all_reduce(mine.to(device), dist.ReduceOp.MAX, op="exchange_tune")
-        self.timings_s = dict(zip(COLLECTIVES, agreed.cpu().tolist()))
-        self.collective = min(COLLECTIVES, key=lambda c: self.timings_s[c])
+        self.timings_s = dict(zip(candidates, agreed.cpu().tolist()))
+        self.collective = min(candidates, key=lambda name: self.timings_s[name])
 
 
 # ---------------------------------------------------------------------- overlap hooks' sends
@@ -493,12 +461,21 @@ def issue_owner_broadcast(
 def _pack(buffer: torch.Tensor, pieces: Sequence[tuple[torch.Tensor, int, int]], into_params: bool) -> None:
     offset = 0
     for param, a, b in pieces:
-        flat = param.data.reshape(-1)[a:b]
         if into_params:
-            flat.copy_(buffer[offset : offset + b - a])
+            _write_elements(param.data, a, b, buffer[offset : offset + b - a])
         else:
-            buffer[offset : offset + b - a].copy_(flat)
+            buffer[offset : offset + b - a].copy_(param.data.reshape(-1)[a:b])
         offset += b - a
+
+
+def _write_elements(tensor: torch.Tensor, start: int, stop: int, values: torch.Tensor) -> None:
+    """``tensor.view(-1)[start:stop] = values``, also for a non-contiguous tensor (whose reshape is a copy)."""
+    if tensor.is_contiguous():
+        tensor.view(-1)[start:stop].copy_(values)
+        return
+    flat = tensor.reshape(-1)
+    flat[start:stop].copy_(values)
+    tensor.copy_(flat.view_as(tensor))
 
 
 # ---------------------------------------------------------------------- Join

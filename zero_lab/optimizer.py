@@ -21,11 +21,18 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
    the next forward waits for it module by module; every method below that reads
    parameters or optimizer state waits for it first.
 
-The shard API other modules use (overlap hooks, checkpoints): :attr:`all_params`,
+With ``overlap_with_ddp=True`` a DDP comm hook (:mod:`zero_lab.overlap`) steps and
+exchanges each gradient bucket inside backward instead (``step()`` does nothing). The
+partition is built once: along ``ddp_buckets=`` when given (the app passes
+:func:`zero_lab.ddp_buckets.ddp_bucket_map`), else when the hook attaches with DDP's
+buckets (:meth:`attach_ddp`), as torch's class too waits for them.
+
+The shard API other modules use (overlap hooks, prefetch, checkpoints): :attr:`all_params`,
 :meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
 :meth:`load_shard_states`, :attr:`communicator`, :meth:`repartition` (the one way to
 change the partitioner, which rebuilds the local optimizer *and* the exchange),
-:meth:`wait_for_exchange` and :meth:`track_in_flight`.
+:meth:`attach_ddp` (the overlap hook), :meth:`wait_for_exchange`, :meth:`track_in_flight`,
+:meth:`start_prefetch` / :meth:`stop_prefetch` and :meth:`note_first_use`.
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
@@ -41,9 +48,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -61,6 +68,7 @@ from zero_lab.chained import (
     group_class,
     merge_state_dicts,
 )
+from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
@@ -69,7 +77,7 @@ from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, Sor
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.torch_compat import TorchPrivateNames
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits"]
+__all__ = ["ELEMENTWISE_OPTIMIZERS", "DdpStepHook", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +178,46 @@ class LocalShard:
     tensor: torch.Tensor
 
 
+@dataclass
+class _Shards:
+    """What the partition decides, built together once (``ZeroRedundancyOptimizer._shards``)."""
+
+    partition: Partition
+    trainable: list[bool]
+    exchange: ParamExchange
+    optim: ChainedOptimizer = field(init=False)
+    local_index: list[int] = field(default_factory=list)  # local position -> global index
+    # (tensor, param, start, stop): tensors standing in for a parameter, and the fp32 masters among them
+    proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)
+    masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)
+
+
+@runtime_checkable
+class DdpStepHook(Protocol):
+    """What steps the optimizer inside DDP's backward instead of :meth:`~ZeroRedundancyOptimizer.step`
+    (:mod:`zero_lab.overlap`'s hooks, registered with :meth:`~ZeroRedundancyOptimizer.attach_ddp`):
+    it exchanges the parameters itself, so it reports how (``requested``: the constructor's ``exchange=``).
+    """
+
+    def exchange_report(self, requested: str) -> ExchangeReport: ...
+
+
+def _exchange_of(exchange: str, overlap_with_ddp: bool) -> str:
+    """The collective the optimizer's own exchange uses: ``exchange``, except that with
+    overlap the hooks broadcast each DDP bucket, so ``auto`` is ``broadcast`` and
+    any other collective is refused."""
+    if exchange != "auto":
+        collective_named(exchange)  # raises, listing the registered collectives
+    if not overlap_with_ddp:
+        return exchange
+    if exchange not in ("auto", "broadcast"):
+        raise ValueError(
+            f"exchange={exchange!r} with overlap_with_ddp=True: the overlap hooks exchange each DDP bucket by "
+            "broadcasts from its owners; pass exchange='broadcast' or 'auto' (which is broadcast there)"
+        )
+    return "broadcast"
+
+
 class _ZeroJoinHook(JoinHook):
     """On a rank that ran out of inputs: take part in the step of the ranks still training."""
 
@@ -180,7 +228,7 @@ class _ZeroJoinHook(JoinHook):
         self.zero._step_as_joined()
 
     def post_hook(self, is_last_joiner: bool) -> None:
-        self.zero._join_active = False
+        self.zero._end_join()
 
 
 class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
@@ -195,6 +243,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         overlap_with_ddp: step inside a DDP comm hook (see ``zero_lab.overlap``).
         partitioner: a :class:`~zero_lab.partition.Partitioner` (default sorted-greedy,
             the assignment torch's class makes; DDP-bucket with overlap).
+        ddp_buckets: DDP's gradient bucket of each parameter, ``{id(param): bucket}``
+            (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), for partitioners that follow
+            them (``DdpBucket``). With ``overlap_with_ddp=True`` and none given, the shards
+            are built when the overlap hook brings them (:meth:`attach_ddp`), as torch's
+            class waits for DDP's buckets too, or when something reads them first.
         master_weights: keep this rank's shards of low-precision (bf16/fp16) parameters
             as fp32 masters: the optimizer and its state work in fp32, each step writes
             the rounded result back into the parameter, and the low-precision copy is
@@ -202,7 +255,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         exchange: ``"broadcast"`` (one broadcast per rank's range of each buffer, or per
             shard without buffers), ``"all_gather"`` (one ``all_gather_into_tensor`` per
             buffer) or ``"auto"`` (time both at the first step, the slowest rank's figures
-            decide so all ranks agree; see :meth:`exchange_report`).
+            decide so all ranks agree; see :meth:`exchange_report`). With overlap the
+            hooks broadcast each DDP bucket: ``auto`` is broadcast, any other collective is refused.
     """
 
     def __init__(
@@ -215,11 +269,13 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         partitioner: Partitioner | None = None,
         master_weights: bool = False,
         exchange: str = "auto",
+        ddp_buckets: Mapping[int, int] | None = None,
         **defaults: Any,
     ):
         groups = _normalize_params(params)
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass, got {optimizer_class!r}")
+        self._exchange_collective = _exchange_of(exchange, overlap_with_ddp)
         self._initialized = False
         self._optimizer_class = optimizer_class
         Optimizer.__init__(self, groups, defaults)
@@ -240,29 +296,57 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self.parameters_as_bucket_view = parameters_as_bucket_view
         default = DdpBucket() if overlap_with_ddp else SortedGreedy()
         self._partitioner: Partitioner = partitioner if partitioner is not None else default
-        self._ddp_buckets: dict[int, int] = {}  # id(param) -> DDP bucket, once attached to DDP
+        self._ddp_buckets: dict[int, int] = dict(ddp_buckets or {})  # id(param) -> DDP bucket
+        self._ddp_hook: DdpStepHook | None = None  # steps and exchanges instead of step() (attach_ddp)
         self.master_weights = master_weights
         self._optim_defaults = defaults
         self._default_device = self.all_params[0].device
         self._join_active = False
-        self._state_touched = False  # a step or load_state_dict happened (overlap must attach before)
+        self._state_touched = False  # a step or load_state_dict happened (repartition must come before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
         self.local_step_seconds = 0.0  # running total of this rank's local optimizer steps (no exchange)
-        self.async_exchange = False  # set by zero_lab.overlap.prefetch_exchange
-        self.first_use = FirstUse()  # noted by prefetch_exchange's pre-hooks: the exchange's issue order
-        self._build_shards()
+        self._async_exchange = False  # start_prefetch / stop_prefetch
+        self._first_use = FirstUse()  # note_first_use (prefetch's pre-hooks): the exchange's issue order
+        self._built: _Shards | None = None
+        if not overlap_with_ddp or ddp_buckets is not None:
+            self._built = self._build_shards()  # else when the overlap hook brings DDP's buckets
         self._initialized = True
 
-    def _build_shards(self) -> None:
-        """Partition, exchange and local optimizer, always rebuilt together."""
-        self.partition = self._compute_partition()
-        self._trainable = [p.requires_grad for p in self.all_params]
-        self._exchange = ParamExchange(
-            self.all_params, self.partition, self._comm, self.parameters_as_bucket_view, self._exchange_choice
+    def _build_shards(self) -> _Shards:
+        """Partition, exchange and local optimizer, always built together."""
+        partition = self._compute_partition()
+        shards = _Shards(
+            partition,
+            [p.requires_grad for p in self.all_params],
+            ParamExchange(
+                self.all_params, partition, self._comm, self.parameters_as_bucket_view, self._exchange_collective
+            ),
         )
-        self._optim = ChainedOptimizer(self._local_param_groups(), self._optimizer_class, **self._optim_defaults)
-        self._sync_param_groups(self._optim.param_groups, self.param_groups)
+        shards.optim = ChainedOptimizer(self._local_param_groups(shards), self._optimizer_class, **self._optim_defaults)
+        self._sync_param_groups(shards.optim.param_groups, self.param_groups)
+        return shards
+
+    @property
+    def _shards(self) -> _Shards:
+        """The shards, built once: at construction, or with ``overlap_with_ddp=True`` and no
+        ``ddp_buckets`` by :meth:`attach_ddp` (or here, by whatever reads them first)."""
+        if self._built is None:
+            self._built = self._build_shards()
+        return self._built
+
+    @property
+    def partition(self) -> Partition:
+        """Who steps which elements of which parameter (change it only via :meth:`repartition`)."""
+        return self._shards.partition
+
+    @property
+    def _exchange(self) -> ParamExchange:
+        return self._shards.exchange
+
+    @property
+    def _optim(self) -> ChainedOptimizer:
+        return self._shards.optim
 
     # ------------------------------------------------------------------ shard API
     @property
@@ -303,7 +387,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def local_shards(self) -> list[LocalShard]:
         """The shards this rank steps, with the tensor its local optimizer holds for each."""
         params = self.all_params
-        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._proxies}
+        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._shards.proxies}
         return [
             LocalShard(
                 s.param, params[s.param], s.start, s.stop, proxies.get((id(params[s.param]), s.start), params[s.param])
@@ -311,21 +395,54 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             for s in self.partition.shards_of(self.rank)
         ]
 
-    def repartition(self, partitioner: Partitioner | None = None, ddp_buckets: dict[int, int] | None = None) -> None:
+    def repartition(self, partitioner: Partitioner | None = None, ddp_buckets: Mapping[int, int] | None = None) -> None:
         """Re-partition (a new ``partitioner`` and/or DDP's buckets, ``{id(param): bucket}``),
         rebuilding the local optimizer and the exchange. Only before the first step and
         before ``load_state_dict``; collective in effect (call on every rank)."""
         if self._state_touched:
-            raise RuntimeError(
-                "repartition (and creating the overlap hook) must happen before the first step and "
-                "before load_state_dict()"
-            )
-        self._exchange.wait()
+            raise RuntimeError("repartition must happen before the first step and before load_state_dict()")
+        if self._built is not None:
+            self._built.exchange.wait()
         if partitioner is not None:
             self._partitioner = partitioner
         if ddp_buckets is not None:
             self._ddp_buckets = dict(ddp_buckets)
-        self._build_shards()
+        self._built = self._build_shards()
+
+    def attach_ddp(self, hook: DdpStepHook, ddp_buckets: Mapping[int, int], shard_buckets: bool = False) -> None:
+        """Let ``hook`` step this optimizer inside DDP's backward (``overlap_with_ddp=True``;
+        :mod:`zero_lab.overlap` calls this, on every rank, when its hook is created).
+
+        ``hook`` exchanges the parameters itself and provides :meth:`exchange_report`.
+        ``ddp_buckets`` (``{id(param): bucket}``) and ``shard_buckets`` (for ``DdpBucket``)
+        are what the partition follows. Shards not built yet are built now, along them.
+        Shards already built are kept, never rebuilt: the hook plans each bucket from the
+        parameters it holds, so a partition along other buckets is as correct, only less
+        aligned; a warning then names the constructor arguments that build it aligned once.
+        """
+        if not self._overlap_with_ddp:
+            raise ValueError("attach_ddp: this optimizer steps itself; build it with overlap_with_ddp=True")
+        self._ddp_hook = hook
+        partitioner = self._partitioner
+        if isinstance(partitioner, DdpBucket) and partitioner.shard_buckets != shard_buckets:
+            partitioner = DdpBucket(shard_buckets=shard_buckets, cost=partitioner.cost)
+        buckets = dict(ddp_buckets)
+        if self._built is None:
+            self._partitioner, self._ddp_buckets = partitioner, buckets
+            self._built = self._build_shards()
+            return
+        if not partitioner.needs_ddp_buckets or (partitioner is self._partitioner and buckets == self._ddp_buckets):
+            return  # the partition does not follow DDP's buckets, or it was built along these
+        wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
+        if partitioner is not self._partitioner:
+            wanted += f" and partitioner={partitioner!r}"
+        logger.warning(
+            "zero_lab: the overlap hook brings DDP's buckets%s after this optimizer built its shards along other "
+            "ones; they are kept (every bucket is still stepped correctly, only less aligned with DDP's). To build "
+            "them along DDP's buckets once, pass %s to ZeroRedundancyOptimizer",
+            f" and shard_buckets={shard_buckets}" if partitioner is not self._partitioner else "",
+            wanted,
+        )
 
     def wait_for_exchange(self, params: Iterable[int] | None = None) -> None:
         """Finish an exchange in flight (``prefetch_exchange``): the units holding the
@@ -337,11 +454,37 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         the parameters with global indices ``params``, e.g. the overlap hooks' sends)."""
         self._exchange.track(params, inflight)
 
+    @property
+    def async_exchange(self) -> bool:
+        """True between :meth:`start_prefetch` and :meth:`stop_prefetch`: ``step()`` only issues the exchange."""
+        return self._async_exchange
+
+    @property
+    def first_use(self) -> FirstUse:
+        """The order a forward first reads the parameters (:meth:`note_first_use`), which the
+        exchange issues its units in."""
+        return self._first_use
+
+    def start_prefetch(self) -> None:
+        """From now on ``step()`` only issues the exchange; whoever reads a parameter waits for
+        it first (:func:`zero_lab.overlap.prefetch_exchange`'s forward pre-hooks)."""
+        self._async_exchange = True
+
+    def stop_prefetch(self) -> None:
+        """Wait for an exchange in flight; ``step()`` exchanges synchronously again."""
+        self._exchange.wait()
+        self._async_exchange = False
+
+    def note_first_use(self, params: Iterable[int]) -> None:
+        """A forward is about to read the parameters with these global indices (see :attr:`first_use`)."""
+        self._first_use.note(params)
+
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first
-        step also the measured time of each candidate (max over ranks)."""
-        if self._overlap_with_ddp:
-            return ExchangeReport("overlap_per_bucket", "overlap", "broadcast", self._exchange_choice)
+        step also the measured time of each candidate (max over ranks). With an overlap
+        hook attached (:meth:`attach_ddp`), the hook's own report."""
+        if self._ddp_hook is not None:
+            return self._ddp_hook.exchange_report(self._exchange_choice)
         return self._exchange.report()
 
     @property
@@ -372,18 +515,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         check_partition_fits(partition, self._optimizer_class, self.partitioner, self.group_classes())
         return partition
 
-    def _local_param_groups(self, first_group: int = 0) -> list[dict[str, Any]]:
+    def _local_param_groups(self, shards: _Shards, first_group: int = 0) -> list[dict[str, Any]]:
         """Local groups for global groups ``first_group..``, holding this rank's shard tensors.
 
-        Appends to ``_local_index`` (local position -> global index, in the order the
-        local optimizer numbers its parameters) and ``_proxies`` (tensors standing in
+        Appends to ``shards.local_index`` (local position -> global index, in the order the
+        local optimizer numbers its parameters), ``shards.proxies`` (tensors standing in
         for a parameter: slices always, whole parameters too with overlap, where the
-        step must not touch ``param.grad`` while autograd may be writing it).
+        step must not touch ``param.grad`` while autograd may be writing it) and
+        ``shards.masters`` (the fp32 proxies to write back).
         """
-        if first_group == 0:
-            self._local_index: list[int] = []
-            self._proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # (proxy, param, start, stop)
-            self._masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []  # fp32 proxies to write back
         params = self.all_params
         local = [
             {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
@@ -391,8 +531,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             for g in self.param_groups[first_group:]
         ]
         members: list[list[int]] = [[] for _ in local]
-        for shard in self.partition.shards_of(self.rank):
-            group = self.partition.specs[shard.param].group
+        for shard in shards.partition.shards_of(self.rank):
+            group = shards.partition.specs[shard.param].group
             if group < first_group:
                 continue
             param = params[shard.param]
@@ -404,12 +544,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 tensor = param.detach() if whole else param.data.view(-1)[shard.start : shard.stop]
                 if master:
                     tensor = tensor.float().clone()
-                    self._masters.append((tensor, param, shard.start, shard.stop))
-                self._proxies.append((tensor, param, shard.start, shard.stop))
+                    shards.masters.append((tensor, param, shard.start, shard.stop))
+                shards.proxies.append((tensor, param, shard.start, shard.stop))
             local[group - first_group]["params"].append(tensor)
             members[group - first_group].append(shard.param)
         for indices in members:
-            self._local_index.extend(indices)
+            shards.local_index.extend(indices)
         return local
 
     # ------------------------------------------------------------------ stepping
@@ -424,26 +564,26 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                     dst_group[key] = value
 
     def _point_proxy_grads(self) -> None:
-        for proxy, param, start, stop in self._proxies:
+        for proxy, param, start, stop in self._shards.proxies:
             grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
             proxy.grad = grad if grad is None else grad.to(proxy.dtype)
 
     def _release_proxy_grads(self) -> None:
-        for proxy, *_ in self._proxies:
+        for proxy, *_ in self._shards.proxies:
             proxy.grad = None
         self._write_back_masters()
 
     def _write_back_masters(self, only: set[int] | None = None) -> None:
         """Round the fp32 masters (all, or those whose ``id`` is in ``only``) into their parameters."""
-        for master, param, start, stop in self._masters:
+        for master, param, start, stop in self._shards.masters:
             if only is None or id(master) in only:
                 param.data.reshape(-1)[start:stop].copy_(master.reshape(-1))
 
     def _refresh_trainability(self) -> None:
         trainable = [p.requires_grad for p in self.all_params]
-        if trainable != self._trainable:
+        if trainable != self._shards.trainable:
             logger.info("zero_lab: trainable parameters changed; rebuilding the parameter exchange")
-            self._trainable = trainable
+            self._shards.trainable = trainable
             self._exchange.rebuild()
 
     def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
@@ -490,8 +630,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return loss
 
     def _exchange_params(self) -> None:
-        if self.async_exchange:
-            self._exchange.start(self.first_use)
+        if self._async_exchange:
+            self._exchange.start(self._first_use)
         else:
             self._exchange.run()
 
@@ -527,12 +667,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         and every gradient is scaled as ``torch.nn.utils.clip_grad_norm_`` would.
         Returns the total norm. Call it between ``backward()`` and ``step()``.
         """
-        self._exchange.wait()
         if self._overlap_with_ddp:
             raise RuntimeError(
                 "clip_grad_norm_ needs every gradient before the step, but with overlap_with_ddp=True the step "
                 "runs inside backward; clip without overlap (overlap=false)"
             )
+        self._exchange.wait()
         norm_type = float(norm_type)
         params = self.all_params
         pieces = [
@@ -567,7 +707,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""
-        return sum(master.numel() * master.element_size() for master, *_ in self._masters)
+        return sum(master.numel() * master.element_size() for master, *_ in self._shards.masters)
 
     @property
     def comm_stats(self) -> CommStats:
@@ -576,7 +716,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     @property
     def exchange_mode(self) -> str:
-        """``<layout>_<collective>`` (e.g. ``flat_broadcast``), or ``overlap_per_bucket``."""
+        """``<layout>_<collective>`` (e.g. ``flat_broadcast``), or the overlap hook's (``overlap_per_bucket``)."""
         return self.exchange_report().mode
 
     # ------------------------------------------------------------------ param groups
@@ -592,10 +732,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             super().add_param_group(param_group)
         else:
             self._add_group_of_class(param_group, cls)
-        if not self._initialized:
-            return
-        self._exchange.wait()
-        before = self.partition
+        if not self._initialized or self._built is None:
+            return  # not built yet: built later, with this group
+        shards = self._built
+        shards.exchange.wait()
+        before = shards.partition
         after = self._compute_partition()
         old_params = len(before.specs)
         kept = tuple(s for s in after.shards if s.param < old_params)
@@ -604,12 +745,12 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 f"partitioner {self.partitioner!r} moved existing parameters when a group was added; "
                 "zero_lab needs partitioners that are stable under appended groups"
             )
-        self.partition = after
-        self._trainable = [p.requires_grad for p in self.all_params]
-        self._exchange.update(self.all_params, after)
-        (new_group,) = self._local_param_groups(first_group=len(self.param_groups) - 1)
-        self._optim.add_param_group(new_group)
-        self._sync_param_groups(self._optim.param_groups, self.param_groups)
+        shards.partition = after
+        shards.trainable = [p.requires_grad for p in self.all_params]
+        shards.exchange.update(self.all_params, after)
+        (new_group,) = self._local_param_groups(shards, first_group=len(self.param_groups) - 1)
+        shards.optim.add_param_group(new_group)
+        self._sync_param_groups(shards.optim.param_groups, self.param_groups)
 
     def _add_group_of_class(self, param_group: dict[str, Any], cls: type[Optimizer]) -> None:
         """Add a group of another class, filled with *its* class's defaults (probed on meta
@@ -638,9 +779,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         params = self.all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         local_state = self._optim.state_dict()["state"]
-        masters = {(id(param), start): master for master, param, start, _ in self._masters}
+        masters = {(id(param), start): master for master, param, start, _ in self._shards.masters}
         out = {}
-        for local_index, global_index in enumerate(self._local_index):
+        for local_index, global_index in enumerate(self._shards.local_index):
             state = dict(local_state.get(local_index, {}))
             start, stop = starts.get(global_index, (0, params[global_index].numel()))
             master = masters.get((id(params[global_index]), start))
@@ -739,9 +880,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._exchange.wait()
         params = self.all_params
         bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
-        masters = {(id(param), start): master for master, param, start, _ in self._masters}
+        masters = {(id(param), start): master for master, param, start, _ in self._shards.masters}
         local_state = {}
-        for local_index, global_index in enumerate(self._local_index):
+        for local_index, global_index in enumerate(self._shards.local_index):
             start, stop = bounds[global_index]
             piece = state_of(global_index, start, stop)
             master = masters.get((id(params[global_index]), start))
@@ -778,6 +919,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         """
         self._join_active = True
         return _ZeroJoinHook(self)
+
+    def _end_join(self) -> None:
+        """Every rank joined (Join's post-hook): steps no longer share gradients with joined ranks."""
+        self._join_active = False
 
     @property
     def join_device(self) -> torch.device:

@@ -8,6 +8,14 @@ be built with ``overlap_with_ddp=True`` (its ``step()`` is then a no-op)::
     for x in data:
         ddp(x).sum().backward()   # all-reduce, step and parameter exchange happen in here
 
+Creating the hook attaches it to the optimizer
+(:meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.attach_ddp`) with DDP's buckets as
+:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: an optimizer still waiting for
+them builds its partition now, once; one built already (``ddp_buckets=`` at construction, as
+the app passes) keeps it. The hook is then the optimizer's exchange:
+``exchange_report()`` is its ``overlap_per_bucket`` (broadcasts, so ``exchange="auto"`` means
+broadcast and ``"all_gather"`` is refused by the optimizer's constructor).
+
 Algorithm. For each gradient bucket, DDP calls the hook when the bucket's gradients
 are ready. The hook starts the wrapped all-reduce hook; when it completes, this rank
 steps the shards it owns among the bucket's parameters, with the *reduced* bucket as
@@ -20,7 +28,8 @@ What torch's version cannot do and this one does:
 
 * **every update from iteration 1** — the partition never waits for DDP to
   finalise its buckets: each bucket is planned from ``bucket.parameters()`` when it
-  arrives, so a rebuilt bucket layout only changes how many broadcasts it takes;
+  arrives, so a rebuilt bucket layout (or a partition along other buckets) only changes
+  how many broadcasts it takes;
 * **Gloo** — the exchange runs on its *own* process group and is issued strictly in
   bucket-index order (a lock-protected in-order drain), so no two ranks ever
   interleave collectives differently; backward ends waiting for the exchange;
@@ -70,9 +79,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab.comm import Communicator
-from zero_lab.exchange import InFlight, issue_owner_broadcast
+from zero_lab.ddp_buckets import ddp_bucket_map
+from zero_lab.exchange import ExchangeReport, InFlight, issue_owner_broadcast
 from zero_lab.optimizer import ZeroRedundancyOptimizer
-from zero_lab.partition import DdpBucket, approximate_ddp_buckets
 
 __all__ = ["PrefetchHandle", "hook_with_zero_step", "hook_with_zero_step_interleaved", "prefetch_exchange"]
 
@@ -122,18 +131,13 @@ class _OverlapEngine:
         # cycle through the C++ reducer is invisible to the garbage collector (the model would leak)
         self.find_unused = bool(ddp.find_unused_parameters)
         self.interleave = interleave and not self.find_unused
-        partitioner = None
-        if isinstance(zero.partitioner, DdpBucket) and zero.partitioner.shard_buckets != shard_buckets:
-            partitioner = DdpBucket(shard_buckets=shard_buckets)
         ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
-        first_cap = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", 1024 * 1024)
-        sizes = [p.numel() * p.element_size() for p in ddp_params]
-        buckets = approximate_ddp_buckets(sizes, ddp.bucket_bytes_cap, min(first_cap, ddp.bucket_bytes_cap))
-        zero.repartition(partitioner, ddp_buckets={id(p): b for p, b in zip(ddp_params, buckets)})
+        zero.attach_ddp(self, ddp_bucket_map(ddp), shard_buckets)  # builds the shards if still unbuilt
         ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
-        # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces.
-        self.comm = Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group)))
-        self.comm.stats = zero.comm_stats  # the hook's exchange is metered where the optimizer's is
+        # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces;
+        # it is metered where the optimizer's exchange is.
+        group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
+        self.comm = Communicator(group, stats=zero.comm_stats)
         self.trainable = [p.requires_grad for p in zero.all_params]
         self.index_of = {id(p): i for i, p in enumerate(zero.all_params)}
         self.plans: dict[tuple[int, tuple[int, ...]], _BucketPlan] = {}
@@ -146,6 +150,10 @@ class _OverlapEngine:
                 param.register_post_accumulate_grad_hook(lambda p: self.locally_used.add(id(p)))
         self.lock = threading.Lock()
         self._reset()
+
+    def exchange_report(self, requested: str) -> ExchangeReport:
+        """The optimizer's exchange under this hook: each bucket's shards broadcast from their owners."""
+        return ExchangeReport("overlap_per_bucket", "overlap", "broadcast", requested)
 
     def _reset(self) -> None:
         self.ready: dict[int, tuple[_BucketPlan, torch.Tensor]] = {}
@@ -298,8 +306,7 @@ class PrefetchHandle:
 
     def remove(self) -> None:
         """Wait for an exchange in flight, drop the hooks, exchange synchronously again."""
-        self.zero.wait_for_exchange()
-        self.zero.async_exchange = False
+        self.zero.stop_prefetch()
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -315,8 +322,8 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
         indices = tuple(sorted({index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of}))
         if indices:
             hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
-    zero.async_exchange = True
-    if zero.exchange_units == 1 and zero.world_size > 1 and not zero.overlap_with_ddp:
+    zero.start_prefetch()
+    if not zero.overlap_with_ddp and zero.world_size > 1 and zero.exchange_units == 1:
         mib = sum(p.numel() * p.element_size() for p in zero.all_params) / 2**20
         warnings.warn(
             f"prefetch_exchange: the parameter exchange is a single buffer ({mib:.2f} MiB), so the first module "
@@ -333,7 +340,7 @@ def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable
     # collective's completion, which Dynamo would otherwise try to trace into the graph.
     @torch._dynamo.disable
     def wait(module: torch.nn.Module, args: Any) -> None:
-        zero.first_use.note(indices)
+        zero.note_first_use(indices)
         zero.wait_for_exchange(indices)
 
     return wait

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from zero_lab.ddp_buckets import DdpBuckets
+
 __all__ = [
     "COSTS",
     "BucketLayout",
@@ -312,7 +314,7 @@ class Partitioner(Protocol):
     Must be deterministic (every rank computes it independently) and *stable under
     appended groups*: adding a param group must not move earlier groups' shards.
     ``needs_ddp_buckets``: the partition follows ``ParamSpec.bucket`` (DDP's gradient
-    buckets), which only the overlap hooks attach; without them it would be refused.
+    buckets, :mod:`zero_lab.ddp_buckets`), known only with overlap; without them it would be refused.
     """
 
     needs_ddp_buckets: bool
@@ -667,23 +669,9 @@ def _cut(index: int, offset: int, numel: int, chunk: int, world_size: int) -> li
 
 
 def approximate_ddp_buckets(nbytes: Sequence[int], cap_bytes: int, first_cap_bytes: int = 1024 * 1024) -> list[int]:
-    """DDP's gradient bucket of each parameter (given in registration order).
-
-    Mirrors DDP's construction: walk parameters in order, close a bucket once it
-    reaches its cap (the first bucket's cap is ``first_cap_bytes``), then number the
-    buckets in reverse, because gradients become ready roughly last layer first.
-    DDP may rebuild its buckets after the first iteration; the overlap hooks stay
-    correct when it does, they only exchange with more collectives.
-    """
-    buckets: list[int] = []
-    current, filled, cap = 0, 0, first_cap_bytes
-    for size in nbytes:
-        if filled and filled + size > cap:
-            current, filled, cap = current + 1, 0, cap_bytes
-        buckets.append(current)
-        filled += size
-    last = current
-    return [last - b for b in buckets]
+    """DDP's gradient bucket of each parameter (given in registration order): the same as
+    ``DdpBuckets(cap_bytes, first_cap_bytes).assign(nbytes)`` (:mod:`zero_lab.ddp_buckets`)."""
+    return DdpBuckets(cap_bytes, first_cap_bytes).assign(nbytes)
 
 
 class DdpBucket:
@@ -694,9 +682,9 @@ class DdpBucket:
     cut into W contiguous runs of whole parameters of about ``bucket/W`` elements, so
     every rank steps a part of every bucket. Parameters outside DDP's buckets (frozen)
     are placed by sorted-greedy afterwards. ``needs_ddp_buckets``: the specs must carry
-    ``bucket`` indices (the overlap hook attaches them); without any, every parameter
-    would fall back to sorted-greedy. ``cost`` (see :data:`Cost`) is the load the buckets
-    and the split balance.
+    ``bucket`` indices (the optimizer's ``ddp_buckets=``, or the overlap hook when it
+    attaches first); without any, every parameter would fall back to sorted-greedy.
+    ``cost`` (see :data:`Cost`) is the load the buckets and the split balance.
     """
 
     needs_ddp_buckets = True

@@ -5,7 +5,10 @@ a module called twice and a module called out of registration order, and compare
 checksums of the parameters, of an eval forward taken between steps (while a prefetched
 exchange may be in flight) and of the consolidated optimizer state. With prefetch, every
 rank issues the units in rank 0's first-use order (rank 1 is fed a different one), and a
-single-unit exchange is warned about.
+single-unit exchange is warned about. A collective registered by the test (a zero-padded
+all-reduce, one class) trains every layout to the same bits as the broadcasts, and
+``exchange="auto"`` then times it too. A transposed (non-contiguous) weight reaches every
+replica with every collective.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import TiedLM
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.collectives import InFlight, register_collective
+from zero_lab.comm import Communicator
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 
 #: TiedLM's parameters take 288, 512 and 288 bytes by module: a 300-byte cap gives three buffers
@@ -39,6 +44,23 @@ LAYOUTS = {
 #: the forward reads embed, shared, late, then head (embed's weight again)
 FIRST_USE = {2: 0, 3: 1, 4: 2, 0: 3, 1: 4}
 STEPS = 4
+
+
+class PaddedAllReduce:
+    """A collective in one class: every rank zeroes all but its own range, one all-reduce sums them."""
+
+    name = "all_reduce"
+    label = "exchange_all_reduce"
+    in_place_shards = False
+
+    def issue(self, comm: Communicator, storage: torch.Tensor, bounds, op: str) -> InFlight:
+        start, stop = bounds[comm.rank]
+        storage[:start].zero_()
+        storage[stop:].zero_()
+        return InFlight(comm.issue_all_reduce(storage, op=op))
+
+    def nbytes(self, bounds, itemsize: int) -> int:
+        return bounds[-1][1] * itemsize
 
 
 def _tokens(step: int, rank: int) -> torch.Tensor:
@@ -78,7 +100,7 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, re
         handle = prefetch_exchange(model, opt) if prefetch else None
     units = opt.exchange_units  # with auto undecided: the most any candidate collective would issue
     if prefetch and dist.get_rank() == 1:
-        opt.first_use.note([0, 1])  # a different order on rank 1: rank 0's must win
+        opt.note_first_use([0, 1])  # a different order on rank 1: rank 0's must win
     evals = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -116,7 +138,23 @@ def every_mode() -> dict[str, Any]:
     out["repartitioned_flat"] = _train("flat", "broadcast", False, repartition=True)
     out["overlap"] = _train("per_shard", "broadcast", False, overlap=True)
     out["overlap_prefetch"] = _train("per_shard", "broadcast", True, overlap=True)
+    register_collective(PaddedAllReduce)  # in this rank's process only; after the runs above
+    out |= {f"{layout}/all_reduce/False": _train(layout, "all_reduce", False) for layout in LAYOUTS}
+    out["auto_with_all_reduce"] = _train("per_shard", "auto", False)
+    out["transposed"] = {name: _transposed(name) for name in ("broadcast", "all_gather", "all_reduce")}
     return out
+
+
+def _transposed(exchange: str) -> str:
+    """One step of a layer whose weight is a transposed (non-contiguous) tensor, each rank on its own batch."""
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 4)
+    with torch.no_grad():
+        layer.weight = nn.Parameter(torch.arange(12.0).view(3, 4).t() / 10)
+    opt = ZeroRedundancyOptimizer(layer.parameters(), torch.optim.SGD, exchange=exchange, lr=0.1)
+    layer(torch.randn(2, 3, generator=torch.Generator().manual_seed(dist.get_rank()))).sum().backward()
+    opt.step()  # the owner's update must reach the parameter itself on every rank
+    return _digest(p.contiguous() for p in layer.parameters())
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -142,6 +180,13 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
         assert repartitioned["report"]["layout"] == "flat"
         assert rank_result["overlap_prefetch"]["params"] == rank_result["overlap"]["params"]
         assert rank_result["overlap_prefetch"]["evals"] == rank_result["overlap"]["evals"]
+        assert {k for k in plain if "/all_reduce/" in k} == {f"{layout}/all_reduce/False" for layout in LAYOUTS}
+        assert plain["bucket/all_reduce/False"]["report"]["mode"] == "bucket_all_reduce"
+        assert len(set(rank_result["transposed"].values())) == 1
+        assert rank_result["transposed"] == results[0]["transposed"]  # every replica whole
+        registered = rank_result["auto_with_all_reduce"]
+        assert set(registered["report"]["timings_s"]) == {"broadcast", "all_gather", "all_reduce"}
+        assert registered["params"] == plain["per_shard/broadcast/False"]["params"]
     for name in (k for k in results[0] if k.endswith("/auto/False")):
         reports = [r[name]["report"] for r in results]
         assert reports[0]["collective"] in ("broadcast", "all_gather")

@@ -1,7 +1,8 @@
 """docs/core.md runs as written: every ``python`` block, in order, in one fresh interpreter (W=1).
 
 The blocks share one namespace, as a reader pasting them one after another would; the
-figures the page quotes beside its snippets must be what they print.
+figures the page quotes beside its snippets must be what they print, those of the
+"Extending zero_lab" examples (a partitioner, a collective, an optimizer family) included.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ def test_every_snippet_of_the_core_manual_runs(tmp_path):
     quoted_figures = ("SortedGreedy() 2.286", "Flat() 1.0", "Manual(order=['layer*']) 2.286", "1,750,000")
     muon = ("numel (67108864.0, 8388608.0)", "newton_schulz (37748736.0, 37748736.0)", "True False True")
     routed = ("ChainedOptimizer ['Muon', 'AdamW']", "[['1.weight', '3.weight'], ['0.weight'")
-    for quoted in (*quoted_figures, *muon, *routed):
+    partitioner = ("[0, 1, 2, 3, 0] 2.571", "RoundRobin() [0, 0, 0, 0]")
+    collective = ("('broadcast', 'all_gather', 'all_reduce')", "True all_reduce")
+    family = (
+        "False ['NormalizedMomentum', 'AdamW'] ChainedOptimizer",
+        "Flat cuts parameter #0 (shape (64, 32), group 0)",
+        "W=1: 2097152 bytes of state on the worst rank",
+        "W=4: 524288 bytes of state on the worst rank",
+    )
+    for quoted in (*quoted_figures, *muon, *routed, *partitioner, *collective, *family):
         assert quoted in done.stdout, quoted
     assert "ZeRO-1 Flat() + Adam 9.5 MiB of state on the worst rank" in done.stdout
     assert (tmp_path / "outputs" / "core-doc" / "checkpoints" / "step_00000100" / "manifest.json").is_file()

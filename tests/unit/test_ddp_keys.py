@@ -34,3 +34,10 @@ def test_ddp_bucket_on_a_model_of_one_bucket_says_rank_0_keeps_all_state():
     assert "partitioner.shard_buckets=true" in note
     sharded = [*overrides, "partitioner.shard_buckets=true"]
     assert notices(preflight(sharded)[0], sharded) == []
+
+
+def test_all_gather_with_overlap_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError) as caught:
+        preflight(["overlap=true", "exchange=all_gather"])
+    assert "exchange=all_gather: with overlap=true the exchange is per DDP bucket by broadcast" in str(caught.value)
+    assert preflight(["overlap=true", "exchange=broadcast"])[0].exchange == "broadcast"

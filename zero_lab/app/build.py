@@ -11,9 +11,11 @@ three together (the optimizer steps inside DDP's communication hook):
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
    and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
-   ``optim.max_grad_norm`` is the loop's, see :func:`clip_gradients`);
-4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it
-   re-partitions along DDP's buckets, which ``partitioner=ddp_bucket`` follows;
+   ``optim.max_grad_norm`` is the loop's, see :func:`clip_gradients`); with ``overlap=true``
+   also DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`, from the DDP of step 2),
+   so its partition is built once, along them (what ``partitioner=ddp_bucket`` follows);
+4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it steps
+   each bucket inside backward with the shards built in step 3;
 5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
    step only issues the exchange (``exchange=``), the next forward waits per module;
 6. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
@@ -40,6 +42,7 @@ from zero_lab import overlap
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES
 from zero_lab.app.training import Training
+from zero_lab.ddp_buckets import ddp_bucket_map
 
 __all__ = [
     "PARAM_DTYPES",
@@ -89,6 +92,7 @@ def build_training(cfg: DictConfig, device: torch.device) -> Training:
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
         exchange=enum_str(cfg.exchange),
+        ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
     )
     if cfg.overlap:
         _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))

@@ -74,11 +74,19 @@ GROUPS = ("optim", "partitioner", "model", "data", "logger", "scheduler")
 
 #: Constructor arguments the app passes at the call site, never from the config, per group:
 #: the parameters and the ZeRO wiring (``app/build.py``, from the top-level ``bucket_view``,
-#: ``overlap`` and ``exchange`` keys and the ``partitioner`` group; the process group is the world),
-#: the sink's run dir and resolved config (``app/sinks.py``).
+#: ``overlap`` and ``exchange`` keys, the ``partitioner`` group and the DDP wrapper's buckets; the
+#: process group is the world), the sink's run dir and resolved config (``app/sinks.py``).
 SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
     "optim": frozenset(
-        {"params", "process_group", "partitioner", "parameters_as_bucket_view", "overlap_with_ddp", "exchange"}
+        {
+            "params",
+            "process_group",
+            "partitioner",
+            "parameters_as_bucket_view",
+            "overlap_with_ddp",
+            "exchange",
+            "ddp_buckets",
+        }
     ),
     "logger": frozenset({"run_dir", "config"}),
     "scheduler": frozenset({"optimizer"}),

@@ -57,9 +57,10 @@ from zero_lab.app.schema import (
 )
 from zero_lab.chained import group_class
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
+from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import check_partition_fits
-from zero_lab.partition import ParamSpec, Partitioner, approximate_ddp_buckets
+from zero_lab.partition import ParamSpec, Partitioner
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
@@ -452,6 +453,11 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | 
         out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
+    if cfg.overlap and enum_str(cfg.exchange) == "all_gather":
+        out.append(
+            "exchange=all_gather: with overlap=true the exchange is per DDP bucket by broadcast; "
+            "use exchange=broadcast or auto"
+        )
     return out
 
 
@@ -652,10 +658,10 @@ def _specs(cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan) -> list[Par
 
 
 def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
-    """With overlap the hook partitions along DDP's buckets: give the specs the buckets DDP would make."""
+    """With overlap the optimizer partitions along DDP's buckets: give the specs the buckets DDP would make."""
     if cfg.overlap:
-        cap = int(cfg.dist.bucket_cap_mb * 2**20)
-        buckets = iter(approximate_ddp_buckets([s.nbytes for s in specs if s.trainable], cap))
+        model = DdpBuckets.from_bucket_cap_mb(cfg.dist.bucket_cap_mb)
+        buckets = iter(model.assign([s.nbytes for s in specs if s.trainable]))
         specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
     return specs
 

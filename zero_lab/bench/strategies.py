@@ -177,7 +177,7 @@ def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
         zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=LR)
         make_hook = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
         ddp.register_comm_hook(None, make_hook(allreduce_hook, ddp, zero))
-        return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)  # after the hook: it rebuilds zero.optim
+        return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)  # after the hook: it builds zero.optim
 
     return build
 

@@ -1,0 +1,117 @@
+"""The collective registry and the built-in collectives in a world of one (in-process Gloo group).
+
+``COLLECTIVES`` / ``EXCHANGES`` come from the registry; a registered class is accepted by
+``exchange=`` (and named in the error for an unknown one); bad registrations are refused;
+each collective's ``nbytes`` is what the Communicator meters for one ``issue``, under its label.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import profile
+
+from zero_lab import ZeroRedundancyOptimizer, collectives, exchange
+from zero_lab.collectives import (
+    COLLECTIVES,
+    EXCHANGES,
+    AllGather,
+    Broadcast,
+    Collective,
+    InFlight,
+    collective_named,
+    register_collective,
+    registered_collectives,
+)
+from zero_lab.comm import Communicator
+
+
+class PaddedAllReduce:
+    """Every rank zeroes all but its own range; one all-reduce (sum) fills the buffer."""
+
+    name = "all_reduce"
+    label = "exchange_all_reduce"
+    in_place_shards = False
+
+    def issue(self, comm: Communicator, storage: torch.Tensor, bounds, op: str) -> InFlight:
+        start, stop = bounds[comm.rank]
+        storage[:start].zero_()
+        storage[stop:].zero_()
+        return InFlight(comm.issue_all_reduce(storage, op=op))
+
+    def nbytes(self, bounds, itemsize: int) -> int:
+        return bounds[-1][1] * itemsize
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Registrations made in a test vanish after it."""
+    monkeypatch.setattr(collectives, "_REGISTRY", dict(collectives._REGISTRY))
+
+
+def test_the_constants_are_derived_from_the_registry():
+    assert COLLECTIVES == ("broadcast", "all_gather") == registered_collectives()
+    assert EXCHANGES == ("auto", "broadcast", "all_gather")
+    assert exchange.COLLECTIVES is COLLECTIVES and exchange.EXCHANGES is EXCHANGES
+    assert isinstance(collective_named("broadcast"), Broadcast)
+    assert isinstance(collective_named("all_gather"), AllGather)
+    assert all(isinstance(collective_named(name), Collective) for name in COLLECTIVES)
+
+
+def test_a_registered_collective_is_an_exchange(single_rank_group, registry):
+    params = nn.Linear(3, 2).parameters()
+    with pytest.raises(ValueError, match=r"exchange='all_reduce' is not one of \['auto', 'broadcast', 'all_gather'\]"):
+        ZeroRedundancyOptimizer(params, torch.optim.Adam, exchange="all_reduce", lr=1e-2)
+    assert register_collective(PaddedAllReduce) is PaddedAllReduce
+    register_collective(PaddedAllReduce)  # again: a no-op
+    assert registered_collectives() == ("broadcast", "all_gather", "all_reduce")
+    opt = ZeroRedundancyOptimizer(nn.Linear(3, 2).parameters(), torch.optim.Adam, exchange="all_reduce", lr=1e-2)
+    assert opt.exchange_report().requested == "all_reduce"
+    with pytest.raises(ValueError, match=r"not one of \['auto', 'broadcast', 'all_gather', 'all_reduce'\]"):
+        collective_named("ring")
+
+
+def test_bad_registrations_say_what_is_wrong(registry):
+    class NoIssue:
+        name, label, in_place_shards = "no_issue", "exchange_no_issue", False
+
+    class Auto(PaddedAllReduce):
+        name = "auto"
+
+    class Clash(PaddedAllReduce):
+        name = "broadcast"
+
+    with pytest.raises(TypeError, match="NoIssue is not a Collective: it needs name, label"):
+        register_collective(NoIssue)
+    with pytest.raises(ValueError, match="name='auto' is taken"):
+        register_collective(Auto)
+    with pytest.raises(ValueError, match="exchange='broadcast' is already Broadcast; give Clash another name"):
+        register_collective(Clash)
+    assert registered_collectives() == COLLECTIVES
+
+
+@pytest.mark.parametrize("collective", [Broadcast(), AllGather(), PaddedAllReduce()], ids=lambda c: c.name)
+def test_one_issue_meters_nbytes_under_its_label(single_rank_group, collective):
+    comm = Communicator()
+    storage = torch.arange(6, dtype=torch.float32)
+    with profile() as prof:
+        collective.issue(comm, storage, [(0, 6)], collective.label).wait()
+    assert comm.stats.bytes == collective.nbytes([(0, 6)], storage.element_size()) == 24
+    assert comm.stats.calls == 1
+    assert torch.equal(storage, torch.arange(6.0))  # one rank owns it all: nothing changes
+    labels = {e.name for e in prof.events()}
+    assert {f"zero_lab::{collective.label}", f"zero_lab::{collective.label}/wait"} <= labels
+
+
+def test_nbytes_of_uneven_ranges():
+    bounds = [(0, 3), (3, 3), (3, 8)]  # rank 1 owns nothing
+    assert Broadcast().nbytes(bounds, 4) == 32  # two broadcasts, 3 + 5 elements
+    assert AllGather().nbytes(bounds, 4) == 60  # padded to the longest: 3 x 5 elements
+
+
+def test_in_flight_then_runs_after_its_own_finish(single_rank_group):
+    done: list[str] = []
+    inflight = InFlight(Communicator().issue_broadcasts([]), lambda: done.append("unpad"))
+    inflight.then(lambda: done.append("copy out")).wait()
+    assert done == ["unpad", "copy out"]
