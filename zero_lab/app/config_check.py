@@ -8,7 +8,7 @@ it after composing the command's config and before it creates a run or sweep dir
   ``dist.world_size`` becomes the launcher's), then the ranks join and take rank 0's run dir
   (:func:`zero_lab.app.cli.share_run_dir`), set on the config Hydra is about to run;
 * ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded as the
-  configured sweeper will (:func:`sweep_jobs`: the basic sweeper's own ``split_arguments``) and
+  configured sweeper will (:func:`expand_sweep`: the basic sweeper's own ``split_arguments``) and
   composed by Hydra's config loader as its launcher will (``load_sweep_config``). A sweep the
   sweeper draws itself (Optuna's ``interval(...)``) is checked with its fixed overrides here,
   and each trial's config as the trial starts.
@@ -50,8 +50,8 @@ __all__ = [
     "check_sweep",
     "check_unless_checked",
     "composed",
+    "expand_sweep",
     "job_config",
-    "sweep_jobs",
     "was_checked",
 ]
 
@@ -110,7 +110,7 @@ def check_run(config: DictConfig) -> None:
     _check_job(job_config(config), config.hydra)
 
 
-def sweep_jobs(config: DictConfig) -> list[list[str]]:
+def expand_sweep(config: DictConfig) -> list[list[str]]:
     """The override list of every job the configured sweeper will launch for ``config`` (a
     ``-m`` command as Hydra composed it): ``hydra.sweeper.params`` and the command's overrides,
     split by the sweeper's own ``split_arguments`` (the basic sweeper's cartesian product). A
@@ -128,7 +128,7 @@ def check_sweep(config: DictConfig) -> list[DictConfig]:
     """Compose and check every job of a sweep (up to :data:`MAX_JOBS`) as its launcher will;
     return the jobs' configs. Raises ConfigError naming the job (its overrides)."""
     try:
-        jobs = sweep_jobs(config)
+        jobs = expand_sweep(config)
     except HydraException as error:  # e.g. interval(...) without a sweeper that draws from it
         raise ConfigError([describe_hydra_error(error)]) from None
     loader = GlobalHydra.instance().config_loader()

@@ -11,7 +11,8 @@ Compose API, in run or multirun mode) feeds the same checks, so a test or a tool
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from zero_lab.app.config_check import check_run, check_sweep, job_config
+from zero_lab.app.config_check import check_run, check_sweep, expand_sweep, job_config
 from zero_lab.app.hydra_errors import describe_hydra_error
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.validate import ConfigError
 
-__all__ = ["compose_job", "preflight"]
+__all__ = ["compose_job", "preflight", "sweep_jobs"]
 
 
 def compose_job(
@@ -51,6 +52,27 @@ def preflight(
     ``run``/``multirun`` do) and check every job; return the first job's ``(cfg, hydra node)``.
     Raises ConfigError. The schemas of the user's YAMLs (``user_dir``, ``hydra.searchpath``)
     must be registered first (:func:`zero_lab.app.schema.register_configs`)."""
+    with _composed(overrides, multirun, config_name, user_dir) as config:
+        if multirun:
+            config = check_sweep(config)[0]
+        else:
+            check_run(config)
+    return job_config(config), config.hydra
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """The override list of every job ``python train.py -m <overrides>`` would run
+    (:func:`zero_lab.app.config_check.expand_sweep`)."""
+    with _composed(overrides, True) as config:
+        return expand_sweep(config)
+
+
+@contextlib.contextmanager
+def _composed(
+    overrides: Sequence[str], multirun: bool, config_name: str = "config", user_dir: Path | None = None
+) -> Iterator[DictConfig]:
+    """The command's config as Hydra's ``run`` (or ``multirun``) composes it, Hydra initialised
+    meanwhile (its config loader composes a sweep's jobs); a composition error as ConfigError."""
     mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         hydra = GlobalHydra.instance().hydra
@@ -61,11 +83,7 @@ def preflight(
             )
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError([describe_hydra_error(error)]) from None
-        if multirun:
-            config = check_sweep(config)[0]
-        else:
-            check_run(config)
-    return job_config(config), config.hydra
+        yield config
 
 
 def _with_user_dir(overrides: Sequence[str], user_dir: Path | None) -> list[str]:
