@@ -55,11 +55,11 @@ def main() -> None:
     if os.environ.get(FULL_ERROR) == "1":  # the user asked for Hydra's full report
         _hydra_main()
         return
-    os.environ[FULL_ERROR] = "1"
+    os.environ[FULL_ERROR] = "1"  # Hydra raises what it cannot compose to here instead of printing it
     try:
         _hydra_main()
     except (HydraException, OmegaConfBaseException) as error:
-        if composed():  # a job's own error, raised after its config was composed and checked
+        if composed():  # a job's own error, after its config was composed: raised with its full traceback
             raise
         fail(ConfigError([describe_hydra_error(error)]))
 
