@@ -1,6 +1,6 @@
 """The config checks through the real ``python train.py``: what a user types and sees.
 
-The module's three commands are independent and run together, two at a time (``made``)."""
+The module's commands are independent and run together, two at a time (``made``)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,20 @@ from tests.e2e.runs import summary, train_together
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict[str, tuple[CompletedProcess[str], Path]]:
     """name -> (result, run or sweep dir) of: a comma list without ``-m``; a manual-partitioning
-    sweep over world sizes; a plain optimizer given a partitioner it does not use."""
+    sweep over world sizes; a plain optimizer given a partitioner it does not use; a typo in a
+    YAML of the user's own ``--config-dir``; Hydra's ``--cfg`` mode (nothing runs, nothing checked)."""
     base = tmp_path_factory.mktemp("config_cli")
+    (base / "mine" / "model").mkdir(parents=True)
+    (base / "mine" / "model" / "wide.yaml").write_text("_target_: zero_lab.app.models.MLP\nhidden: 1024\n")
     commands = {
         "comma": ("optim=adam,zero_adam", f"hydra.run.dir={base / 'comma'}"),
         "manual": ("-m", "partitioner=manual", "dist.world_size=2,4", "steps=2", "logger=none",
                    f"hydra.sweep.dir={base / 'manual'}"),
         "plain": ("optim=adam", "partitioner=flat", "dist.world_size=1", "steps=1", "logger=none",
                   f"hydra.run.dir={base / 'plain'}"),
+        "mine": ("--config-dir", str(base / "mine"), "model=wide", "model.hiden=3",
+                 f"hydra.run.dir={base / 'mine_run'}"),
+        "cfg": ("--cfg", "job", "dist.world_size=0", f"hydra.run.dir={base / 'cfg'}"),
     }  # fmt: skip
     return {name: (result, base / name) for name, result in zip(commands, train_together(*commands.values()))}
 
@@ -53,3 +59,18 @@ def test_a_plain_optimizer_says_which_overrides_it_does_not_use(made):
         "full state); pick optim=zero_* to shard"
     ]
     assert summary(run_dir)["zero"] is False
+
+
+def test_a_job_of_the_users_config_dir_is_checked_like_ours(made):
+    result, _ = made["mine"]
+    assert result.returncode == 2
+    assert "model.hiden: no such key; did you mean model.hidden?" in result.stderr  # keys from wide.yaml's _target_
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    assert not (made["mine"][1].parent / "mine_run").exists()
+
+
+def test_hydras_own_modes_run_nothing_and_check_nothing(made):
+    result, run_dir = made["cfg"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world_size: 0" in result.stdout
+    assert not run_dir.exists()

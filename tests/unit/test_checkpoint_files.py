@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.main import _describe_failure, _resume_hint
+from zero_lab.app.failure_text import describe_failure, resume_hint
 from zero_lab.app.rundir import claim, set_aside_earlier_run
 from zero_lab.checkpoint import (
     CheckpointError,
@@ -186,7 +186,7 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_00000002.pt").write_bytes(b"x")
     meta = {"overrides": ["optim=adam", "partitioner.params_per_rank=[[a*],[b*]]", "hydra.run.dir=x"]}
-    hint = _resume_hint(run_dir, meta)
+    hint = resume_hint(run_dir, meta)
     assert shlex.split(hint.removeprefix("continue with: ")) == [
         "python",
         "train.py",
@@ -199,7 +199,7 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
 def test_a_failure_every_rank_shares_is_not_called_an_echo(tmp_path):
     refused = "Traceback (most recent call last):\n  ...\nCheckpointError: /x/step_00000003 is corrupt: model.pt"
     reset = "Traceback (most recent call last):\n  ...\nRuntimeError: Read error: Connection reset by peer"
-    message = _describe_failure(RankFailure(0, refused, {1: refused, 2: reset}), tmp_path)
+    message = describe_failure(RankFailure(0, refused, {1: refused, 2: reset}), tmp_path)
     assert message.splitlines() == [
         "rank 0 failed: CheckpointError: /x/step_00000003 is corrupt: model.pt",
         f"  its log: {tmp_path}/logs/rank0.log",
@@ -217,7 +217,7 @@ def test_the_resume_hint_parses_back_to_the_run_dir_for_hydra(tmp_path, name):
     run_dir = tmp_path / name
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_00000002.pt").write_bytes(b"x")
-    words = shlex.split(_resume_hint(run_dir, {"overrides": []}).removeprefix("continue with: "))
+    words = shlex.split(resume_hint(run_dir, {"overrides": []}).removeprefix("continue with: "))
     (override,) = OverridesParser.create().parse_overrides([words[-1]])
     assert (override.key_or_group, override.value()) == ("resume", str(run_dir))
 

@@ -8,10 +8,11 @@ import sys
 import textwrap
 
 import pytest
+from hydra.main import get_args_parser
 
 from tests.unit.configs import problems
-from zero_lab.app.cli import parse_command_line
-from zero_lab.app.preflight import compose_job, preflight, user_config_dirs
+from zero_lab.app.entry import user_config_dirs
+from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.schema import register_configs
 
 register_configs()
@@ -88,9 +89,11 @@ def test_hydra_searchpath_is_the_same_as_config_dir(user_dir):
     assert "model.widht: no such key; did you mean model.width?" in problems(*overrides[:2], "model.widht=3")
 
 
-def test_config_dir_is_checked_not_a_hydra_mode(tmp_path):
-    args, mode = parse_command_line(["--config-dir", str(tmp_path), "model=net"])
-    assert (mode, args.config_dir, args.overrides) == (False, str(tmp_path), ["model=net"])
+def test_config_dir_is_read_with_hydras_own_parser(tmp_path):
+    """What ``train.py`` reads before Hydra starts: the user's config dirs, with the parser @hydra.main uses."""
+    args = get_args_parser().parse_args(["-m", "--config-dir", str(tmp_path), "model=net"])
+    assert (args.multirun, args.config_dir, args.overrides) == (True, str(tmp_path), ["model=net"])
+    assert user_config_dirs(args.overrides, args.config_dir) == [tmp_path.resolve()]
 
 
 def test_removing_a_schema_key_says_what_to_do():

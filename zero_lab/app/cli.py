@@ -1,33 +1,29 @@
-"""What ``train.py`` does before ``@hydra.main``: check the command, join an external world.
+"""What a job says and does before it trains: one-line failures; under torchrun or srun, one world.
 
-:func:`prepare` reads the command line (:func:`parse_command_line`: Hydra's documented flags),
-checks every job's config (:func:`zero_lab.app.preflight.preflight`) and, under torchrun or
-``srun`` with several tasks, joins the world and adds the overrides that give all ranks one run
-dir (:mod:`zero_lab.runtime.external`). A bad config ends here with one message and exit code 2,
-before any process starts.
-
-    sys.argv = prepare(sys.argv)
+:func:`fail` is how every check ends a job: ``zero_lab: <message>`` on stderr (once per
+world), exit code 2 for a config that cannot run. Under torchrun or ``srun`` with several
+tasks every process is one rank and runs the Hydra job itself; the check callback
+(:mod:`zero_lab.app.config_check`) refuses what cannot run there
+(:func:`check_external_world`) and, before Hydra creates the run dir, :func:`share_run_dir`
+joins the world, gives every rank rank 0's run dir and keeps ranks > 0 from writing
+``.hydra/`` and the job log (:mod:`zero_lab.runtime.external`).
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.resources
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import torch
-from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from zero_lab.app.build import enum_str
-from zero_lab.app.preflight import describe_hydra_error, preflight, user_config_dirs
-from zero_lab.app.schema import register_configs
 from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import external
 
-__all__ = ["check_external_world", "fail", "parse_command_line", "prepare", "world_size_given"]
+__all__ = ["check_external_world", "fail", "share_run_dir", "world_size_given"]
 
 EXIT_CONFIG = 2
 
@@ -37,70 +33,6 @@ def fail(error: BaseException | str, code: int = EXIT_CONFIG) -> NoReturn:
     if external.rank() == 0:
         print(f"zero_lab: {error}", file=sys.stderr, flush=True)
     raise SystemExit(code)
-
-
-def parse_command_line(argv: list[str]) -> tuple[argparse.Namespace, bool]:
-    """``(args, hydra_mode)``: the overrides, ``-m`` and ``--config-name`` of a ``train.py``
-    command line, and whether it asks for one of Hydra's own modes (``--help``, ``--cfg``,
-    ``--info``, shell completion, another primary config path, ...), where nothing is trained.
-    ``--config-dir`` (a dir of the user's own YAMLs, searched after ours) is no mode: its jobs
-    are checked like any other.
-
-    The flags are those ``python train.py --help`` documents (Hydra 1.3); Hydra parses the
-    command line again itself, so an unknown flag is Hydra's to report.
-    """
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--multirun", "-m", action="store_true")
-    parser.add_argument("--config-name", "-cn")
-    for flag, short in (
-        ("--help", "-h"),
-        ("--hydra-help", None),
-        ("--info", "-i"),
-        ("--resolve", None),
-        ("--version", None),
-    ):
-        parser.add_argument(flag, *filter(None, [short]), action="store_true")
-    for flag, short in (
-        ("--cfg", "-c"),
-        ("--package", "-p"),
-        ("--shell-completion", "-sc"),
-        ("--config-path", "-cp"),
-        ("--config-dir", "-cd"),
-        ("--experimental-rerun", None),
-    ):
-        parser.add_argument(flag, *filter(None, [short]), nargs="?", const=True)
-    args, _ = parser.parse_known_args(argv)
-    modes = (args.help, args.hydra_help, args.info, args.version, args.cfg, args.shell_completion, args.config_path)
-    return args, any(modes) or bool(args.experimental_rerun)
-
-
-def prepare(argv: list[str]) -> list[str]:
-    """Return ``argv`` (plus torchrun overrides); exit with one message on a bad config."""
-    args, hydra_mode = parse_command_line(argv[1:])
-    user_dir = str(args.config_dir) if isinstance(args.config_dir, str) else None
-    try:  # the schemas of the user's own YAMLs too: their keys are their _target_'s arguments
-        register_configs(extra_dirs=user_config_dirs(args.overrides, user_dir))
-    except HydraException as error:  # a malformed hydra.searchpath: Hydra says it again, in full
-        if not hydra_mode:
-            fail(describe_hydra_error(error))
-    if hydra_mode:
-        return argv  # Hydra's own modes: nothing will be trained
-    if (world := external.detect()) is not None:  # as under torchrun: the config check counts no ranks per core
-        os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
-    try:
-        cfg, hydra_node = preflight(
-            args.overrides,
-            multirun=args.multirun,
-            config_name=args.config_name or "config",
-            user_dir=Path(user_dir).expanduser().resolve() if user_dir else None,
-        )
-        world = external.detect(port=cfg.dist.master_port)
-        if world is not None:
-            return argv + _external_setup(cfg, hydra_node, args.overrides, args.multirun, world)
-    except ConfigError as error:
-        fail(error)
-    return argv
 
 
 def world_size_given(overrides: list[str]) -> bool:
@@ -134,23 +66,35 @@ def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, 
         )
 
 
-def _external_setup(
-    cfg: DictConfig, hydra_node: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld
-) -> list[str]:
-    check_external_world(cfg, overrides, multirun, world)
+def share_run_dir(config: DictConfig, world: external.ExternalWorld) -> None:
+    """Join the world and point this rank's Hydra job (``config``, as Hydra composed it, before
+    the run dir exists) at rank 0's run dir; a rank > 0 writes no ``.hydra/`` and no job log."""
     device = torch.device("cpu")
-    if enum_str(cfg.dist.device) == "cuda":
+    if enum_str(config.dist.device) == "cuda":
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
-    return external.external_overrides(
-        _rank0_run_dir(hydra_node), enum_str(cfg.dist.backend), cfg.dist.timeout_s, device, cfg.dist.master_port
+    run_dir = external.shared_run_dir(
+        _rank0_run_dir(config), enum_str(config.dist.backend), config.dist.timeout_s, device, config.dist.master_port
     )
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.run.dir = run_dir
+        if world.rank > 0:  # what FOLLOWER_OVERRIDES say, on the composed config
+            config.hydra.output_subdir = None
+            config.hydra.job_logging = _hydra_option("job_logging", "disabled")
 
 
-def _rank0_run_dir(hydra_node: DictConfig) -> str:
+def _rank0_run_dir(config: DictConfig) -> str:
     """The run dir Hydra would pick (resolved here, on this clock); rank 0's is broadcast."""
     try:
-        return str(hydra_node.run.dir)
+        return str(config.hydra.run.dir)
     except Exception:  # an interpolation only Hydra's job context can resolve
         run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", "run")
         return os.path.join("outputs", "external", run_id)
+
+
+def _hydra_option(group: str, name: str) -> DictConfig:
+    """One of Hydra's own ``hydra/<group>`` options (e.g. ``job_logging/disabled``), as shipped."""
+    text = importlib.resources.files("hydra.conf").joinpath("hydra", group, f"{name}.yaml").read_text()
+    node = OmegaConf.create(text)
+    assert isinstance(node, DictConfig)
+    return node

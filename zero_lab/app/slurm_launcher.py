@@ -22,7 +22,7 @@ of a sweep that need different resources go out as separate arrays.
 Time limits: submitit asks for ``--signal=USR2@<signal_delay_s>``; the ranks finish the same
 step, checkpoint, and task 0 hands the signal back to submitit, which calls :meth:`checkpoint`
 (inherited: resubmit this job with the same arguments) and requeues; the requeued job resumes
-from the checkpoint by itself (:func:`zero_lab.app.main.continue_requeued_run`). A job is
+from the checkpoint by itself (:func:`zero_lab.app.requeue.continue_requeued_run`). A job is
 requeued at most ``max_num_timeout`` times for its time limit (pre-emptions do not count).
 
 When the jobs end, the submitting terminal shows each job's closing lines, read from task

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import inspect
 import math
 import os
@@ -64,18 +63,11 @@ from zero_lab.partition import ParamSpec, Partitioner
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
-    "CHECKED_ENV",
     "ConfigError",
     "check",
-    "fingerprint",
-    "mark_checked",
     "notices",
     "to_container",
-    "was_checked",
 ]
-
-#: Fingerprints of the job configs :func:`mark_checked` recorded (inherited by launcher workers).
-CHECKED_ENV = "ZERO_LAB_CHECKED_CONFIGS"
 
 
 class ConfigError(ValueError):
@@ -132,22 +124,6 @@ def notices(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
         "full state); pick optim=zero_* to shard"
     ]
-
-
-def fingerprint(cfg: DictConfig) -> str:
-    """A short digest of the job config as composed (unresolved), to recognise it later."""
-    return hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:16]
-
-
-def mark_checked(cfgs: Sequence[DictConfig]) -> None:
-    """Record that these job configs passed :func:`check`, for this process and its children."""
-    seen = os.environ.get(CHECKED_ENV, "").split()
-    os.environ[CHECKED_ENV] = " ".join(dict.fromkeys([*seen, *(fingerprint(c) for c in cfgs)]))
-
-
-def was_checked(cfg: DictConfig) -> bool:
-    """True when :func:`mark_checked` recorded this job config (the preflight checked it)."""
-    return fingerprint(cfg) in os.environ.get(CHECKED_ENV, "").split()
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:

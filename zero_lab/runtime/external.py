@@ -2,17 +2,16 @@
 
 Under torchrun or ``srun -n N`` (N > 1) every process is one rank and executes ``@hydra.main``
 itself. Left alone, each would resolve ``${now:...}`` on its own clock (a skew of one second
-gives two run dirs) and all would write ``.hydra/`` and the job log. So before Hydra starts,
-:func:`external_overrides`:
+gives two run dirs) and all would write ``.hydra/`` and the job log. So before Hydra creates
+the run dir (a Hydra callback: :func:`zero_lab.app.cli.share_run_dir`), :func:`shared_run_dir`:
 
 1. joins the process group the launcher describes (:func:`join`: torchrun's ``env://``
    variables, or, under srun, the ones :mod:`zero_lab.runtime.slurm` derives from
    ``SLURM_*``: rendezvous at the first node of the step's node list);
 2. lets global rank 0 pick the run dir and broadcasts it (one tensor, via
    :class:`zero_lab.comm.Communicator`), so every node uses the same path;
-3. returns the overrides every rank adds: ``hydra.run.dir=<that dir>`` and
-   ``dist.world_size=<the launcher's>``; ranks > 0 also get ``hydra.output_subdir=null`` and
-   Hydra's logging disabled (:data:`FOLLOWER_OVERRIDES`), so only rank 0 writes shared files.
+3. returns that dir, which every rank's job uses; ranks > 0 write no ``.hydra/`` and no job
+   log (what :data:`FOLLOWER_OVERRIDES` say), so only rank 0 writes shared files.
 
     torchrun --nproc_per_node 2 train.py optim=zero_adam
     srun -N2 --ntasks-per-node=2 python train.py optim=zero_adam
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from zero_lab.comm import Communicator
 from zero_lab.runtime.slurm import slurm_world
 
-__all__ = ["FOLLOWER_OVERRIDES", "ExternalWorld", "active", "detect", "external_overrides", "join", "rank"]
+__all__ = ["FOLLOWER_OVERRIDES", "ExternalWorld", "active", "detect", "join", "rank", "shared_run_dir"]
 
 _PATH_BYTES = 4096
 #: What a rank > 0 adds to its Hydra overrides: no ``.hydra/``, no job log (rank 0 writes those).
@@ -109,18 +108,7 @@ def agree_on_path(path: str, device: torch.device) -> str:
     return raw.split(b"\0", 1)[0].decode()
 
 
-def external_overrides(
-    run_dir: str, backend: str, timeout_s: float, device: torch.device, port: int | None = None
-) -> list[str]:
-    """Join the world, agree on ``run_dir`` (rank 0's) and return the Hydra overrides to add."""
+def shared_run_dir(run_dir: str, backend: str, timeout_s: float, device: torch.device, port: int | None = None) -> str:
+    """Join the world and return rank 0's ``run_dir`` (on every rank)."""
     join(backend, timeout_s, port)
-    agreed = agree_on_path(run_dir, device)
-    overrides = [f"hydra.run.dir={_quote(agreed)}", f"dist.world_size={dist.get_world_size()}"]
-    if dist.get_rank() > 0:
-        overrides += list(FOLLOWER_OVERRIDES)
-    return overrides
-
-
-def _quote(value: str) -> str:
-    """Quote a path for Hydra's override grammar."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return agree_on_path(run_dir, device)
