@@ -46,6 +46,7 @@ after ``consolidate_state_dict``, ``load_state_dict`` of a ZeRO or plain state,
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -73,7 +74,7 @@ from zero_lab.comm import CommStats, Communicator
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
-from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
+from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy, bucket_use
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.torch_compat import TorchPrivateNames
 
@@ -424,14 +425,17 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             raise ValueError("attach_ddp: this optimizer steps itself; build it with overlap_with_ddp=True")
         self._ddp_hook = hook
         partitioner = self._partitioner
-        if isinstance(partitioner, DdpBucket) and partitioner.shard_buckets != shard_buckets:
-            partitioner = DdpBucket(shard_buckets=shard_buckets, cost=partitioner.cost)
+        if bucket_use(partitioner) == (True, not shard_buckets):
+            partitioner = copy.copy(partitioner)  # the hook's shard_buckets (torch's argument) wins
+            partitioner.shard_buckets = shard_buckets
         buckets = dict(ddp_buckets)
         if self._built is None:
             self._partitioner, self._ddp_buckets = partitioner, buckets
             self._built = self._build_shards()
             return
-        if not partitioner.needs_ddp_buckets or (partitioner is self._partitioner and buckets == self._ddp_buckets):
+        if not bucket_use(partitioner).needs_ddp_buckets or (
+            partitioner is self._partitioner and buckets == self._ddp_buckets
+        ):
             return  # the partition does not follow DDP's buckets, or it was built along these
         wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
         if partitioner is not self._partitioner:

@@ -32,13 +32,14 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from zero_lab.ddp_buckets import DdpBuckets
 
 __all__ = [
     "COSTS",
     "BucketLayout",
+    "BucketUse",
     "Cost",
     "DdpBucket",
     "Flat",
@@ -50,6 +51,7 @@ __all__ = [
     "Shard",
     "SortedGreedy",
     "approximate_ddp_buckets",
+    "bucket_use",
     "contiguous_split",
     "newton_schulz_cost",
     "numel_cost",
@@ -315,11 +317,31 @@ class Partitioner(Protocol):
     appended groups*: adding a param group must not move earlier groups' shards.
     ``needs_ddp_buckets``: the partition follows ``ParamSpec.bucket`` (DDP's gradient
     buckets, :mod:`zero_lab.ddp_buckets`), known only with overlap; without them it would be refused.
+    ``shard_buckets``: with DDP's buckets, a bucket's elements are cut across the ranks rather
+    than given wholly to one (torch's ``hook_with_zero_step(shard_buckets=)``; the overlap hook
+    of that name sets it on a copy); ``False`` for a partitioner that ignores buckets.
+    Both are optional: a class that declares neither ignores DDP's buckets, and
+    :func:`bucket_use` is the one place that reads them.
     """
 
     needs_ddp_buckets: bool
+    shard_buckets: bool
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition: ...
+
+
+class BucketUse(NamedTuple):
+    """How a partitioner uses DDP's gradient buckets (:class:`Partitioner`'s two optional members)."""
+
+    needs_ddp_buckets: bool
+    shard_buckets: bool
+
+
+def bucket_use(partitioner: Any) -> BucketUse:
+    """The partitioner's (or its class's) :class:`BucketUse`; ``False`` for what it does not declare."""
+    return BucketUse(
+        bool(getattr(partitioner, "needs_ddp_buckets", False)), bool(getattr(partitioner, "shard_buckets", False))
+    )
 
 
 def _check_world_size(world_size: int) -> None:
@@ -346,6 +368,7 @@ class SortedGreedy:
     """
 
     needs_ddp_buckets = False
+    shard_buckets = False
 
     def __init__(self, cost: str | Cost | None = "numel"):
         self.cost = cost
@@ -410,6 +433,7 @@ class Manual:
     """
 
     needs_ddp_buckets = False
+    shard_buckets = False
 
     def __init__(
         self,
@@ -580,6 +604,7 @@ class Flat:
     """
 
     needs_ddp_buckets = False
+    shard_buckets = False
 
     def __init__(self, bucket_cap_mb: float | None = None):
         if bucket_cap_mb is not None and not bucket_cap_mb > 0:

@@ -43,6 +43,7 @@ from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES
 from zero_lab.app.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
+from zero_lab.partition import bucket_use
 
 __all__ = [
     "PARAM_DTYPES",
@@ -63,15 +64,16 @@ def enum_str(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def build_training(cfg: DictConfig, device: torch.device) -> Training:
-    """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why."""
+def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None = None) -> Training:
+    """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why. ``plan``: the
+    job's :class:`~zero_lab.app.optim_plan.OptimPlan` (made from ``cfg.optim`` when not given)."""
     torch.manual_seed(cfg.seed)
     model = instantiate(cfg.model)
     if cfg.dist.get("sync_batchnorm"):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
     ddp = make_ddp(model, cfg.dist, device)
-    zero = OptimPlan.of(cfg.optim).zero
+    zero = (plan or OptimPlan.of(cfg.optim)).zero
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
     groups = param_groups(cfg.optim, model)
@@ -187,6 +189,6 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
     """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
     make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
-    shard_buckets = bool(getattr(optimizer.partitioner, "shard_buckets", False))
+    shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
     comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
     ddp.register_comm_hook(None, comm_hook)

@@ -39,7 +39,6 @@ import multiprocessing
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -77,7 +76,8 @@ def run(cfg: DictConfig) -> Objective | None:
     hydra_cfg = HydraConfig.get()
     world = external.detect(port=cfg.dist.master_port)
     check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
-    for notice in notices(cfg, list(hydra_cfg.overrides.task)):
+    plan = OptimPlan.of(cfg.optim)  # the job's one answer: ZeRO or not, which class steps
+    for notice in notices(cfg, list(hydra_cfg.overrides.task), plan):
         log.warning(notice)
         print(f"zero_lab: note: {notice}", file=sys.stderr, flush=True)
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -86,14 +86,14 @@ def run(cfg: DictConfig) -> Objective | None:
     if world is not None:
         config["dist"]["world_size"] = world.world_size
     continue_requeued_run(config, run_dir, meta)
-    spec = RunSpec(config=config, run_dir=str(run_dir), meta=meta, logger_on_rank0=world is not None)
+    spec = RunSpec(config=config, run_dir=str(run_dir), plan=plan, meta=meta, logger_on_rank0=world is not None)
     if world is not None:
         return _run_as_external_rank(spec, cfg)
     write_json(run_dir / "meta.json", spec.meta)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
-    make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta)
+    make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
     with JsonlFollower(run_dir / "metrics.jsonl", make_sink):  # W&B, from this idle process
         try:
             results = run_world(
@@ -112,7 +112,7 @@ def run(cfg: DictConfig) -> Objective | None:
         except Interrupted as interrupted:
             fail(f"{interrupted}; {resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
         # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
-        return _report(results, cfg, run_dir, time.perf_counter() - started, spec.meta)
+        return _report(results, cfg, spec, time.perf_counter() - started)
 
 
 def _standard_start_method() -> None:
@@ -135,22 +135,21 @@ def _run_as_external_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
     finally:
         dist.destroy_process_group()
     if result.rank == 0 or result.stopped_by:
-        return _report([result], cfg, Path(spec.run_dir), time.perf_counter() - started, spec.meta)
+        return _report([result], cfg, spec, time.perf_counter() - started)
     return None
 
 
-def _report(
-    results: list[RankResult], cfg: DictConfig, run_dir: Path, seconds: float, meta: dict[str, Any]
-) -> Objective:
+def _report(results: list[RankResult], cfg: DictConfig, spec: RunSpec, seconds: float) -> Objective:
     """Print what the run showed and where it went, return its objective; a run stopped by a
     signal exits ``128 + signum`` after saying how far it got and how to continue."""
+    run_dir = Path(spec.run_dir)
     if results[0].stopped_by:
         stopped = results[0]
         hand_back(stopped.stopped_by)  # under the Slurm launcher, SIGUSR2: submitit requeues the job and exits
         saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
         fail(
             f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "
-            f"{resume_hint(run_dir, meta)}",
+            f"{resume_hint(run_dir, spec.meta)}",
             128 + stopped.stopped_by,
         )
     summary = RunSummary.read(run_dir / SUMMARY_FILE)
@@ -162,5 +161,5 @@ def _report(
     )
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
-    print("\n".join(closing_lines(summary, OptimPlan.of(cfg.optim).name, run_dir, seconds)), flush=True)
+    print("\n".join(closing_lines(summary, spec.plan.name, run_dir, seconds)), flush=True)
     return value

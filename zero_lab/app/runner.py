@@ -50,6 +50,7 @@ from zero_lab.app.build import (
 from zero_lab.app.data import stream_seed
 from zero_lab.app.memory import ddp_state_bytes, master_weight_bytes, training_tensor_bytes
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
@@ -67,10 +68,11 @@ log = logging.getLogger("zero_lab.app")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything a rank needs, picklable: the resolved config and where to write."""
+    """Everything a rank needs, picklable: the resolved config, what it builds and where to write."""
 
     config: dict[str, Any]
     run_dir: str
+    plan: OptimPlan  # the job's one answer to "is this ZeRO, which class steps" (app/optim_plan.py)
     meta: dict[str, Any] = field(default_factory=dict)  # choices, git, argv, W&B group/name
     logger_on_rank0: bool = False  # True under torchrun; else the job process follows metrics.jsonl
 
@@ -111,7 +113,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     torch.set_num_threads(cfg.dist.threads_per_rank)
     log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
 
-    training = build_training(cfg, device)
+    training = build_training(cfg, device, spec.plan)
     data = instantiate(cfg.data)
     losses: list[float] = []
     start = 0
@@ -237,7 +239,7 @@ def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[Metric
     (torchrun); each is closed (W&B finished) even on errors."""
     sinks: list[MetricSink] = [JsonlSink(Path(spec.run_dir) / "metrics.jsonl")]
     if spec.logger_on_rank0:
-        sinks.append(make_logger_sink(cfg, spec.run_dir, spec.config, spec.meta))
+        sinks.append(make_logger_sink(cfg, spec.run_dir, spec.config, spec.meta, spec.plan))
     for sink in sinks:
         stack.push(lambda exc_type, *_, sink=sink: sink.close(failed=exc_type is not None))
     return sinks

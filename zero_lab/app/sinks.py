@@ -174,13 +174,15 @@ def _init_with_fallback(wandb: Any, mode: str, init_timeout_s: float, **init: An
         return wandb.init(mode="offline", settings=settings(), **init)
 
 
-def make_logger_sink(cfg: Any, run_dir: str | Path, config: dict[str, Any], meta: dict[str, Any]) -> MetricSink:
+def make_logger_sink(
+    cfg: Any, run_dir: str | Path, config: dict[str, Any], meta: dict[str, Any], plan: OptimPlan
+) -> MetricSink:
     """Build ``cfg.logger`` (a ``_partial_`` target) for this run: group, name and tags from
     the sweep (:func:`~zero_lab.app.wandb_run.identity`) and the filterable run config
     (:func:`~zero_lab.app.wandb_run.run_config`)."""
     logger_cfg = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     assert isinstance(logger_cfg, dict)
-    logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, OptimPlan.of(cfg.optim).zero)
+    logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, plan.zero)
     used = {k: v for k, v in logger_cfg.items() if k not in HYDRA_KEYS}
     return instantiate(logger_cfg)(run_dir=str(run_dir), config=run_config(config, meta.get("choices", {}), used))
 

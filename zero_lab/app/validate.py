@@ -59,7 +59,7 @@ from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import check_partition_fits
-from zero_lab.partition import ParamSpec, Partitioner
+from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
@@ -110,11 +110,11 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
         return None
 
 
-def notices(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
     ``partitioner=ddp_bucket`` leaves without state."""
-    plan = OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
+    plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
         return _idle_ranks_notice(cfg, overrides, plan)
     unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
@@ -605,7 +605,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
         partitioner = instantiate(cfg.partitioner)
     except Exception as error:
         return [f"{name}: cannot be built: {error}"]
-    if getattr(partitioner, "needs_ddp_buckets", False) and not cfg.overlap:
+    if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
             f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
@@ -650,7 +650,7 @@ def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: OptimPla
         return []
     try:
         partitioner = instantiate(cfg.partitioner)
-        if not getattr(partitioner, "needs_ddp_buckets", False) or getattr(partitioner, "shard_buckets", False):
+        if bucket_use(partitioner) != (True, False):  # only whole buckets can leave a rank idle
             return []
         specs = _specs(cfg, _meta_model(cfg), plan)
     except Exception:  # the checks report it
@@ -707,7 +707,7 @@ def _on_device(device: str) -> list[str]:
 
 def _without_ddp_buckets() -> list[str]:
     """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
-    return _options_where("partitioner", lambda node: not getattr(_target(node), "needs_ddp_buckets", False))
+    return _options_where("partitioner", lambda node: not bucket_use(_target(node)).needs_ddp_buckets)
 
 
 def _fitting_partitioners(
@@ -716,7 +716,7 @@ def _fitting_partitioners(
     """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
 
     def fits(node: DictConfig) -> bool:
-        if getattr(_target(node), "needs_ddp_buckets", False):
+        if bucket_use(_target(node)).needs_ddp_buckets:
             return False
         kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
         _buildable(kept, "partitioner", Partitioner)
