@@ -26,6 +26,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import TiedLM
+from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
 from zero_lab.collectives import InFlight, register_collective
 from zero_lab.comm import Communicator
@@ -44,23 +45,6 @@ LAYOUTS = {
 #: the forward reads embed, shared, late, then head (embed's weight again)
 FIRST_USE = {2: 0, 3: 1, 4: 2, 0: 3, 1: 4}
 STEPS = 4
-
-
-class PaddedAllReduce:
-    """A collective in one class: every rank zeroes all but its own range, one all-reduce sums them."""
-
-    name = "all_reduce"
-    label = "exchange_all_reduce"
-    in_place_shards = False
-
-    def issue(self, comm: Communicator, storage: torch.Tensor, bounds, op: str) -> InFlight:
-        start, stop = bounds[comm.rank]
-        storage[:start].zero_()
-        storage[stop:].zero_()
-        return InFlight(comm.issue_all_reduce(storage, op=op))
-
-    def nbytes(self, bounds, itemsize: int) -> int:
-        return bounds[-1][1] * itemsize
 
 
 def _tokens(step: int, rank: int) -> torch.Tensor:

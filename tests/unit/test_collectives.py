@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.profiler import profile
 
+from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import ZeroRedundancyOptimizer, collectives, exchange
 from zero_lab.collectives import (
     COLLECTIVES,
@@ -25,23 +26,6 @@ from zero_lab.collectives import (
     registered_collectives,
 )
 from zero_lab.comm import Communicator
-
-
-class PaddedAllReduce:
-    """Every rank zeroes all but its own range; one all-reduce (sum) fills the buffer."""
-
-    name = "all_reduce"
-    label = "exchange_all_reduce"
-    in_place_shards = False
-
-    def issue(self, comm: Communicator, storage: torch.Tensor, bounds, op: str) -> InFlight:
-        start, stop = bounds[comm.rank]
-        storage[:start].zero_()
-        storage[stop:].zero_()
-        return InFlight(comm.issue_all_reduce(storage, op=op))
-
-    def nbytes(self, bounds, itemsize: int) -> int:
-        return bounds[-1][1] * itemsize
 
 
 @pytest.fixture
