@@ -195,3 +195,10 @@ def test_exchange_line_names_the_mode_and_the_timings_it_chose_by() -> None:
         render.exchange_line("zl_flat_bv_ag", forced)
         == "zl_flat_bv_ag: exchange flat_all_gather (requested all_gather)"
     )
+
+
+def test_quick_runs_every_strategy_a_verdict_reads() -> None:
+    read = targets.strategies_read()
+    for t in targets.TARGETS:
+        assert {t.strategy, t.against or "ddp", STRATEGIES[t.strategy].reference or "ddp"} <= set(read), t.text
+    assert read[:2] == ["ddp", "ddp_aa"] and "zl_overlap" not in read  # the A/A pair; rows no target reads stay out
