@@ -195,3 +195,12 @@ def test_exchange_line_names_the_mode_and_the_timings_it_chose_by() -> None:
         render.exchange_line("zl_flat_bv_ag", forced)
         == "zl_flat_bv_ag: exchange flat_all_gather (requested all_gather)"
     )
+
+
+def test_quick_runs_every_strategy_a_target_compares() -> None:
+    compared = targets.strategies_compared()
+    for t in targets.TARGETS:
+        names = {t.strategy, t.against or "ddp", STRATEGIES[t.strategy].reference or "ddp"}
+        assert names <= set(compared) or t.measure == "present", t.text
+    assert compared[:2] == ["ddp", "ddp_aa"]  # the A/A pair
+    assert not {"zl_overlap", "fsdp2", "fairscale_oss"} & set(compared)  # rows no target compares stay out

@@ -104,6 +104,8 @@ def test_every_experiment_composes_and_checks(experiment):
         assert cfg.dist.world_size == 2 and choices["optim"] in ("adam", "zero_adam")
     if experiment == "memory_sweep":
         assert "optim" in hydra_node.sweeper.params
+    if experiment in ("gpt2_text", "llama_text", "resnet"):  # the real workloads (test_workloads.py)
+        assert cfg.eval_every > 0  # they evaluate on held-out data
 
 
 def test_command_line_group_beats_experiment_default():

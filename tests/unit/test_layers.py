@@ -1,22 +1,25 @@
-"""The package's layers: algorithm <- runtime <- app, no cycles, and a core that needs torch alone.
+"""The package's layers: core <- runtime <- app <- report <- bench, no cycles, and a core that needs torch alone.
 
 Read from the source with ``ast`` (every import, at any depth), so a cycle cannot hide in a
-function-level import, plus one fresh interpreter that imports every core module.
+function-level import; what the core imports when it loads is followed the same way, from
+module to module, so no interpreter is started.
 """
 
 from __future__ import annotations
 
 import ast
-import subprocess
+import functools
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import zero_lab
 
 PACKAGE_DIR = Path(zero_lab.__file__).parent
 
-#: Each layer may import only from itself and the layers before it.
-LAYERS = ("core", "runtime", "app")
+#: Each layer may import only from itself and the layers before it. ``report`` reads run
+#: folders (and imports nothing of the app); ``bench`` builds the app's models and workloads.
+LAYERS = ("core", "runtime", "app", "report", "bench")
 CORE_MODULES = (
     "zero_lab",
     "zero_lab.optimizer",
@@ -45,16 +48,22 @@ def module_name(path: Path) -> str:
 
 def layer_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("runtime",):
-        return "runtime"
-    if len(parts) > 1 and parts[1] in ("app", "conf", "bench", "report"):
+    sub = parts[1] if len(parts) > 1 else ""
+    if sub in ("runtime", "report", "bench"):
+        return sub
+    if sub in ("app", "conf"):
         return "app"
     return "core"
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def imports_of(path: Path) -> list[tuple[str, bool]]:
     """``(imported zero_lab module, at top level?)`` for every import in ``path``."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     top_level = {id(node) for node in tree.body}
     found = []
     for node in ast.walk(tree):
@@ -83,14 +92,31 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
-    wrong = [
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    return [
         f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
-        for module, targets in import_graph().items()
-        for target in targets
+        for module, targets in graph.items()
+        for target in sorted(targets)
         if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(module))
     ]
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
+    wrong = upward_imports(import_graph())
     assert not wrong, "\n".join(wrong)
+
+
+def test_an_upward_import_is_caught_between_any_two_layers() -> None:
+    upward = {
+        "zero_lab.optimizer": {"zero_lab.runtime.launch"},
+        "zero_lab.runtime.launch": {"zero_lab.app.cli"},
+        "zero_lab.app.cli": {"zero_lab.report.cli"},
+        "zero_lab.conf": {"zero_lab.bench.cli"},
+        "zero_lab.report.cli": {"zero_lab.bench.cli"},
+    }
+    assert len(upward_imports(upward)) == len(upward)
+    downward = {"zero_lab.bench.cli": {"zero_lab.report.cli", "zero_lab.app.cli", "zero_lab"}}
+    assert upward_imports(downward) == []
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -124,12 +150,62 @@ def test_no_import_of_zero_lab_hides_inside_a_function() -> None:
     assert not hidden, "\n".join(hidden)
 
 
+def load_time_imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports while it loads: statements at module level, also inside
+    ``if``, ``try``, ``with`` and class bodies, not inside functions or ``if TYPE_CHECKING:``."""
+
+    def walk(body: list[ast.stmt]) -> Iterator[str]:
+        for node in body:
+            if isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                yield node.module
+                yield from (f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                yield from walk(node.orelse)
+            elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    yield from walk([n for n in getattr(node, field, []) if isinstance(n, ast.AST)])
+
+    yield from walk(parsed(path).body)
+
+
+def third_party_loaded_by(roots: tuple[str, ...]) -> set[str]:
+    """The top-level names of every non-zero_lab module that importing ``roots`` loads,
+    following zero_lab's own modules (and the packages above them) from file to file."""
+    files = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+    todo, seen, outside = list(roots), set(), set()
+    while todo:
+        module = todo.pop()
+        parents = [module.rsplit(".", n)[0] for n in range(module.count(".") + 1)]  # a.b.c, a.b, a
+        for name in (m for m in parents if m in files and m not in seen):
+            seen.add(name)
+            for imported in load_time_imports(files[name]):
+                if imported.split(".")[0] != "zero_lab":
+                    outside.add(imported.split(".")[0])
+                    continue
+                while imported not in files and "." in imported:  # ``from zero_lab import ParamSpec``
+                    imported = imported.rsplit(".", 1)[0]
+                todo.append(imported)
+    return outside
+
+
 def test_the_core_imports_with_torch_alone() -> None:
-    code = (
-        "import sys\n"
-        f"for name in {CORE_MODULES!r}:\n"
-        "    __import__(name)\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {APP_LIBRARIES!r}))\n"
+    loaded = third_party_loaded_by(CORE_MODULES)
+    assert "torch" in loaded
+    beyond = sorted(loaded - {"torch", "__future__"} - set(sys.stdlib_module_names))
+    assert not beyond, f"the core loads more than torch and the standard library: {beyond}"
+    assert not set(APP_LIBRARIES) & loaded
+
+
+def test_the_core_check_sees_what_loads_and_not_what_waits(tmp_path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import torch\nfrom typing import TYPE_CHECKING\n"
+        "try:\n    import hydra\nexcept ImportError:\n    import omegaconf\n"
+        "if TYPE_CHECKING:\n    import wandb\n"
+        "class A:\n    import matplotlib\n"
+        "def f():\n    import transformers\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == "[]", f"the core pulled in app libraries: {done.stdout}"
+    assert set(load_time_imports(source)) == {"torch", "typing", "typing.TYPE_CHECKING", "hydra", "omegaconf",
+                                              "matplotlib"}  # fmt: skip

@@ -1,6 +1,7 @@
 """The real workloads (no processes): transformers' GPT-2 and Llama from config objects (a
 ModelOutput read at ``logits``, tied embeddings, the meta-tensor check), the ResNet with
-BatchNorm, byte-level text with a held-out split, and their presets through the pre-start check."""
+BatchNorm, byte-level text with a held-out split (their presets are checked with every experiment in
+test_config.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,7 @@ from torch.nn import functional as F
 from zero_lab.app.data import ImageData, TextData, stdlib_source
 from zero_lab.app.hf_models import GPT2, Llama
 from zero_lab.app.models import ResNet
-from zero_lab.app.preflight import preflight
 from zero_lab.app.protocols import call_model, forward_problems, loss_of
-from zero_lab.app.schema import register_configs
-
-register_configs()
 
 
 @pytest.mark.parametrize("cls", [GPT2, Llama])
@@ -67,9 +64,3 @@ def test_resnet_with_batchnorm_learns_the_image_classes():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.65 * losses[0]  # 2.41 -> 1.44 in 15 steps
-
-
-@pytest.mark.parametrize("experiment", ["gpt2_text", "llama_text", "resnet"])
-def test_real_workload_presets_pass_the_pre_start_check(experiment):
-    cfg, _ = preflight([f"experiment={experiment}", "logger=none"])
-    assert cfg.eval_every > 0

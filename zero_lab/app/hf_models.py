@@ -1,11 +1,16 @@
 """``transformers`` causal LMs built from config objects: real architectures, no download.
 
-The ``[models]`` extra (``pip install zero_lab[models]``; ``make setup`` installs it). Each class
-*is* the ``transformers`` model (a subclass that builds its config from typed arguments, so
-those arguments are the ``model.`` keys), with ``task = "lm"``: its forward returns a
-``CausalLMOutput`` whose ``logits`` the data's next-token loss reads (``output_key=logits``).
-Input and output embeddings are tied, as in GPT-2 and small Llamas. Weights are initialised
-by ``transformers`` from torch's RNG (the app seeds it): nothing is fetched from a hub.
+The ``[models]`` extra (``pip install zero_lab[models]``; ``make setup`` installs it). Calling
+``GPT2(...)`` or ``Llama(...)`` builds the ``transformers`` model (``GPT2LMHeadModel``,
+``LlamaForCausalLM``) from a config made of typed arguments, so those arguments are the
+``model.`` keys; the classes carry ``task = "lm"``. The forward returns a ``CausalLMOutput``
+whose ``logits`` the data's next-token loss reads (``output_key=logits``). Input and output
+embeddings are tied, as in GPT-2 and small Llamas. Weights are initialised by ``transformers``
+from torch's RNG (the app seeds it): nothing is fetched from a hub.
+
+``transformers`` is imported when a model is built, not with this module: the app derives
+every option's schema from its class at start (``schema.register_configs``), and importing
+``transformers`` costs about 2 s of CPU that runs of the other models should not pay.
 
     model = GPT2(vocab_size=256, n_positions=128, n_embd=128, n_layer=4, n_head=4)
     logits = model(tokens)["logits"]
@@ -13,7 +18,9 @@ by ``transformers`` from torch's RNG (the app seeds it): nothing is fetched from
 
 from __future__ import annotations
 
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from typing import Any
+
+from torch import nn
 
 __all__ = ["GPT2", "Llama"]
 
@@ -21,20 +28,24 @@ __all__ = ["GPT2", "Llama"]
 _TIED_LM = {"bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": True}
 
 
-class GPT2(GPT2LMHeadModel):
-    """GPT-2 (learned positions, GELU MLP, LayerNorm), LM head tied to the token embedding."""
+class GPT2(nn.Module):
+    """GPT-2 (learned positions, GELU MLP, LayerNorm), LM head tied to the token embedding.
+
+    A factory with a class's face: ``GPT2(...)`` returns a ``transformers.GPT2LMHeadModel``."""
 
     task = "lm"
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         vocab_size: int = 256,
         n_positions: int = 128,
         n_embd: int = 128,
         n_layer: int = 4,
         n_head: int = 4,
         dropout: float = 0.0,
-    ):
+    ) -> Any:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
         config = GPT2Config(
             vocab_size=vocab_size,
             n_positions=n_positions,
@@ -46,16 +57,18 @@ class GPT2(GPT2LMHeadModel):
             attn_pdrop=dropout,
             **_TIED_LM,
         )
-        super().__init__(config)
+        return GPT2LMHeadModel(config)
 
 
-class Llama(LlamaForCausalLM):
-    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention), LM head tied to the token embedding."""
+class Llama(nn.Module):
+    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention), LM head tied to the token embedding.
+
+    A factory with a class's face: ``Llama(...)`` returns a ``transformers.LlamaForCausalLM``."""
 
     task = "lm"
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         vocab_size: int = 256,
         hidden_size: int = 128,
         intermediate_size: int = 344,
@@ -63,7 +76,9 @@ class Llama(LlamaForCausalLM):
         num_attention_heads: int = 4,
         num_key_value_heads: int = 2,
         max_position_embeddings: int = 128,
-    ):
+    ) -> Any:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
         config = LlamaConfig(
             vocab_size=vocab_size,
             hidden_size=hidden_size,
@@ -74,4 +89,4 @@ class Llama(LlamaForCausalLM):
             max_position_embeddings=max_position_embeddings,
             **_TIED_LM,
         )
-        super().__init__(config)
+        return LlamaForCausalLM(config)

@@ -4,7 +4,8 @@ One invocation runs every strategy on the same model, the same initial weights a
 same data, for each world size, prints the tables and the verdict on every target, and
 saves the raw figures as JSON (``--report`` re-prints a saved run)::
 
-    python scripts/bench.py --quick      # a few minutes on 2 CPU cores: 4 of the 20 layers, 8 timed steps
+    python scripts/bench.py --quick      # about 2 minutes on 2 CPU cores: 4 of the 20 layers, 8 timed steps,
+                                         # the strategies the targets compare
     python scripts/bench.py              # full: 20×Linear(2000,2000) and the LM, W = 1, 2, 4
     python scripts/bench.py --collectives --models tutorial lm --world-sizes 2
 """
@@ -23,7 +24,7 @@ from typing import Any
 from zero_lab.bench.render import run_text, targets_text
 from zero_lab.bench.run import Settings, check_collectives, default_out, machine, run_world_size, tabulate
 from zero_lab.bench.strategies import STRATEGIES
-from zero_lab.bench.targets import evaluate
+from zero_lab.bench.targets import evaluate, strategies_compared
 from zero_lab.bench.workloads import MODELS
 
 __all__ = ["main", "parse_args"]
@@ -31,10 +32,13 @@ __all__ = ["main", "parse_args"]
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer layers and steps, W = 2 only (a few minutes)")
+    quick = "fewer layers and steps, W = 2 only, the strategies the targets compare (about 2 minutes)"
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--world-sizes", type=int, nargs="+", help="default: 2 (quick) or 1 2 4")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="default: tutorial lm (or -quick)")
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: all available")
+    parser.add_argument(
+        "--strategies", nargs="+", choices=list(STRATEGIES), help="default: all available (--quick: the compared ones)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations per strategy")
     parser.add_argument("--steps", type=int, help="timed iterations per strategy (default 8 quick / 20)")
     parser.add_argument("--memory-budget", type=float, default=0.6, help="share of MemAvailable a round may use")
@@ -87,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.collectives:
         return _collectives(args)
     info = machine()
-    strategies = args.strategies or [n for n in STRATEGIES if n != "fairscale_oss" or info["fairscale_ok"]]
+    available = [n for n in STRATEGIES if n != "fairscale_oss" or info["fairscale_ok"]]
+    strategies = args.strategies or [n for n in available if not args.quick or n in strategies_compared()]
     settings = Settings(
         tuple(args.models),
         tuple(args.world_sizes),

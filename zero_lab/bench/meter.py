@@ -11,7 +11,10 @@ its input tensors, so the payload is the product of those shapes. Byte accountin
 Collectives are sorted into two kinds: ``params`` (broadcast, all-gather: moving
 parameters) and ``grads`` (all-reduce, reduce-scatter: reducing gradients); barriers
 and anything else count nowhere. The profiler costs time, so the benchmark meters one
-untimed iteration per strategy (its memory phase)::
+untimed iteration per strategy (its memory phase). Kineto writes a ``USDT: ...
+profiler_start`` / ``profiler_stop`` line to file descriptor 2 from C++ at every start and
+stop (``KINETO_LOG_LEVEL`` does not silence them): the meter holds them back, and lets any
+other line through::
 
     with CollectiveMeter(element_size=4, world_size=2) as meter:
         loss.backward(); optimizer.step()
@@ -20,7 +23,12 @@ untimed iteration per strategy (its memory phase)::
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from types import TracebackType
 
 from torch.profiler import ProfilerActivity, profile
@@ -55,13 +63,15 @@ class CollectiveMeter:
         self._profile = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
 
     def __enter__(self) -> CollectiveMeter:
-        self._profile.__enter__()
+        with _without_profiler_notes():
+            self._profile.__enter__()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self._profile.__exit__(kind, error, trace)
+        with _without_profiler_notes():
+            self._profile.__exit__(kind, error, trace)
 
     def totals(self) -> dict[str, CommStats]:
         out = {"params": CommStats(), "grads": CommStats()}
@@ -78,3 +88,22 @@ class CollectiveMeter:
             out[kind].calls += 1
             out[kind].bytes += numel * self.element_size
         return out
+
+
+@contextlib.contextmanager
+def _without_profiler_notes() -> Iterator[None]:
+    """File descriptor 2 into a temporary file for the block; then every line but Kineto's ``USDT:`` back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))

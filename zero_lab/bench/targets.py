@@ -26,7 +26,7 @@ from zero_lab.bench.strategies import STRATEGIES
 from zero_lab.bench.summary import common_rounds, median_ms, paired, paired_ratio
 from zero_lab.exchange import COLLECTIVES
 
-__all__ = ["TARGETS", "Target", "aa_band", "evaluate", "verdict_line", "why"]
+__all__ = ["TARGETS", "Target", "aa_band", "evaluate", "strategies_compared", "verdict_line", "why"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,15 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("torch's own exchange, per tensor ÷ bucket view (for comparison)", "exchange", "torch", "torch_bv"),
 )
+
+
+def strategies_compared() -> list[str]:
+    """The strategies some target compares (a ratio, equal bytes, the exchange choice; not rows a
+    ``present`` target only asks for), their references and the A/A pair (``ddp``, ``ddp_aa``),
+    in the order of ``STRATEGIES``. ``--quick`` runs these alone."""
+    names = {"ddp", "ddp_aa"} | {n for t in TARGETS if t.measure != "present" for n in (t.strategy, t.against) if n}
+    names |= {STRATEGIES[n].reference for n in names if STRATEGIES[n].reference}
+    return [n for n in STRATEGIES if n in names]
 
 
 def aa_band(results: dict[str, Any]) -> float | None:
