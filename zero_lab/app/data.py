@@ -17,6 +17,7 @@ rounding), and strategies are always compared on identical work.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import sysconfig
@@ -180,6 +181,7 @@ class TextData(_Synthetic):
     loss = staticmethod(TokenData.loss)  # next-token cross-entropy, as for TokenData
 
 
+@functools.lru_cache(maxsize=4)  # a process reads one corpus once (the config check, the build and tests reuse it)
 def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
     """``path``'s bytes, or the sorted files under it matching ``pattern``, up to ``max_bytes``."""
     if path.is_file():
