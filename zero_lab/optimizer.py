@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -298,7 +299,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         default = DdpBucket() if overlap_with_ddp else SortedGreedy()
         self._partitioner: Partitioner = partitioner if partitioner is not None else default
         self._ddp_buckets: dict[int, int] = dict(ddp_buckets or {})  # id(param) -> DDP bucket
-        self._ddp_hook: DdpStepHook | None = None  # steps and exchanges instead of step() (attach_ddp)
+        # steps and exchanges instead of step() (attach_ddp); weak: DDP's reducer owns the hook, and the
+        # hook holds this optimizer, so a strong reference back would be a cycle only the collector frees
+        self._ddp_hook: weakref.ref[DdpStepHook] | None = None
         self.master_weights = master_weights
         self._optim_defaults = defaults
         self._default_device = self.all_params[0].device
@@ -423,7 +426,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         """
         if not self._overlap_with_ddp:
             raise ValueError("attach_ddp: this optimizer steps itself; build it with overlap_with_ddp=True")
-        self._ddp_hook = hook
+        self._ddp_hook = weakref.ref(hook)
         partitioner = self._partitioner
         if bucket_use(partitioner) == (True, not shard_buckets):
             partitioner = copy.copy(partitioner)  # the hook's shard_buckets (torch's argument) wins
@@ -487,8 +490,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         """The exchange's layout and collective; with ``exchange="auto"`` after the first
         step also the measured time of each candidate (max over ranks). With an overlap
         hook attached (:meth:`attach_ddp`), the hook's own report."""
-        if self._ddp_hook is not None:
-            return self._ddp_hook.exchange_report(self._exchange_choice)
+        hook = self._ddp_hook() if self._ddp_hook is not None else None
+        if hook is not None:
+            return hook.exchange_report(self._exchange_choice)
         return self._exchange.report()
 
     @property
