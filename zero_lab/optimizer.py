@@ -79,7 +79,14 @@ from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, Sor
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.torch_compat import TorchPrivateNames
 
-__all__ = ["ELEMENTWISE_OPTIMIZERS", "DdpStepHook", "LocalShard", "ZeroRedundancyOptimizer", "check_partition_fits"]
+__all__ = [
+    "ELEMENTWISE_OPTIMIZERS",
+    "OVERLAP_EXCHANGES",
+    "DdpStepHook",
+    "LocalShard",
+    "ZeroRedundancyOptimizer",
+    "check_partition_fits",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +211,10 @@ class DdpStepHook(Protocol):
     def exchange_report(self, requested: str) -> ExchangeReport: ...
 
 
+#: The ``exchange=`` values the overlap hooks honour: they broadcast each DDP bucket from its owners.
+OVERLAP_EXCHANGES = ("auto", "broadcast")
+
+
 def _exchange_of(exchange: str, overlap_with_ddp: bool) -> str:
     """The collective the optimizer's own exchange uses: ``exchange``, except that with
     overlap the hooks broadcast each DDP bucket, so ``auto`` is ``broadcast`` and
@@ -212,7 +223,7 @@ def _exchange_of(exchange: str, overlap_with_ddp: bool) -> str:
         collective_named(exchange)  # raises, listing the registered collectives
     if not overlap_with_ddp:
         return exchange
-    if exchange not in ("auto", "broadcast"):
+    if exchange not in OVERLAP_EXCHANGES:
         raise ValueError(
             f"exchange={exchange!r} with overlap_with_ddp=True: the overlap hooks exchange each DDP bucket by "
             "broadcasts from its owners; pass exchange='broadcast' or 'auto' (which is broadcast there)"

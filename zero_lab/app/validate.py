@@ -58,7 +58,7 @@ from zero_lab.chained import group_class
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
-from zero_lab.optimizer import check_partition_fits
+from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 from zero_lab.planner import plan_memory, specs_from_module
 
@@ -429,10 +429,10 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | 
         out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
-    if cfg.overlap and enum_str(cfg.exchange) == "all_gather":
+    if cfg.overlap and (exchange := enum_str(cfg.exchange)) not in OVERLAP_EXCHANGES:
         out.append(
-            "exchange=all_gather: with overlap=true the exchange is per DDP bucket by broadcast; "
-            "use exchange=broadcast or auto"
+            f"exchange={exchange}: with overlap=true the exchange is per DDP bucket by broadcast; "
+            f"use {' or '.join(f'exchange={e}' for e in reversed(OVERLAP_EXCHANGES))}"
         )
     return out
 
