@@ -46,8 +46,6 @@ from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.partition import bucket_use
 
 __all__ = [
-    "PARAM_DTYPES",
-    "Training",
     "build_training",
     "clip_gradients",
     "compiled",

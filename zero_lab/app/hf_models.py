@@ -28,6 +28,14 @@ __all__ = ["GPT2", "Llama"]
 _TIED_LM = {"bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": True}
 
 
+def _tied_lm(model_class: str, config_class: str, **config: Any) -> nn.Module:
+    """``transformers.<model_class>`` built from ``transformers.<config_class>(**config)`` with
+    the head tied (:data:`_TIED_LM`); transformers is imported here, on the first build."""
+    import transformers
+
+    return getattr(transformers, model_class)(getattr(transformers, config_class)(**config, **_TIED_LM))
+
+
 class GPT2(nn.Module):
     """GPT-2 (learned positions, GELU MLP, LayerNorm), LM head tied to the token embedding.
 
@@ -44,9 +52,9 @@ class GPT2(nn.Module):
         n_head: int = 4,
         dropout: float = 0.0,
     ) -> Any:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        config = GPT2Config(
+        return _tied_lm(
+            "GPT2LMHeadModel",
+            "GPT2Config",
             vocab_size=vocab_size,
             n_positions=n_positions,
             n_embd=n_embd,
@@ -55,9 +63,7 @@ class GPT2(nn.Module):
             resid_pdrop=dropout,
             embd_pdrop=dropout,
             attn_pdrop=dropout,
-            **_TIED_LM,
         )
-        return GPT2LMHeadModel(config)
 
 
 class Llama(nn.Module):
@@ -77,9 +83,9 @@ class Llama(nn.Module):
         num_key_value_heads: int = 2,
         max_position_embeddings: int = 128,
     ) -> Any:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        config = LlamaConfig(
+        return _tied_lm(
+            "LlamaForCausalLM",
+            "LlamaConfig",
             vocab_size=vocab_size,
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
@@ -87,6 +93,4 @@ class Llama(nn.Module):
             num_attention_heads=num_attention_heads,
             num_key_value_heads=num_key_value_heads,
             max_position_embeddings=max_position_embeddings,
-            **_TIED_LM,
         )
-        return LlamaForCausalLM(config)

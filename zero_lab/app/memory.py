@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from zero_lab.app.build import Training
+from zero_lab.app.training import Training
 from zero_lab.chained import ChainedOptimizer
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import ParamSpec

@@ -39,7 +39,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import PARAM_DTYPES, enum_str, param_groups
+from zero_lab.app.build import enum_str, param_groups
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
@@ -48,6 +48,7 @@ from zero_lab.app.schema import (
     APP_KEYS,
     GROUPS,
     HYDRA_KEYS,
+    PARAM_DTYPES,
     SUPPLIED_BY_APP,
     Config,
     DistConfig,
