@@ -40,7 +40,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES
+from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.partition import bucket_use
@@ -49,17 +49,11 @@ __all__ = [
     "build_training",
     "clip_gradients",
     "compiled",
-    "enum_str",
     "make_ddp",
     "make_scaler",
     "make_scheduler",
     "optimizer_factory",
 ]
-
-
-def enum_str(value: Any) -> str:
-    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
-    return str(getattr(value, "value", value))
 
 
 def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None = None) -> Training:

@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from zero_lab.app.build import enum_str
+from zero_lab.app.schema import enum_str
 from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import external
 

@@ -44,7 +44,6 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import enum_str
 from zero_lab.app.cli import fail
 from zero_lab.app.closing import closing_lines
 from zero_lab.app.config_check import check_unless_checked
@@ -54,6 +53,7 @@ from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.provenance import run_meta
 from zero_lab.app.requeue import continue_requeued_run
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
+from zero_lab.app.schema import enum_str
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.validate import notices, to_container

@@ -43,10 +43,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app import run_checkpoints
-from zero_lab.app.build import (
-    Training,
-    build_training,
-)
+from zero_lab.app.build import build_training
 from zero_lab.app.data import stream_seed
 from zero_lab.app.memory import ddp_state_bytes, master_weight_bytes, training_tensor_bytes
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
@@ -56,6 +53,7 @@ from zero_lab.app.protocols import Batch, batch_rows, batch_stream
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
+from zero_lab.app.training import Training
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat

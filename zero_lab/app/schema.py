@@ -65,6 +65,7 @@ __all__ = [
     "ParamDtype",
     "ResumeOptimizer",
     "constructor_arguments",
+    "enum_str",
     "option_schema",
     "register_configs",
 ]
@@ -120,6 +121,11 @@ class OverlapHook(str, enum.Enum):
 
     zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
     interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
+
+
+def enum_str(value: Any) -> str:
+    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
+    return str(getattr(value, "value", value))
 
 
 def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:

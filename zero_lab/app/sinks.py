@@ -30,9 +30,8 @@ from typing import Any, Protocol
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from zero_lab.app.build import enum_str
 from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.schema import HYDRA_KEYS
+from zero_lab.app.schema import HYDRA_KEYS, enum_str
 from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.wandb_run import identity, run_config, run_summary, where
 from zero_lab.files import finite_json

@@ -49,11 +49,10 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import enum_str
 from zero_lab.app.cli import fail, world_size_given
 from zero_lab.app.closing import FIRST_LINE
 from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.schema import PARAM_DTYPES
+from zero_lab.app.schema import PARAM_DTYPES, enum_str
 from zero_lab.app.validate import ConfigError
 from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external

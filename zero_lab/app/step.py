@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from zero_lab.app.build import clip_gradients, enum_str
+from zero_lab.app.build import clip_gradients
 from zero_lab.app.protocols import Batch, Inputs, call_model, loss_of, to_device
+from zero_lab.app.schema import enum_str
 from zero_lab.app.training import Training
 from zero_lab.comm import Communicator
 

@@ -39,7 +39,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from zero_lab.app.build import enum_str, param_groups
+from zero_lab.app.build import param_groups
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
@@ -53,6 +53,7 @@ from zero_lab.app.schema import (
     Config,
     DistConfig,
     constructor_arguments,
+    enum_str,
     forwarded_classes,
 )
 from zero_lab.chained import group_class
