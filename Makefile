@@ -42,7 +42,7 @@ clean:
 
 # Benchmarks (docs/benchmarks.md). FairScale's OSS row needs fairscale 0.4.13, installed
 # with --no-deps so pip leaves this torch alone (it runs with torch 2.13; see FIELD-NOTES).
-# bench-quick: about 2 minutes on 2 cores (W=2, the strategies the targets compare).
+# bench-quick: 99 s on 2 cores (`time python scripts/bench.py --quick`) (W=2, the strategies the targets compare).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
 	$(BIN)/pip install -q --no-deps fairscale==0.4.13
