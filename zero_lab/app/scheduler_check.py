@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab.app.build import make_scheduler
@@ -67,6 +68,8 @@ def scheduler_problems(cfg: DictConfig) -> list[str]:
             while step < min(int(cfg.steps), STEPS_CHECKED):
                 step += 1
                 scheduler.step()  # type: ignore[union-attr]
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
+        return []
     except Exception as error:
         when = f"at step {step}" if step else "when built"
         own = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in APP_KEYS["scheduler"]}

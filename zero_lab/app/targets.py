@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = ["LOOKUPS", "TORCH_MACHINERY", "build", "check_targets", "refusal", "target_problem"]
 
@@ -119,7 +119,7 @@ _DATA = f"a class with shard(step, rank, world_size) or batches(rank, world_size
 RULES: dict[str, _Rule] = {
     "model": _Rule(lambda t: _is_class(t, torch.nn.Module), "a torch.nn.Module subclass (your model's class)"),
     "data": _Rule(_is_data, _DATA),
-    "partitioner": _Rule(_is_partitioner, "a class whose instances are called (zero_lab.partition.Partitioner)"),
+    "partitioner": _Rule(_is_partitioner, "a zero_lab.partition.Partitioner (a class whose instances are called)"),
     "optim": _Rule(lambda t: _is_class(t, torch.optim.Optimizer), _OPTIMIZER),
     "optim.optimizer_class": _Rule(
         lambda t: _is_class(t, torch.optim.Optimizer), f"hydra.utils.get_class with path=<{_OPTIMIZER}>"
@@ -160,7 +160,7 @@ def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
             return _refused(key, name, target, rule)
         return _lookup_problem(key, node, rule)
     if key == "optim.optimizer_class":
-        return _refused(key, name, target, rule)
+        return _refused(key, name, target, rule, _denied(target))
     denied = _denied(target)
     if denied or not rule.test(target):
         return _refused(key, name, target, rule, denied)
@@ -212,14 +212,22 @@ def _target_nodes(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, An
 
 
 def _walk(key: str, node: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Nodes with a ``_target_`` at and below ``node``, read without resolving the others'
+    interpolations (one that does not resolve is the composition's to report, not this check's)."""
     if isinstance(node, (Mapping, DictConfig)):
-        if node.get("_target_") is not None:
+        try:
+            target = node.get("_target_")
+        except Exception:  # an interpolation that does not resolve: instantiate cannot call it either
+            target = None
+        if target is not None:
             yield key, node
-        for child, value in node.items():
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else node.items()
+        for child, value in items:
             if str(child) not in ("_target_", "defaults"):
                 yield from _walk(f"{key}.{child}", value)
     elif isinstance(node, (list, ListConfig)):
-        for index, value in enumerate(node):
+        items = OmegaConf.to_container(node, resolve=False) if isinstance(node, ListConfig) else node
+        for index, value in enumerate(items):  # type: ignore[arg-type]
             yield from _walk(f"{key}.{index}", value)
 
 
@@ -259,7 +267,7 @@ def _denied(obj: Any) -> str:
 def _refused(key: str, name: str, target: Any, rule: _Rule, denied: str = "", field: str = "._target_") -> str:
     kind = "class" if isinstance(target, type) else "function" if callable(target) else type(target).__name__
     home = f" of {denied}" if denied else ""
-    return f"{key}{field}={name}: must name {rule.wants}; it names a {kind}{home}, and was not called"
+    return f"{key}{field}={name}: must be {rule.wants}; it names a {kind}{home}, and was not called"
 
 
 def _own_keys(node: Mapping[str, Any]) -> list[str]:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.build import param_groups
 from zero_lab.app.objective import check_objective
@@ -786,6 +787,8 @@ def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | N
     data_name = f"data={_choice(choices, 'data', cfg)}"
     try:
         data = build(cfg.data)
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
+        return []
     except Exception as error:
         return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
     vocab = getattr(data, "vocab_size", None)
