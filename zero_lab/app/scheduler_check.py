@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import linecache
 import re
 import traceback
 import warnings
@@ -79,10 +80,14 @@ def scheduler_problems(cfg: DictConfig) -> list[str]:
 
 
 def _blamed(error: BaseException, node: Mapping[str, Any], keys: Mapping[str, Any]) -> list[str]:
-    """The configured keys that the innermost failing line of code reads (``self.step_size``),
-    those set away from the class's default first (``last_epoch=-1`` is read by every step)."""
+    """The configured keys that the innermost failing line of code reads (``self.step_size``; for
+    a ``raise``, the lines of its test above it), those set away from the class's default first
+    (``last_epoch=-1`` is read by every step)."""
     frames = traceback.extract_tb(error.__traceback__)
-    line = frames[-1].line if frames else ""
+    line = frames[-1].line or "" if frames else ""
+    if line.startswith("raise") and frames[-1].lineno:  # `if <the test>:` above it reads the keys
+        above = range(max(1, frames[-1].lineno - 3), frames[-1].lineno)
+        line = " ".join(linecache.getline(frames[-1].filename, n) for n in above) + line
     read = [k for k in keys if line and re.search(rf"\b{re.escape(str(k))}\b", line)]
     try:
         defaults = inspect.signature(get_object(str(node.get("_target_")))).parameters
