@@ -792,11 +792,13 @@ def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | N
     except Exception as error:
         return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
     vocab = getattr(data, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return []
     try:
         rows = embedding_rows(_meta_model(cfg))
     except Exception:  # reported by _check_model
         return []
-    if not isinstance(vocab, int) or rows is None or vocab <= rows:
+    if rows is None or vocab <= rows:
         return []
     own = "vocab_size" in cfg.model
     model_key = f"model.vocab_size={rows}" if own else f"model={_choice(choices, 'model', cfg)}"
