@@ -4,7 +4,7 @@ A scheduler's arguments are only partly checked by its constructor: ``StepLR(ste
 builds, and fails at its first ``step()`` with ``ZeroDivisionError: integer modulo by zero``
 in every rank. So the check builds the run's scheduler exactly as the ranks will
 (:func:`zero_lab.app.build.make_scheduler`, warmup included) on a dummy ``SGD`` over one
-1-element tensor and steps it as many times as the run will (up to :data:`STEPS_CHECKED`):
+1-element ``meta`` tensor and steps it as many times as the run will (up to :data:`STEPS_CHECKED`):
 whatever the class refuses, at construction or at any step, is refused here, naming the
 configured keys the error or the failing line of torch's code names.
 
@@ -47,11 +47,12 @@ STEPS_CHECKED = 10_000
 
 
 def built_scheduler(cfg: DictConfig) -> LRScheduler | None:
-    """This run's scheduler on a one-tensor SGD at ``optim.lr``, as :func:`make_scheduler` builds
+    """This run's scheduler on an SGD over one meta tensor at ``optim.lr``, as :func:`make_scheduler` builds
     it (``None``: ``scheduler=none``). ``cfg`` needs only ``scheduler`` (and what it interpolates)."""
     optim = cfg.get("optim")
     lr = optim.get("lr") if optim is not None else None
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr if isinstance(lr, float) else 1e-3)
+    param = torch.zeros(1, device="meta", requires_grad=True)  # a scheduler reads the groups' lr, never a tensor
+    optimizer = torch.optim.SGD([param], lr=lr if isinstance(lr, float) else 1e-3)
     return make_scheduler(cfg, optimizer)
 
 
