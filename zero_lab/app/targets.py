@@ -156,7 +156,7 @@ def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
     except Exception as error:
         return None if key in RULES and "." not in key else f"{key}._target_={name}: cannot be imported ({error})"
     if name in LOOKUPS:
-        if key not in ("optim.optimizer_class",) and key in RULES:
+        if key != "optim.optimizer_class" and key in RULES:  # a group builds an object, not a lookup
             return _refused(key, name, target, rule)
         return _lookup_problem(key, node, rule)
     if key == "optim.optimizer_class":
