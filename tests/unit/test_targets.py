@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from tests.unit.configs import problems
 from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import register_configs
-from zero_lab.app.targets import check_targets, refusal, target_problem
+from zero_lab.app.schema import GROUPS, register_configs
+from zero_lab.app.targets import RULES, check_targets, refusal, target_problem
 
 register_configs()
 
@@ -163,3 +163,7 @@ def test_a_users_own_classes_pass(tmp_path, monkeypatch):
         preflight(["scheduler=halving"], user_dir=conf)
     finally:
         sys.modules.pop("usersched_cfgtest", None)
+
+
+def test_every_group_the_app_builds_has_a_rule():
+    assert set(GROUPS) <= set(RULES)
