@@ -4,6 +4,9 @@ The constructors are the truth. Keys and types of the group options come from th
 ``_target_``'s signature (:mod:`zero_lab.app.schema`, enforced while Hydra composes);
 here the real objects are built and run, without a process group and without memory:
 
+* first, every ``_target_`` is looked up without being called and fitted to its key
+  (:func:`zero_lab.app.targets.check_targets`); a refused one stops the check there, so no
+  rule below builds what was not checked;
 * every group node is bound to its target's signature (``inspect.signature(...).bind``):
   a key the constructor does not take, or a required one missing, is named;
 * the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
@@ -13,6 +16,9 @@ here the real objects are built and run, without a process group and without mem
   :func:`~zero_lab.planner.specs_from_module` (the same :meth:`ParamSpec.of` the optimizer
   uses), and the real partitioner partitions them at ``dist.world_size``; the core's
   :func:`~zero_lab.optimizer.check_partition_fits` says whether the optimizer can step it;
+* the data source is built (a missing or empty corpus) and its vocabulary fitted to the model's
+  embedding; the scheduler is built and stepped on a meta-tensor optimizer
+  (:mod:`zero_lab.app.scheduler_check`);
 * what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
   plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
 
@@ -121,7 +127,8 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
-    ``partitioner=ddp_bucket`` leaves without state."""
+    ``partitioner=ddp_bucket`` leaves without state; ``to_muon`` globs that match parameters
+    Muon never takes."""
     plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
         return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
