@@ -467,7 +467,7 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
     except Exception as error:
         return [f"optim.param_groups: cannot be applied to the model: {error}"]
     if model is None:
-        groups = [{"params": [torch.zeros(1, requires_grad=True)]}]
+        groups = [{"params": [torch.zeros(1, device="meta", requires_grad=True)]}]
     elif groups is None:
         groups = [{"params": list(model.parameters())}]
     for index, group in enumerate(groups):
