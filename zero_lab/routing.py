@@ -29,7 +29,7 @@ from torch import nn
 
 from zero_lab.chained import GROUP_CLASS_KEY
 
-__all__ = ["HEAD_PATTERNS", "muon_param_groups", "route_to_muon"]
+__all__ = ["HEAD_PATTERNS", "muon_param_groups", "never_to_muon", "route_to_muon"]
 
 #: Names that mark an output head (matched with ``fnmatch`` against full parameter names).
 HEAD_PATTERNS: tuple[str, ...] = ("head.*", "*.head.*", "lm_head.*", "*.lm_head.*", "output.*", "*.output_layer.*")
@@ -63,6 +63,18 @@ def route_to_muon(
             hidden_matrix = False
         routes[name] = hidden_matrix
     return routes
+
+
+def never_to_muon(model: nn.Module, to_muon: Sequence[str]) -> dict[str, list[str]]:
+    """``{glob: [names]}``: the parameters each ``to_muon`` glob matches that are not 2-D, which
+    :func:`route_to_muon` never sends to Muon (they stay elementwise); globs without such a match are left out."""
+    out: dict[str, list[str]] = {}
+    for name, param in model.named_parameters():
+        if param.dim() != 2:
+            for pattern in to_muon:
+                if fnmatch.fnmatchcase(name, pattern):
+                    out.setdefault(pattern, []).append(name)
+    return out
 
 
 def muon_param_groups(

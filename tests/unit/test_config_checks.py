@@ -206,7 +206,7 @@ def test_the_largest_64_bit_seed_and_no_stall_watch_are_accepted():
           "+optim.optimizer_class.mode=w"],
          "optim.optimizer_class._target_=builtins.open: must be hydra.utils.get_class"),
         (["partitioner._target_=builtins.open", "+partitioner.file={file}", "+partitioner.mode=w"],
-         "partitioner._target_=builtins.open: must name a zero_lab.partition.Partitioner subclass"),
+         "partitioner._target_=builtins.open: must be a zero_lab.partition.Partitioner"),
     ],
 )  # fmt: skip
 def test_a_target_that_is_not_a_class_to_build_is_refused_without_being_called(tmp_path, overrides, key):

@@ -183,21 +183,31 @@ class TextData(_Synthetic):
 
 @functools.lru_cache(maxsize=4)  # a process reads one corpus once (the config check, the build and tests reuse it)
 def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
-    """``path``'s bytes, or the sorted files under it matching ``pattern``, up to ``max_bytes``."""
+    """``path``'s bytes, or the sorted files under it matching ``pattern``, up to ``max_bytes``:
+    each file is read only up to what is still missing (a 16 GiB corpus costs ``max_bytes``).
+    A missing path or no matching file is a ``FileNotFoundError``, no bytes at all a ``ValueError``,
+    each naming ``data.path``."""
+    if max_bytes < 1:
+        raise ValueError(f"data.max_bytes={max_bytes}: must be >= 1 (bytes of text to read)")
     if path.is_file():
-        return path.read_bytes()[:max_bytes]
-    if not path.is_dir():
+        files = [path]
+    elif path.is_dir():
+        installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
+        files = sorted(p for p in path.glob(pattern) if p.is_file() and not installed_part(p, path, installed))
+        if not files:
+            raise FileNotFoundError(f"data.path={path}: no file matches data.pattern={pattern}")
+    else:
         raise FileNotFoundError(f"data.path={path}: no such file or folder")
     chunks, size = [], 0
-    installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
-    for file in sorted(p for p in path.glob(pattern) if p.is_file() and not installed_part(p, path, installed)):
-        data = file.read_bytes()
-        chunks.append(data[: max_bytes - size])
+    for file in files:
+        with open(file, "rb") as handle:
+            chunks.append(handle.read(max_bytes - size))
         size += len(chunks[-1])
         if size >= max_bytes:
             break
-    if not chunks:
-        raise FileNotFoundError(f"data.path={path}: no file matches data.pattern={pattern}")
+    if not size:
+        where = "is empty" if path.is_file() else f"holds only empty files matching data.pattern={pattern}"
+        raise ValueError(f"data.path={path}: {where}; give a file or folder with text")
     return b"".join(chunks)
 
 

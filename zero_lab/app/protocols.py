@@ -53,6 +53,7 @@ __all__ = [
     "batch_rows",
     "batch_stream",
     "call_model",
+    "embedding_rows",
     "forward_problems",
     "loss_of",
     "protocol_problems",
@@ -192,6 +193,17 @@ def protocol_problems(
             f"nor batches(rank, world_size, start_step); add one of them ({DOC})"
         )
     return out
+
+
+def embedding_rows(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (the token ids it can look up): ``transformers``'
+    ``get_input_embeddings()``, else the first ``nn.Embedding``; ``None`` without one. A data
+    source that declares ``vocab_size`` must fit in it (ids ``0 … vocab_size - 1``)."""
+    getter = getattr(model, "get_input_embeddings", None)
+    found = getter() if callable(getter) else None
+    if not isinstance(found, nn.Embedding):
+        found = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return None if found is None else int(found.num_embeddings)
 
 
 def forward_problems(

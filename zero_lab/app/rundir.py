@@ -16,8 +16,13 @@ before Hydra creates the dir and writes ``.hydra/``:
   ``<dir>/earlier/<k>/`` (one line says so), so its own files are not appended to the earlier
   ones, and a stale summary or error is never read as its own (by W&B or the report);
   ``checkpoints/`` stay, for ``resume=<dir>``;
-* a dir that cannot be used (read-only, under a regular file, an unwritable parent) stops
-  the job with one line naming it (exit 2): the job never runs without its claim;
+* a dir that cannot be used (read-only, under a regular file, an unwritable parent), or whose
+  claim fails in any other way (``hydra.run.dir: /`` has no name to add ``-1`` to), stops the
+  job with one line naming it (exit 2): the job never runs without its claim (Hydra itself
+  would only warn about a callback's error and run on, unclaimed);
+* ``/`` and the system's own dirs (:func:`system_dir`: ``/etc``, ``/usr``, ``/proc``, ...)
+  are refused before anything is created in them, whatever the permissions (root may write
+  there), for ``hydra.run.dir`` and ``hydra.sweep.dir`` alike;
 * each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
   the same second fail loudly instead of mixing their files.
 
@@ -46,11 +51,28 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from zero_lab.app.cli import fail
 from zero_lab.runtime import external
 
-__all__ = ["EARLIER_RUN_FILES", "LOCK_NAME", "ClaimRunDir", "RunDirBusy", "claim", "set_aside_earlier_run"]
+__all__ = [
+    "EARLIER_RUN_FILES",
+    "LOCK_NAME",
+    "SYSTEM_DIRS",
+    "SYSTEM_TREES",
+    "ClaimRunDir",
+    "RunDirBusy",
+    "claim",
+    "set_aside_earlier_run",
+    "system_dir",
+]
 
 LOCK_NAME = ".zero_lab.lock"
 #: What a run writes that a later run in the same dir would append to or be mistaken for.
 EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "logs")
+#: Dirs no run may use as its own: the root and the top-level dirs that many users and the system share.
+SYSTEM_DIRS = ("/", "/home", "/mnt", "/media", "/opt", "/run", "/srv", "/tmp", "/var")
+#: Trees the system owns: neither they nor anything under them is a run dir.
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr",
+    "/var/cache", "/var/lib", "/var/log", "/var/spool",
+)  # fmt: skip
 _HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until this process exits
 
 
@@ -68,6 +90,30 @@ def unusable(path: Path, error: OSError) -> RunDirBusy:
         f"run dir {path} cannot be used: {error.strerror or error}{where}; give a writable hydra.run.dir=... "
         "(or hydra.sweep.dir=... with -m)"
     )
+
+
+def system_dir(path: str | Path) -> str | None:
+    """The system dir ``path`` is or lies in (:data:`SYSTEM_DIRS`, :data:`SYSTEM_TREES`), as
+    given and with its links followed (``/lib`` is ``/usr/lib`` on most systems); ``None`` if none."""
+    given = Path(os.path.abspath(Path(path).expanduser()))
+    for candidate in (given, given.resolve()):
+        if str(candidate) in SYSTEM_DIRS:
+            return str(candidate)
+        for tree in SYSTEM_TREES:
+            if candidate == Path(tree) or Path(tree) in candidate.parents:
+                return tree
+    return None
+
+
+def _refuse_system_dir(path: str | Path, key: str) -> None:
+    """Refuse a run or sweep dir that is a system dir, in one line (nothing is created there)."""
+    found = system_dir(path)
+    if found is not None:
+        where = "is" if str(found) == os.path.abspath(Path(path).expanduser()) else f"lies in {found},"
+        raise RunDirBusy(
+            f"run dir {path} {where} a system directory; a run writes .hydra/, train.log, logs/ and its metrics "
+            f"there: give {key}=<a dir of yours> (e.g. outputs/<name>)"
+        )
 
 
 def _lock(directory: Path) -> None:
@@ -119,6 +165,14 @@ def set_aside_earlier_run(directory: Path) -> Path | None:
     return target
 
 
+def _unclaimed(path: Path, error: Exception) -> RunDirBusy:
+    """One line for a claim that failed other than by the file system (``PosixPath('/') has an empty name``)."""
+    return RunDirBusy(
+        f"run dir {path} cannot be claimed ({type(error).__name__}: {error}); the job does not run without its "
+        "claim: give a writable hydra.run.dir=<a dir of yours> (or hydra.sweep.dir=... with -m)"
+    )
+
+
 def _take(directory: Path) -> None:
     """Lock ``directory`` for this job, then set an earlier run's files aside."""
     _lock(directory)
@@ -127,6 +181,7 @@ def _take(directory: Path) -> None:
 
 def claim(path: str | Path, explicit: bool) -> Path:
     """Claim ``path`` for this process (see the module docstring); returns the dir claimed."""
+    _refuse_system_dir(path, "hydra.run.dir")
     path = Path(path)
     if explicit:
         path.mkdir(parents=True, exist_ok=True)
@@ -162,6 +217,8 @@ class ClaimRunDir(Callback):
             fail(error)
         except OSError as error:  # Hydra would only warn and run on, unlocked
             fail(unusable(Path(wanted), error))
+        except Exception as error:  # any other failure too: never a run without its claim
+            fail(_unclaimed(Path(wanted), error))
         if str(claimed) != wanted:
             with read_write(config.hydra), open_dict(config.hydra):
                 OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
@@ -171,8 +228,22 @@ class ClaimRunDir(Callback):
             return
         output = Path(str(config.hydra.runtime.output_dir))
         try:
+            _refuse_system_dir(output, "hydra.sweep.dir")
             _take(output)
         except RunDirBusy as error:
             fail(error)
         except OSError as error:
             fail(unusable(output, error))
+        except Exception as error:
+            fail(_unclaimed(output, error))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep dir that is a system dir is refused before Hydra's launcher creates anything in it."""
+        if external.rank() > 0:
+            return
+        try:
+            _refuse_system_dir(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+        except RunDirBusy as error:
+            fail(error)
+        except Exception as error:
+            fail(f"hydra.sweep.dir: cannot be read ({type(error).__name__}: {error})")

@@ -4,6 +4,9 @@ The constructors are the truth. Keys and types of the group options come from th
 ``_target_``'s signature (:mod:`zero_lab.app.schema`, enforced while Hydra composes);
 here the real objects are built and run, without a process group and without memory:
 
+* first, every ``_target_`` is looked up without being called and fitted to its key
+  (:func:`zero_lab.app.targets.check_targets`); a refused one stops the check there, so no
+  rule below builds what was not checked;
 * every group node is bound to its target's signature (``inspect.signature(...).bind``):
   a key the constructor does not take, or a required one missing, is named;
 * the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
@@ -13,6 +16,9 @@ here the real objects are built and run, without a process group and without mem
   :func:`~zero_lab.planner.specs_from_module` (the same :meth:`ParamSpec.of` the optimizer
   uses), and the real partitioner partitions them at ``dist.world_size``; the core's
   :func:`~zero_lab.optimizer.check_partition_fits` says whether the optimizer can step it;
+* the data source is built (a missing or empty corpus) and its vocabulary fitted to the model's
+  embedding; the scheduler is built and stepped on a meta-tensor optimizer
+  (:mod:`zero_lab.app.scheduler_check`);
 * what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
   plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
 
@@ -38,12 +44,14 @@ from typing import Any
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.build import param_groups
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
-from zero_lab.app.protocols import forward_problems, protocol_problems
+from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems
+from zero_lab.app.scheduler_check import resumed_scheduler_problems, scheduler_problems
 from zero_lab.app.schema import (
     APP_KEYS,
     GROUPS,
@@ -56,6 +64,7 @@ from zero_lab.app.schema import (
     enum_str,
     forwarded_classes,
 )
+from zero_lab.app.targets import build, check_targets, refusal
 from zero_lab.chained import group_class
 from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.ddp_buckets import DdpBuckets
@@ -63,6 +72,7 @@ from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 from zero_lab.planner import plan_memory, specs_from_module
+from zero_lab.routing import muon_param_groups, never_to_muon
 
 __all__ = [
     "ConfigError",
@@ -87,7 +97,9 @@ class ConfigError(ValueError):
 def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem in ``cfg``; return if none."""
     choices = dict(choices or {})
-    problems: list[str] = []
+    problems = check_targets(cfg)  # before anything is built: a _target_ that does not fit its key is never called
+    if problems:
+        raise ConfigError(problems)
     plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
     for rule in _RULES:
         try:
@@ -115,16 +127,18 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
-    ``partitioner=ddp_bucket`` leaves without state."""
+    ``partitioner=ddp_bucket`` leaves without state; ``to_muon`` globs that match parameters
+    Muon never takes."""
     plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
-        return _idle_ranks_notice(cfg, overrides, plan)
+        return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
     unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
     if not unused:
-        return []
+        return _muon_glob_notice(cfg)
     return [
+        *_muon_glob_notice(cfg),
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
-        "full state); pick optim=zero_* to shard"
+        "full state); pick optim=zero_* to shard",
     ]
 
 
@@ -453,7 +467,7 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
     except Exception as error:
         return [f"optim.param_groups: cannot be applied to the model: {error}"]
     if model is None:
-        groups = [{"params": [torch.zeros(1, requires_grad=True)]}]
+        groups = [{"params": [torch.zeros(1, device="meta", requires_grad=True)]}]
     elif groups is None:
         groups = [{"params": list(model.parameters())}]
     for index, group in enumerate(groups):
@@ -538,14 +552,14 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
     _buildable(cfg.model, "model", torch.nn.Module)
     with torch.device("meta"):
-        return instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
+        return build(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
 
 
 def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
     try:
         _meta_model(cfg)
     except Exception as error:  # any constructor error is the user's to fix
-        return [f"model={_choice(choices, 'model', cfg)}: cannot be built: {error}"]
+        return [f"model={_choice(choices, 'model', cfg)}: cannot be built: {refusal('model', cfg.model, error)}"]
     return []
 
 
@@ -604,9 +618,9 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
     name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
     try:
         _buildable(cfg.partitioner, "partitioner", Partitioner)
-        partitioner = instantiate(cfg.partitioner)
+        partitioner = build(cfg.partitioner)
     except Exception as error:
-        return [f"{name}: cannot be built: {error}"]
+        return [f"{name}: cannot be built: {refusal('partitioner', cfg.partitioner, error)}"]
     if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
@@ -773,6 +787,63 @@ def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
     return check_objective(cfg.objective)
 
 
+def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """The data source is built (its constructor's checks: ``data=text`` with a missing or empty
+    corpus), and a vocabulary it declares (``vocab_size``) fits the model's input embedding
+    (:func:`~zero_lab.app.protocols.embedding_rows`): ids past it fail in every rank's lookup."""
+    data_name = f"data={_choice(choices, 'data', cfg)}"
+    try:
+        data = build(cfg.data)
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
+        return []
+    except Exception as error:
+        return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
+    vocab = getattr(data, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return []
+    try:
+        rows = embedding_rows(_meta_model(cfg))
+    except Exception:  # reported by _check_model
+        return []
+    if rows is None or vocab <= rows:
+        return []
+    own = "vocab_size" in cfg.model
+    model_key = f"model.vocab_size={rows}" if own else f"model={_choice(choices, 'model', cfg)}"
+    data_key = f"data.vocab_size={vocab}" if "vocab_size" in cfg.data else f"{data_name} (vocabulary {vocab})"
+    fix = f"set model.vocab_size={vocab}" if own else "give the model an embedding of that many rows"
+    return [
+        f"{model_key} with {data_key}: the data's token ids go up to {vocab - 1}, but the model's embedding has "
+        f"{rows} rows; {fix}"
+    ]
+
+
+def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """The scheduler built and stepped by torch's class on a dummy optimizer, and under
+    ``resume_optimizer=strict`` the kind of the checkpoint's (:mod:`zero_lab.app.scheduler_check`)."""
+    return scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
+
+
+def _muon_glob_notice(cfg: DictConfig) -> list[str]:
+    """``optim.param_groups.to_muon`` globs that match parameters that are not 2-D: those never go
+    to Muon (:func:`zero_lab.routing.never_to_muon`); say so rather than drop them silently."""
+    node = cfg.optim.get("param_groups")
+    if node is None or not node.get("to_muon") or get_object(str(node.get("_target_"))) is not muon_param_groups:
+        return []
+    try:
+        left_out = never_to_muon(_meta_model(cfg), list(node.to_muon))
+    except Exception:  # the checks report it
+        return []
+    out = []
+    for glob, names in left_out.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out.append(
+            f"optim.param_groups.to_muon: '{glob}' matches {len(names)} parameter(s) that are not 2-D ({shown}); "
+            "Muon steps only matrices, so 1-D (and other non-2-D) parameters never go to it: they stay with the "
+            "optimizer's default class (optim.optimizer_class); match only 2-D weights with to_muon"
+        )
+    return out
+
+
 _RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[str]]] = [
     _check_known_keys,
     _check_finite,
@@ -781,8 +852,10 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[st
     _check_ranges,
     _check_devices,
     _check_model_data,
+    _check_data,
     _check_ddp_options,
     _check_loop_features,
+    _check_scheduler,
     _check_arguments,
     _check_optim,
     _check_clipping,
