@@ -38,8 +38,10 @@ from typing import Any
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from zero_lab.app.build import param_groups
+from zero_lab.app.config_problems import exclusive_key_problems, unresolved_problems
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
@@ -89,11 +91,15 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
     choices = dict(choices or {})
     problems: list[str] = []
     plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
+    unresolved: list[InterpolationResolutionError] = []
     for rule in _RULES:
         try:
             problems.extend(rule(cfg, choices, plan))
+        except InterpolationResolutionError as error:  # every rule that resolves meets it: one line per key
+            unresolved.append(error)
         except Exception as error:  # a broken node is itself a problem to report
             problems.append(f"{rule.__name__.removeprefix('_check_')}: {error}")
+    problems += unresolved_problems(unresolved, problems, choices)
     if problems:
         raise ConfigError(problems)
 
@@ -602,6 +608,8 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
     except Exception:  # reported by _check_model
         return []
     name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
+    if conflicting := exclusive_key_problems(cfg.partitioner, name):
+        return conflicting
     try:
         _buildable(cfg.partitioner, "partitioner", Partitioner)
         partitioner = instantiate(cfg.partitioner)
