@@ -67,6 +67,7 @@ from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 from zero_lab.planner import plan_memory, specs_from_module
 
 __all__ = [
+    "UNUSED_BY_PLAIN",
     "ConfigError",
     "check",
     "notices",
@@ -118,6 +119,10 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
         return None
 
 
+#: The top-level keys a plain optimizer does not use (every rank keeps the full state).
+UNUSED_BY_PLAIN = ("partitioner", "bucket_view")
+
+
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
@@ -125,7 +130,7 @@ def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = 
     plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
         return _idle_ranks_notice(cfg, overrides, plan)
-    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
+    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in UNUSED_BY_PLAIN]
     if not unused:
         return []
     return [
