@@ -8,6 +8,10 @@ saw). The ranks start here, from this one resolved config, via
 jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
 with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
 
+A sweep job that would train what an earlier, finished job of the sweep trained (a plain
+optimizer's jobs that differ only in the partitioner it ignores) is not run again
+(:mod:`zero_lab.app.repeats`): it says so in one line and returns the earlier job's objective.
+
 A job Slurm requeued (its time limit, a pre-emption) continues from the checkpoint its last
 attempt saved in its run dir (:func:`zero_lab.app.requeue.continue_requeued_run`); a run
 stopped by a signal hands the signal back to the handler it replaced
@@ -147,7 +151,10 @@ def _earlier_identical_job(
     if world is not None:
         return None
     key = repeats.job_key(config, _unused_by(plan))
-    return repeats.claim(Path(hydra_cfg.sweep.dir), key, run_dir, list(hydra_cfg.overrides.task))
+    sweep_dir = run_dir
+    for _ in Path(str(hydra_cfg.sweep.subdir)).parts:  # the run dir is <sweep dir>/<subdir>, as Hydra made it
+        sweep_dir = sweep_dir.parent
+    return repeats.claim(sweep_dir, key, run_dir, list(hydra_cfg.overrides.task))
 
 
 def _repeat(
