@@ -28,7 +28,11 @@ def test_a_later_job_repeats_a_finished_earlier_one_only(tmp_path: Path):
     key = job_key(CONFIG, ("partitioner",))
     assert claim(tmp_path, key, first, ["optim=adam", "partitioner=flat"]) is None  # claimed: run it
     assert claim(tmp_path, key, second, ["optim=adam", "partitioner=sorted_greedy"]) is None  # job 0 still running
-    (first / SUMMARY_FILE).write_text("{}")
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0], "steps": 2, "stopped_by": None}))
+    assert claim(tmp_path, key, second, []) is None  # stopped after 1 of 2 steps: not what job 1 would train
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0, 0.5], "steps": 2, "stopped_by": "SIGTERM"}))
+    assert claim(tmp_path, key, second, []) is None
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0, 0.5], "steps": 2, "stopped_by": None}))
     found = claim(tmp_path, key, second, ["optim=adam", "partitioner=sorted_greedy"])
     assert found == Original(first, ["optim=adam", "partitioner=flat"])
     assert claim(tmp_path, key, first, []) is None  # a requeued job 0 finds its own claim and runs

@@ -8,7 +8,7 @@ names its config, as composed and without the keys its optimizer does not use, b
 created exclusively, so jobs launched in parallel agree on who was first).
 
 A later job whose digest an earlier job claimed, and whose earlier job finished
-(its ``summary.json`` is there), is a *repeat*: it trains nothing, writes :data:`REPEAT_FILE`
+(its ``summary.json`` covers every step), is a *repeat*: it trains nothing, writes :data:`REPEAT_FILE`
 into its run dir (the earlier run dir, both jobs' overrides, the keys that made no difference),
 and its objective is the earlier job's. :mod:`zero_lab.report` lists it under the run it
 repeats. When the earlier job has not finished (launchers that run jobs side by side), or
@@ -69,9 +69,18 @@ def claim(sweep_dir: Path, key: str, run_dir: Path, overrides: list[str]) -> Ori
         earlier = Path(held["run_dir"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a claim being written, or damaged: run the job
-    if earlier.resolve() == run_dir.resolve() or not (earlier / SUMMARY_FILE).is_file():
-        return None  # a requeued job's own claim, or an earlier job still running (or failed)
+    if earlier.resolve() == run_dir.resolve() or not _finished(earlier):
+        return None  # a requeued job's own claim, or an earlier job still running (or failed, or stopped)
     return Original(earlier, [str(o) for o in held.get("overrides", [])])
+
+
+def _finished(run_dir: Path) -> bool:
+    """The run dir holds a summary of every step, not stopped by a signal."""
+    try:
+        done = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+        return not done.get("stopped_by") and len(done["losses"]) >= int(done["steps"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def write_repeat(run_dir: Path, original: Original, overrides: list[str], unused: list[str]) -> None:
