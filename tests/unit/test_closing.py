@@ -106,6 +106,11 @@ def test_a_cost_model_shows_the_local_step_and_numel_adam_does_not():
     )
 
 
+def test_local_steps_of_a_second_or_more_are_shown_in_seconds():
+    slow = lines(optimizer_classes=["Muon", "AdamW"], elementwise=False, optim_step_s=[20.77, 22.22])
+    assert slow[2].startswith("  optimizer step per rank: 20.8 / 22.2 s (median per rank), slowest ÷ mean 1.20")
+
+
 def test_a_summary_without_class_names_falls_back_to_the_plan_name():
     assert "DDP + the same Adam would hold" in lines(optimizer_classes=None)[1]
 

@@ -90,11 +90,13 @@ def _local_steps_differ(summary: RunSummary) -> bool:
 
 def _local_steps(summary: RunSummary) -> str:
     """``4.1 / 6.3 ms (median per rank), slowest ÷ mean 1.21 (partitioner.cost=newton_schulz)``."""
-    times = [1e3 * s for s in summary.optim_step_s or []]
+    seconds = summary.optim_step_s or []
+    scale, unit = (1.0, "s") if max(seconds) >= 1 else (1e3, "ms")
+    times = [scale * s for s in seconds]
     if len(times) <= LISTED_RANKS:
-        shown = " / ".join(f"{t:.1f}" for t in times) + " ms (median per rank)"
+        shown = " / ".join(f"{t:.1f}" for t in times) + f" {unit} (median per rank)"
     else:
-        shown = f"{min(times):.1f} … {max(times):.1f} ms (medians of {len(times)} ranks)"
+        shown = f"{min(times):.1f} … {max(times):.1f} {unit} (medians of {len(times)} ranks)"
     ratio = summary.optim_step_max_over_mean
     spread = f", slowest ÷ mean {ratio:.2f}" if ratio is not None else ""
     cost = (summary.partition or {}).get("cost")
