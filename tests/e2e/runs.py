@@ -9,11 +9,16 @@ time (:func:`together`): the suite's time is mostly these subprocesses starting 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +49,43 @@ def train(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -
         text=True,
         timeout=timeout,
     )
+
+
+def train_on_terminal(*args: str, timeout: float = 240) -> tuple[int, str, str]:
+    """``python train.py *args`` with stderr on a pseudo-terminal, as in an interactive shell (the
+    progress bar draws); returns the exit code, stdout and everything the terminal showed."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 100 columns: tqdm draws
+    shown: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "train.py", *args],
+            cwd=REPO,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=timeout,
+        )
+    finally:
+        os.close(follower)
+        reader.join(timeout=10)
+        os.close(leader)
+    return done.returncode, done.stdout, b"".join(shown).decode(errors="replace")
 
 
 def together(*calls: Callable[[], T], jobs: int = 2) -> list[T]:

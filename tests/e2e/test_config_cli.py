@@ -4,18 +4,20 @@ The module's commands are independent and run together, two at a time (``made``)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
 
 from tests.e2e.runs import summary, train_together
+from zero_lab.report.cli import write_report
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict[str, tuple[CompletedProcess[str], Path]]:
     """name -> (result, run or sweep dir) of: a comma list without ``-m``; a manual-partitioning
-    sweep over world sizes; a plain optimizer given a partitioner it does not use; a typo in a
+    sweep over world sizes; a sweep of a plain optimizer over partitioners it does not use; a typo in a
     YAML of the user's own ``--config-dir``; Hydra's ``--cfg`` mode (nothing runs, nothing checked)."""
     base = tmp_path_factory.mktemp("config_cli")
     (base / "mine" / "model").mkdir(parents=True)
@@ -24,8 +26,8 @@ def made(tmp_path_factory) -> dict[str, tuple[CompletedProcess[str], Path]]:
         "comma": ("optim=adam,zero_adam", f"hydra.run.dir={base / 'comma'}"),
         "manual": ("-m", "partitioner=manual", "dist.world_size=2,4", "steps=2", "logger=none",
                    f"hydra.sweep.dir={base / 'manual'}"),
-        "plain": ("optim=adam", "partitioner=flat", "dist.world_size=1", "steps=1", "logger=none",
-                  f"hydra.run.dir={base / 'plain'}"),
+        "plain": ("-m", "optim=adam", "partitioner=flat,sorted_greedy", "dist.world_size=1", "steps=1", "logger=none",
+                  f"hydra.sweep.dir={base / 'plain'}"),
         "mine": ("--config-dir", str(base / "mine"), "model=wide", "model.hiden=3",
                  f"hydra.run.dir={base / 'mine_run'}"),
         "cfg": ("--cfg", "job", "dist.world_size=0", f"hydra.run.dir={base / 'cfg'}"),
@@ -50,15 +52,35 @@ def test_manual_partitioning_sweeps_over_world_sizes(made):
         assert all(n > 0 for n in numel)  # contiguous runs of layers, nobody idle
 
 
-def test_a_plain_optimizer_says_which_overrides_it_does_not_use(made):
-    result, run_dir = made["plain"]
+def test_a_plain_optimizer_says_once_which_overrides_it_does_not_use_and_runs_a_repeat_once(made):
+    """``-m optim=adam partitioner=flat,sorted_greedy``: job 0 trains and says partitioner=flat is
+    not used (once on the console, once in train.log); job 1 would train the same: not run, noted,
+    recorded, and the report lists it under job 0."""
+    result, sweep_dir = made["plain"]
     assert result.returncode == 0, result.stderr[-3000:]
     notes = [line for line in result.stderr.splitlines() if line.startswith("zero_lab: note:")]
     assert notes == [
         "zero_lab: note: partitioner=flat: not used by torch.optim.Adam, a plain optimizer (every rank keeps the "
-        "full state); pick optim=zero_* to shard"
+        "full state); pick optim=zero_* to shard",
+        f"zero_lab: note: partitioner=sorted_greedy: not used by torch.optim.Adam, a plain optimizer, so this job "
+        f"trains what {sweep_dir / '0'} trained; not run again (its results stand for both; "
+        f"{sweep_dir / '1' / 'repeat_of.json'})",
     ]
-    assert summary(run_dir)["zero"] is False
+    console = result.stdout + result.stderr
+    assert console.count("partitioner=flat: not used by") == 1  # one notice per fact (no log-line copy)
+    assert (sweep_dir / "0" / "train.log").read_text().count("partitioner=flat: not used by") == 1
+    assert summary(sweep_dir / "0")["zero"] is False
+    assert console.count("zero_lab: final loss") == 1 and not (sweep_dir / "1" / "summary.json").exists()
+    repeat = json.loads((sweep_dir / "1" / "repeat_of.json").read_text())
+    assert (repeat["repeat_of"], repeat["not_used"]) == (str(sweep_dir / "0"), ["partitioner=sorted_greedy"])
+    out = sweep_dir / "report"
+    runs, failed = write_report(sweep_dir, out)
+    assert ([r.path.name for r in runs], failed) == (["0"], [])
+    assert (
+        "- [1](../1/): the same run as `0` (partitioner=sorted_greedy: not used by its optimizer)"
+        in (out / "report.md").read_text()
+    )
+    assert "Repeats (1): merged into the run they repeat" in (out / "report.html").read_text()
 
 
 def test_a_job_of_the_users_config_dir_is_checked_like_ours(made):

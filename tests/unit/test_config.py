@@ -193,7 +193,10 @@ BAD_INPUT = [
     (["model=transformer"], ["data=regression", "data=tokens"]),
     (["data.global_batch=33"], ["data.global_batch=33", "multiple of dist.world_size=2"]),
     (["experiment=manual_mlp", "dist.world_size=4"], ["params_per_rank", "dist.world_size=4"]),  # 2 lists given
-    (["partitioner=manual", "partitioner.params_per_rank=[[encoder.*],[decoder.*]]"], ["encoder.*", "layers.0.weight"]),
+    (
+        ["partitioner=manual", "partitioner.order=null", "partitioner.params_per_rank=[[encoder.*],[decoder.*]]"],
+        ["encoder.*", "layers.0.weight"],
+    ),
     (["resume=/nonexistent/run"], ["resume=/nonexistent/run", "checkpoint"]),
     (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
     (["partitioner=ddp_bucket"], ["partitioner=ddp_bucket", "overlap=true"]),

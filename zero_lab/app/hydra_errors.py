@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 
-from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -31,6 +31,8 @@ _HIDDEN_KEYS = (*HYDRA_KEYS, "hydra")
 
 def describe_hydra_error(error: BaseException) -> str:
     """One line (or a few) naming the key and what is allowed, from Hydra/OmegaConf errors."""
+    if isinstance(error, OverrideParseException):
+        return _unparsable(error)
     if isinstance(error, MissingConfigException) and error.options is not None:
         group, _, name = (error.missing_cfg_file or "").rpartition("/")
         return f"{group}={name}: no such option; choose one of: {', '.join(sorted(error.options))}"
@@ -66,6 +68,23 @@ _TYPE_HINTS = {
     "converted to Float": " (expected a number, e.g. 1e-3)",
     "converted to Integer": " (expected an integer)",
 }
+
+
+def _unparsable(error: OverrideParseException) -> str:
+    """The command-line argument Hydra could not parse, named; several ``key=value`` pairs in one
+    (quoted) argument are said as such, with the arguments they should be."""
+    argument = error.override
+    words = argument.split()
+    if len(words) > 1 and sum("=" in word for word in words) > 1:
+        return (
+            f"'{argument}': several overrides in one argument; give each as its own argument: {' '.join(words)} "
+            "(quote only a value that holds spaces: key='a b')"
+        )
+    reason = _first_line(error.message).removeprefix("LexerNoViableAltException: ")
+    return (
+        f"'{argument}': not an override Hydra can parse ({reason}); write key=value, quoting a value with spaces or "
+        "brackets ('key=[a,b]', \"key='a b'\"); see https://hydra.cc/docs/advanced/override_grammar/basic/"
+    )
 
 
 def _unknown_key(error: OmegaConfBaseException, override: str | None) -> str:

@@ -8,6 +8,10 @@ saw). The ranks start here, from this one resolved config, via
 jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
 with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
 
+A sweep job that would train what an earlier, finished job of the sweep trained (a plain
+optimizer's jobs that differ only in the partitioner it ignores) is not run again
+(:mod:`zero_lab.app.repeats`): it says so in one line and returns the earlier job's objective.
+
 A job Slurm requeued (its time limit, a pre-emption) continues from the checkpoint its last
 attempt saved in its run dir (:func:`zero_lab.app.requeue.continue_requeued_run`); a run
 stopped by a signal hands the signal back to the handler it replaced
@@ -39,11 +43,14 @@ import multiprocessing
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from zero_lab.app import repeats
 from zero_lab.app.cli import fail
 from zero_lab.app.closing import closing_lines
 from zero_lab.app.config_check import check_unless_checked
@@ -56,7 +63,7 @@ from zero_lab.app.runner import RankResult, RunSpec, train_rank
 from zero_lab.app.schema import enum_str
 from zero_lab.app.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.summary import SUMMARY_FILE, RunSummary
-from zero_lab.app.validate import notices, to_container
+from zero_lab.app.validate import UNUSED_BY_PLAIN, notices, to_container
 from zero_lab.files import write_json
 from zero_lab.runtime import external
 from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
@@ -77,11 +84,15 @@ def run(cfg: DictConfig) -> Objective | None:
     world = external.detect(port=cfg.dist.master_port)
     check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
     plan = OptimPlan.of(cfg.optim)  # the job's one answer: ZeRO or not, which class steps
-    for notice in notices(cfg, list(hydra_cfg.overrides.task), plan):
-        log.warning(notice)
-        print(f"zero_lab: note: {notice}", file=sys.stderr, flush=True)
+    overrides = list(hydra_cfg.overrides.task)
+    said = notices(cfg, overrides, plan)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     config = to_container(cfg)
+    original = (
+        _earlier_identical_job(hydra_cfg, config, plan, run_dir, world) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    )
+    for notice in said if original is None else []:
+        _note(notice)
     meta = run_meta(hydra_cfg, OmegaConf.to_container(hydra_cfg.runtime.choices))  # type: ignore[arg-type]
     if world is not None:
         config["dist"]["world_size"] = world.world_size
@@ -90,6 +101,8 @@ def run(cfg: DictConfig) -> Objective | None:
     if world is not None:
         return _run_as_external_rank(spec, cfg)
     write_json(run_dir / "meta.json", spec.meta)
+    if original is not None:
+        return _repeat(original, cfg, plan, overrides, run_dir)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
@@ -113,6 +126,54 @@ def run(cfg: DictConfig) -> Objective | None:
             fail(f"{interrupted}; {resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
         # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
         return _report(results, cfg, spec, time.perf_counter() - started)
+
+
+def _note(text: str) -> None:
+    """Say ``text`` once: ``zero_lab: note: ...`` on stderr, and a WARNING line in the job's log
+    files (train.log) without a second copy on the console."""
+    print(f"zero_lab: note: {text}", file=sys.stderr, flush=True)
+    record = log.makeRecord(log.name, logging.WARNING, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
+    """The top-level keys a job's optimizer ignores (a plain optimizer: the partitioner and the bucket view)."""
+    return () if plan.zero else UNUSED_BY_PLAIN
+
+
+def _earlier_identical_job(
+    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, run_dir: Path, world: Any
+) -> repeats.Original | None:
+    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.repeats`);
+    ``None`` under torchrun/srun ranks (each rank is a job of its own world)."""
+    if world is not None:
+        return None
+    key = repeats.job_key(config, _unused_by(plan))
+    sweep_dir = run_dir
+    for _ in Path(str(hydra_cfg.sweep.subdir)).parts:  # the run dir is <sweep dir>/<subdir>, as Hydra made it
+        sweep_dir = sweep_dir.parent
+    return repeats.claim(sweep_dir, key, run_dir, list(hydra_cfg.overrides.task))
+
+
+def _repeat(
+    original: repeats.Original, cfg: DictConfig, plan: OptimPlan, overrides: list[str], run_dir: Path
+) -> Objective:
+    """This job repeats ``original``: say so in one line, record it, return the earlier job's objective."""
+    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in _unused_by(plan)]
+    differing = [o for o in overrides if o not in original.overrides]
+    why = (
+        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer, so"
+        if unused
+        else f"{' '.join(differing) or 'its overrides'}: the same config, so"
+    )
+    repeats.write_repeat(run_dir, original, overrides, unused)
+    _note(
+        f"{why} this job trains what {original.run_dir} trained; not run again (its results stand for both; "
+        f"{run_dir / repeats.REPEAT_FILE})"
+    )
+    return objective_value(RunSummary.read(original.run_dir / SUMMARY_FILE), cfg.objective)
 
 
 def _standard_start_method() -> None:

@@ -1,13 +1,19 @@
 """What one rank's training holds in memory, measured from its tensors (and, for the "÷ DDP"
 baseline, predicted by the planner): the figures behind ``memory/*`` in metrics and summary.json.
 
+The baseline compares like with like: DDP + the same optimizer, priced over the parameters
+that have state in this run (:func:`params_with_state`, OR-ed over the ranks). A parameter
+that never gets a gradient (left unused by the model) gets no state under either, so it is
+not counted as saved.
+
     training_tensor_bytes(training)            # params + grads + buffers + local optimizer state, per storage
-    ddp_state_bytes(training.model, training.optimizer)   # what DDP + the plain optimizer would hold
+    ddp_state_bytes(training.model, training.optimizer, held)   # what DDP + the same optimizer would hold
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,7 +26,7 @@ from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import ParamSpec
 from zero_lab.planner import plan_memory, specs_from_module
 
-__all__ = ["ddp_state_bytes", "master_weight_bytes", "training_tensor_bytes"]
+__all__ = ["ddp_state_bytes", "master_weight_bytes", "optimizer_classes", "params_with_state", "training_tensor_bytes"]
 
 
 def master_weight_bytes(optimizer: Optimizer) -> int:
@@ -59,23 +65,58 @@ def training_tensor_bytes(training: Training) -> int:
     return sum(storages.values())
 
 
-def ddp_state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
-    """Per-rank state of DDP + the plain optimizer on this model, as the planner predicts it
-    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline."""
+def params_with_state(optimizer: Optimizer) -> list[bool]:
+    """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds optimizer
+    state for any of its elements. ZeRO: each local shard's tensor looked up in the local
+    optimizer's state; a plain optimizer: the parameter in its ``state``."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        state = optimizer.optim.state
+        held = [False] * len(params)
+        for shard in optimizer.local_shards():
+            held[shard.index] = held[shard.index] or bool(state.get(shard.tensor))
+        return held
+    return [bool(optimizer.state.get(p)) for p in params]
+
+
+def optimizer_classes(optimizer: Optimizer) -> list[type]:
+    """The classes that hold the state, each once, in param-group order (``[Muon, AdamW]``)."""
+    group_classes = getattr(optimizer, "group_classes", None)
+    local = getattr(optimizer, "optim", optimizer)
+    classes = group_classes() if group_classes is not None else [type(local)]
+    return list(dict.fromkeys(classes))
+
+
+def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
+    """Per-rank state of DDP + the same optimizer, as the planner predicts it
+    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline.
+
+    ``held``: per parameter of ``optimizer.param_groups``, whether any rank holds state for it
+    (:func:`params_with_state` OR-ed over the ranks); only those are priced. ``None``: every
+    trainable parameter of ``model``."""
     device = next(model.parameters()).device
+    if held is None:
+        specs = specs_from_module(model, device)
+    else:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if len(held) != len(params):
+            raise ValueError(f"held: {len(held)} flags for {len(params)} parameters")
+        groups = [index for index, group in enumerate(optimizer.param_groups) for _ in group["params"]]
+        specs = [ParamSpec.of(p, group=g, device=device) for p, g, kept in zip(params, groups, held) if kept]
     if isinstance(optimizer, (ZeroRedundancyOptimizer, ChainedOptimizer)) and len(set(optimizer.group_classes())) > 1:
         classes = optimizer.group_classes()
-        specs = [
-            ParamSpec.of(p, group=index, device=device)
-            for index, group in enumerate(optimizer.param_groups)
-            for p in group["params"]
-        ]
+        if held is None:
+            specs = [
+                ParamSpec.of(p, group=index, device=device)
+                for index, group in enumerate(optimizer.param_groups)
+                for p in group["params"]
+            ]
         per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]
         plan = plan_memory(specs, 1, None, classes[0], group_optimizers=per_group)
         return plan.ranks[0].state_bytes
     local = getattr(optimizer, "optim", optimizer)
     options = _plain_options(type(local), local.defaults)
-    plan = plan_memory(specs_from_module(model, device), 1, None, type(local), **options)
+    plan = plan_memory(specs, 1, None, type(local), **options)
     return plan.ranks[0].state_bytes
 
 

@@ -3,6 +3,13 @@
 The bar draws only when enabled *and* stderr is a terminal; under pytest, CI, SLURM or a
 redirected log it is a no-op, so log files hold no carriage-return noise.
 
+The bar writes under a thread lock of its own. tqdm's default write lock also makes a
+``multiprocessing.RLock``: in a spawned rank that is a named POSIX semaphore the resource
+tracker registers, and a rank ends with ``os._exit`` (:mod:`zero_lab.runtime.launch`), so the
+semaphore was never unlinked and every interactive run ended with ``resource_tracker: There
+appear to be 1 leaked semaphore objects``. One process draws the bar, so a thread lock is all
+it needs, and no semaphore is made.
+
     with Progress(total=100, start=0, enabled=rank == 0) as bar:
         bar.update({"train/loss": 0.5})
 """
@@ -10,6 +17,7 @@ redirected log it is a no-op, so log files hold no carriage-return noise.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -17,12 +25,19 @@ from tqdm import tqdm
 __all__ = ["Progress"]
 
 
+class _RankBar(tqdm):
+    """tqdm with a thread lock of its own: ``get_lock()`` finds it, so tqdm never creates its
+    process-shared default lock (a named semaphore)."""
+
+    _lock = threading.RLock()
+
+
 class Progress:
     def __init__(self, total: int, start: int = 0, enabled: bool = True, stream: TextIO | None = None):
         stream = sys.stderr if stream is None else stream
         self._bar = None
         if enabled and stream.isatty():
-            self._bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, leave=False, file=stream)
+            self._bar = _RankBar(total=total, initial=start, unit="step", dynamic_ncols=True, leave=False, file=stream)
 
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is not None:

@@ -45,7 +45,13 @@ from omegaconf import DictConfig, OmegaConf
 from zero_lab.app import run_checkpoints
 from zero_lab.app.build import build_training
 from zero_lab.app.data import stream_seed
-from zero_lab.app.memory import ddp_state_bytes, master_weight_bytes, training_tensor_bytes
+from zero_lab.app.memory import (
+    ddp_state_bytes,
+    master_weight_bytes,
+    optimizer_classes,
+    params_with_state,
+    training_tensor_bytes,
+)
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.progress import Progress
@@ -54,6 +60,7 @@ from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
 from zero_lab.app.training import Training
+from zero_lab.elementwise import is_elementwise
 from zero_lab.files import write_json
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
@@ -167,12 +174,14 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 break
         _settle(training)
         checksum = _agreed_checksum(training.model, gather)
+        held = _held_anywhere(training, gather)  # every rank: the parameters with state, for "÷ DDP"
         if rank == 0:
-            summary = _summary(cfg, spec, training, losses, records, checksum, start)
+            summary = _summary(cfg, spec, training, losses, records, checksum, start, held)
             summary.stopped_by = signal_name(stopped_by) if stopped_by else None
             if resumed is not None:
                 summary.resume_optimizer = str(cfg.resume_optimizer)
                 summary.resume_overridden = resumed.overridden
+                summary.resumed_checkpoint = str(resumed.path)
             write_json(run_dir / SUMMARY_FILE, summary.as_dict())
             for sink in sinks:
                 sink.summary(summary)
@@ -270,6 +279,14 @@ def _agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
     return mine
 
 
+def _held_anywhere(training: Training, gather: MetricsGather) -> list[bool]:
+    """Per parameter of the optimizer's param groups: whether any rank holds state for it
+    (:func:`~zero_lab.app.memory.params_with_state`, a MAX all-reduce under the dist timeout)."""
+    mine = torch.tensor(params_with_state(training.optimizer), dtype=torch.float32, device=gather.device)
+    gather.comm.all_reduce(mine, dist.ReduceOp.MAX, op="state_mask")
+    return [bool(flag) for flag in mine.cpu().tolist()]
+
+
 def _summary(
     cfg: DictConfig,
     spec: RunSpec,
@@ -278,6 +295,7 @@ def _summary(
     records: list[dict[str, Any]],
     checksum: str,
     start: int,
+    held: list[bool] | None = None,
 ) -> RunSummary:
     """summary.json (:class:`~zero_lab.app.summary.RunSummary`): the contract scripts and dashboards read."""
     world = dist.get_world_size()
@@ -291,7 +309,9 @@ def _summary(
         return statistics.median(r[key] for r in timed) if timed else None
 
     optim_state = per_rank("optim_state_bytes")
-    planned = ddp_state_bytes(training.model, training.optimizer)  # planned, for "÷ DDP"
+    planned = ddp_state_bytes(training.model, training.optimizer, held)  # planned, for "÷ DDP": like with like
+    classes = optimizer_classes(training.optimizer)
+    evaluated = [r["val/loss"] for r in records if "val/loss" in r]
     return RunSummary(
         final_loss=losses[-1],
         losses=losses,
@@ -316,10 +336,15 @@ def _summary(
         tensor_bytes=per_rank("tensor_bytes"),
         peak_bytes=per_rank("peak_bytes"),
         ddp_state_bytes=planned,
+        optimizer_classes=[cls.__name__ for cls in classes],
+        elementwise=all(is_elementwise(cls) for cls in classes),
         imbalance=last.get(NAMESPACED["imbalance"], 1.0),
         **{name: median(key) for name, key in MEDIAN_OF.items()},  # step_time_s, exchange_time_s, ...
-        final_val_loss=next((r["val/loss"] for r in reversed(records) if "val/loss" in r), None),
+        final_val_loss=evaluated[-1] if evaluated else None,
+        best_val_loss=min(evaluated) if evaluated else None,
         accumulate=cfg.get("accumulate", 1),
+        eval_every=int(cfg.get("eval_every") or 0),
+        eval_batches=cfg.get("eval_batches") if cfg.get("eval_every") else None,
         autocast=str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
         compile=bool(cfg.get("compile", False)),
         compiled_graphs=_compiled_graphs() if cfg.get("compile") else None,

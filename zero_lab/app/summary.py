@@ -86,6 +86,7 @@ class RunSummary:
     param_checksum: str | None = None
     start_step: int = 0
     resumed_from: str | None = None
+    resumed_checkpoint: str | None = None  # the step dir resume= named (or found in the run dir it named)
     zero: bool = False
     bucket_view: bool = False
     overlap: bool = False
@@ -101,7 +102,9 @@ class RunSummary:
     master_weight_bytes: list[float] = field(default_factory=list)
     tensor_bytes: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
-    ddp_state_bytes: int | None = None  # planned: what plain DDP + the same optimizer holds per rank
+    ddp_state_bytes: int | None = None  # planned: what DDP + the same optimizer holds per rank (parameters with state)
+    optimizer_classes: list[str] | None = None  # the classes holding the state, in param-group order (Muon, AdamW)
+    elementwise: bool | None = None  # every one of them steps element by element (False: Muon's whole matrices)
     imbalance: float | None = None  # the partition's max / ideal (1.0 for plain optimizers)
     step_time_s: float | None = None
     exchange_time_s: float | None = None
@@ -109,7 +112,10 @@ class RunSummary:
     exchange_bytes_per_step: float | None = None
     samples_per_s: float | None = None
     final_val_loss: float | None = None
+    best_val_loss: float | None = None  # the lowest val/loss of this run's evaluations
     accumulate: int = 1
+    eval_every: int = 0  # 0: no validation
+    eval_batches: int | None = None  # held-out batches per validation (with eval_every)
     autocast: str | None = None
     compile: bool = False
     compiled_graphs: int | None = None

@@ -44,9 +44,10 @@ from typing import Any
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from zero_lab.app.build import param_groups
+from zero_lab.app.config_problems import exclusive_key_problems, unresolved_problems
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
@@ -75,6 +76,7 @@ from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.routing import muon_param_groups, never_to_muon
 
 __all__ = [
+    "UNUSED_BY_PLAIN",
     "ConfigError",
     "check",
     "notices",
@@ -101,11 +103,15 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
     if problems:
         raise ConfigError(problems)
     plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
+    unresolved: list[InterpolationResolutionError] = []
     for rule in _RULES:
         try:
             problems.extend(rule(cfg, choices, plan))
+        except InterpolationResolutionError as error:  # every rule that resolves meets it: one line per key
+            unresolved.append(error)
         except Exception as error:  # a broken node is itself a problem to report
             problems.append(f"{rule.__name__.removeprefix('_check_')}: {error}")
+    problems += unresolved_problems(unresolved, problems, choices)
     if problems:
         raise ConfigError(problems)
 
@@ -124,6 +130,10 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
         return None
 
 
+#: The top-level keys a plain optimizer does not use (every rank keeps the full state).
+UNUSED_BY_PLAIN = ("partitioner", "bucket_view")
+
+
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
@@ -132,7 +142,7 @@ def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = 
     plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
         return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
-    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in ("partitioner", "bucket_view")]
+    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in UNUSED_BY_PLAIN]
     if not unused:
         return _muon_glob_notice(cfg)
     return [
@@ -616,6 +626,8 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
     except Exception:  # reported by _check_model
         return []
     name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
+    if conflicting := exclusive_key_problems(cfg.partitioner, name):
+        return conflicting
     try:
         _buildable(cfg.partitioner, "partitioner", Partitioner)
         partitioner = build(cfg.partitioner)

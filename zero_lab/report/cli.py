@@ -18,7 +18,7 @@ from pathlib import Path
 
 from zero_lab.report.page import html_page, provenance
 from zero_lab.report.plots import PLOTS
-from zero_lab.report.runs import Failed, Run, find_runs
+from zero_lab.report.runs import Failed, Repeat, Run, find_repeats, find_runs
 from zero_lab.report.table import markdown, table_rows
 
 __all__ = ["CAPTIONS", "main", "write_report"]
@@ -37,11 +37,21 @@ def _markdown_report(runs: list[Run], failed: list[Failed], root: Path, out: Pat
     lines = [f"# zero_lab report: {root}", ""]
     lines += [f"- {what}: {value.replace(chr(10), '; ')}" for what, value in provenance(runs, failed, root)]
     lines += ["", markdown(table_rows(runs), relative)]
+    if repeats := find_repeats(root, runs):
+        lines += [f"## Repeats ({len(repeats)}): merged into the run they repeat, not run again", ""]
+        lines += [f"- [{r.path.name}]({relative(r.path)}): {repeat_note(r)}" for r in repeats]
+        lines.append("")
     if failed:
         lines += [f"## Failed or incomplete runs ({len(failed)}), not in the table or plots", ""]
         lines += [f"- [{f.label}]({relative(f.path)}): {f.reason}" for f in failed]
         lines.append("")
     return "\n".join(lines)
+
+
+def repeat_note(repeat: Repeat) -> str:
+    """``the same run as `optim=adam dist.world_size=2` (partitioner=flat: not used by its optimizer)``."""
+    why = f" ({' '.join(repeat.not_used)}: not used by its optimizer)" if repeat.not_used else " (the same config)"
+    return f"the same run as `{repeat.label}`{why}"
 
 
 def write_report(root: Path, out: Path) -> tuple[list[Run], list[Failed]]:
@@ -59,7 +69,8 @@ def write_report(root: Path, out: Path) -> tuple[list[Run], list[Failed]]:
             plot(runs, out / name)
             figures[name] = CAPTIONS[name]
     _write(out / "report.md", _markdown_report(runs, failed, root, out))
-    _write(out / "report.html", html_page(runs, failed, table_rows(runs), root, out, figures))
+    notes = [(r.path, repeat_note(r)) for r in find_repeats(root, runs)]
+    _write(out / "report.html", html_page(runs, failed, table_rows(runs), root, out, figures, repeats=notes))
     return runs, failed
 
 

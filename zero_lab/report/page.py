@@ -12,6 +12,7 @@ import base64
 import html
 import os
 import platform
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -105,6 +106,18 @@ def _failed(failed: list[Failed], out: Path) -> str:
     return f'<h2 class="failed">{title}</h2><ul id="failed">{items}</ul>'
 
 
+def _repeats(repeats: Sequence[tuple[Path, str]], out: Path) -> str:
+    """Sweep jobs that repeated an earlier one (``(run dir, note)``), not run again."""
+    if not repeats:
+        return ""
+    items = "".join(
+        f'<li><a href="{_href(path, out)}">{html.escape(path.name)}</a>: {html.escape(note)}</li>'
+        for path, note in repeats
+    )
+    title = f"Repeats ({len(repeats)}): merged into the run they repeat, not run again"
+    return f"<h2>{title}</h2><ul id='repeats'>{items}</ul>"
+
+
 def html_page(
     runs: list[Run],
     failed: list[Failed],
@@ -112,8 +125,10 @@ def html_page(
     root: Path,
     out: Path,
     figures: dict[str, str],
+    repeats: Sequence[tuple[Path, str]] = (),
 ) -> str:
-    """The page; ``figures`` maps each PNG (in ``out``) to its caption."""
+    """The page; ``figures`` maps each PNG (in ``out``) to its caption; ``repeats``: the sweep
+    jobs not run because they repeated another (run dir, note)."""
     meta = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v).replace(chr(10), '<br>')}</td></tr>"
         for k, v in provenance(runs, failed, root)
@@ -132,5 +147,6 @@ def html_page(
         f"<h1>zero_lab report</h1><table class='meta' id='provenance'>{meta}</table>"
         f"<h2>Runs (click a column to sort)</h2>{_table(rows, out)}"
         f"<details><summary>What the columns mean</summary><ul>{legend}</ul></details>"
-        f"{_failed(failed, out)}<h2>Plots</h2>{images}<script>{_SCRIPT}</script></body></html>\n"
+        f"{_repeats(repeats, out)}{_failed(failed, out)}"
+        f"<h2>Plots</h2>{images}<script>{_SCRIPT}</script></body></html>\n"
     )

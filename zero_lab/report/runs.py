@@ -11,7 +11,9 @@ Labels (:func:`label_runs`): each run's Hydra overrides (``.hydra/overrides.yaml
 run form the label, e.g. ``optim.master_weights=true param_dtype=bfloat16``. A run that
 did not override such a key shows its own value (its group choice or resolved config).
 Runs with identical overrides get their run dir appended, so no two runs share a label
-and none is ever merged with another.
+and none is ever merged with another. A sweep job that repeated an earlier one was not run
+(:mod:`zero_lab.app.repeats`: its run dir holds ``repeat_of.json``): it is no run of its own,
+and :func:`find_repeats` names it beside the run it repeats.
 
     runs, failed = find_runs(Path("outputs/multirun/2026-11-23/10-00-00"))
 """
@@ -28,9 +30,21 @@ from typing import Any
 
 import yaml
 
+from zero_lab.app.repeats import read_repeat
 from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 
-__all__ = ["WORLD_KEY", "Failed", "Run", "find_runs", "label_runs", "parse_overrides", "percentile", "run_date"]
+__all__ = [
+    "WORLD_KEY",
+    "Failed",
+    "Repeat",
+    "Run",
+    "find_repeats",
+    "find_runs",
+    "label_runs",
+    "parse_overrides",
+    "percentile",
+    "run_date",
+]
 
 WORLD_KEY = "dist.world_size"
 
@@ -83,6 +97,17 @@ class Failed:
     label: str = ""
 
 
+@dataclass
+class Repeat:
+    """A sweep job that was not run: it trains what ``original`` trained (``not_used``: its
+    overrides the optimizer ignores); ``label``: the label of the run it repeats."""
+
+    path: Path
+    original: Path
+    not_used: list[str]
+    label: str = ""
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated ``q``-quantile (0..1) of ``values`` (non-empty)."""
     ordered = sorted(values)
@@ -110,12 +135,29 @@ def find_runs(root: Path) -> tuple[list[Run], list[Failed]]:
     runs: list[Run] = []
     failed: list[Failed] = []
     for path in _run_dirs(root):
+        if read_repeat(path) is not None:
+            continue  # no run of its own: find_repeats
         loaded = _load(path)
         (runs if isinstance(loaded, Run) else failed).append(loaded)
     label_runs([*runs, *failed], root)
     runs.sort(key=lambda r: (r.series, r.world_size, r.label))
     failed.sort(key=lambda f: str(f.path))
     return runs, failed
+
+
+def find_repeats(root: Path, runs: list[Run]) -> list[Repeat]:
+    """The sweep jobs below ``root`` that repeated an earlier job and were not run, each with the
+    label of the run it repeats (its dir, when that run is not among ``runs``)."""
+    labels = {run.path.resolve(): run.label for run in runs}
+    found = []
+    for path in _run_dirs(root):
+        record = read_repeat(path)
+        if record is None:
+            continue
+        original = Path(str(record["repeat_of"]))
+        label = labels.get(original.resolve(), str(original))
+        found.append(Repeat(path, original, [str(o) for o in record.get("not_used") or []], label))
+    return found
 
 
 def _is_run_dir(path: Path) -> bool:

@@ -1,0 +1,71 @@
+"""One problem, one line (zero_lab/app/config_problems.py, hydra_errors.py): an interpolation that
+fails in every check is one line, or none when the model/data mismatch behind it is reported;
+``partitioner=manual`` takes exactly one of ``order`` and ``params_per_rank``; an argument Hydra
+cannot parse is named, and several overrides in one argument are said to be that."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.configs import problems
+from zero_lab.app.preflight import preflight
+from zero_lab.app.schema import register_configs
+
+register_configs()
+
+
+def lines(message: str) -> list[str]:
+    """The problem lines of a ConfigError's text (after its first line)."""
+    return [line.removeprefix("  - ") for line in message.splitlines()[1:]]
+
+
+def test_a_model_data_mismatch_is_one_problem_not_its_failed_interpolations():
+    message = problems("model=mlp", "data=tokens")
+    assert message.startswith("invalid config (1 problem):")
+    assert lines(message) == [
+        "data=tokens: model=mlp is a 'regression' model and needs data for that task, but this data's task is 'lm' "
+        "(pick data=regression; zero_lab/app/protocols.py)"
+    ]
+
+
+def test_a_failed_interpolation_of_its_own_is_one_line_naming_the_key():
+    assert lines(problems("model=transformer", "data=tokens", "data.vocab_size=${model.nope}")) == [
+        "data.vocab_size: follows ${model.nope}, but model=transformer has no nope; set data.vocab_size=<value>, "
+        "or pick a model that has it"
+    ]
+    assert lines(problems("model=transformer", "data=tokens", "data.seq_len=${nope}")) == [
+        "data.seq_len: follows ${nope}, which names no key of the config; set data.seq_len=<value>"
+    ]
+
+
+def test_manual_needs_exactly_one_of_order_and_params_per_rank():
+    assert lines(problems("partitioner=manual", "partitioner.order=null")) == [
+        "partitioner.order=null: partitioner=manual needs partitioner.order (ordered name patterns, any world size) "
+        "or partitioner.params_per_rank (one list of patterns per rank); set one, e.g. 'partitioner.order=[\"*\"]'"
+    ]
+    assert lines(problems("partitioner=manual", "partitioner.params_per_rank=[[layers.0.*],[layers.1.*]]")) == [
+        "partitioner.order and partitioner.params_per_rank are both set: partitioner=manual takes one; to give "
+        "params_per_rank add partitioner.order=null (or drop params_per_rank)"
+    ]
+    preflight(["partitioner=manual", "partitioner.order=null", "partitioner.params_per_rank=[[*weight],[*bias]]"])
+    preflight(["experiment=manual_mlp"])
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        (
+            "optim=zero_adam partitioner=flat",
+            "'optim=zero_adam partitioner=flat': several overrides in one argument; give each as its own argument: "
+            "optim=zero_adam partitioner=flat (quote only a value that holds spaces: key='a b')",
+        ),
+        (
+            "optim.lr=[1e-3",
+            "'optim.lr=[1e-3': not an override Hydra can parse (",
+        ),
+    ],
+)
+def test_an_argument_hydra_cannot_parse_is_named(argument, expected):
+    (line,) = lines(problems(argument))
+    assert line.startswith(expected), line
+    assert "write key=value" in line or "several overrides" in line

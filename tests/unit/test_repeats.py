@@ -1,0 +1,55 @@
+"""A sweep job that would train what an earlier one trained is found by its claim in the sweep
+dir (zero_lab/app/repeats.py): only once the earlier job finished, never its own (requeued)
+claim, and the keys a plain optimizer ignores make no difference to the digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zero_lab.app.repeats import REPEAT_FILE, Original, claim, job_key, read_repeat, write_repeat
+from zero_lab.app.summary import SUMMARY_FILE
+
+CONFIG = {"optim": {"_target_": "torch.optim.Adam", "lr": 1e-3}, "partitioner": {"_target_": "Flat"}, "steps": 2}
+
+
+def test_the_digest_ignores_only_the_keys_named_unused():
+    other = CONFIG | {"partitioner": {"_target_": "SortedGreedy"}}
+    unused = ("partitioner", "bucket_view")
+    assert job_key(CONFIG, unused) == job_key(other, unused)
+    assert job_key(CONFIG, ()) != job_key(other, ())
+    assert job_key(CONFIG, unused) != job_key(CONFIG | {"steps": 3}, unused)
+
+
+def test_a_later_job_repeats_a_finished_earlier_one_only(tmp_path: Path):
+    first, second = tmp_path / "0", tmp_path / "1"
+    first.mkdir()
+    second.mkdir()
+    key = job_key(CONFIG, ("partitioner",))
+    assert claim(tmp_path, key, first, ["optim=adam", "partitioner=flat"]) is None  # claimed: run it
+    assert claim(tmp_path, key, second, ["optim=adam", "partitioner=sorted_greedy"]) is None  # job 0 still running
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0], "steps": 2, "stopped_by": None}))
+    assert claim(tmp_path, key, second, []) is None  # stopped after 1 of 2 steps: not what job 1 would train
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0, 0.5], "steps": 2, "stopped_by": "SIGTERM"}))
+    assert claim(tmp_path, key, second, []) is None
+    (first / SUMMARY_FILE).write_text(json.dumps({"losses": [1.0, 0.5], "steps": 2, "stopped_by": None}))
+    found = claim(tmp_path, key, second, ["optim=adam", "partitioner=sorted_greedy"])
+    assert found == Original(first, ["optim=adam", "partitioner=flat"])
+    assert claim(tmp_path, key, first, []) is None  # a requeued job 0 finds its own claim and runs
+    assert claim(tmp_path, job_key(CONFIG, ()), second, []) is None  # another digest: its own claim
+
+
+def test_a_repeat_is_recorded_and_read_back(tmp_path: Path):
+    original = Original(tmp_path / "0", ["optim=adam", "partitioner=flat"])
+    write_repeat(tmp_path, original, ["optim=adam", "partitioner=sorted_greedy"], ["partitioner=sorted_greedy"])
+    assert (
+        json.loads((tmp_path / REPEAT_FILE).read_text())
+        == read_repeat(tmp_path)
+        == {
+            "repeat_of": str(tmp_path / "0"),
+            "its_overrides": ["optim=adam", "partitioner=flat"],
+            "overrides": ["optim=adam", "partitioner=sorted_greedy"],
+            "not_used": ["partitioner=sorted_greedy"],
+        }
+    )
+    assert read_repeat(tmp_path / "nowhere") is None
