@@ -72,6 +72,7 @@ from zero_lab.chained import (
 )
 from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
+from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
@@ -326,6 +327,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._optimizer_class = optimizer_class
         Optimizer.__init__(self, groups, defaults)
         Joinable.__init__(self)
+        check_plain_params(self.all_params, [n for g in self.param_groups for n in g.get("param_names", g["params"])])
         _check_same_dense_type(self.all_params)
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
