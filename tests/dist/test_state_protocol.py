@@ -45,8 +45,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a.keys() != b.keys():
         return False
     return all(
-        all(torch.equal(a[i][k], b[i][k]) if torch.is_tensor(a[i][k]) else a[i][k] == b[i][k] for k in a[i])
-        for i in a
+        all(torch.equal(a[i][k], b[i][k]) if torch.is_tensor(a[i][k]) else a[i][k] == b[i][k] for k in a[i]) for i in a
     )
 
 
