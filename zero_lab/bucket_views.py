@@ -13,13 +13,17 @@ it. The exchange still writes the buffer and every parameter sees it; a serializ
 one complete tensor per parameter.
 
     param.data = standalone_view(buffer, offset, param.data)
+    reseat(exchange.buffers, params)   # before a step: parameters a client moved become views again
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-__all__ = ["standalone_view"]
+__all__ = ["reseat", "standalone_view"]
 
 
 class _CudaBytes:
@@ -55,3 +59,40 @@ def standalone_view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> to
     else:
         return plain
     return own.view(buffer.dtype).view(like.shape)
+
+
+def _inside(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
+    start = buffer.data_ptr()
+    return start <= tensor.data_ptr() < start + buffer.numel() * buffer.element_size()
+
+
+def reseat(buffers: Sequence[Any], params: Sequence[torch.Tensor]) -> list[int]:
+    """Make every parameter a view of its exchange buffer again; returns the indices re-seated.
+
+    A client that moves the model after the optimizer built its buffers (accelerate's
+    ``prepare`` calls ``model.to("cpu:0")``, which copies) leaves the parameters in new
+    tensors the exchange no longer writes: the ranks would drift apart. Each ``buffers``
+    entry has ``storage`` (the 1-D buffer, or ``None`` without views) and ``pieces``
+    (``param``, ``offset``: whole parameters). A parameter outside its buffer has its
+    current values copied into the buffer and becomes a :func:`standalone_view` of it; one
+    on another device than its buffer is refused (build the optimizer after moving the model).
+    """
+    moved = []
+    for buffer in buffers:
+        storage = getattr(buffer, "storage", None)
+        if storage is None:
+            continue
+        for piece in buffer.pieces:
+            param = params[piece.param]
+            if _inside(param.data, storage):
+                continue
+            if param.device != storage.device:
+                raise RuntimeError(
+                    f"parameter #{piece.param} moved to {param.device} after ZeroRedundancyOptimizer built its bucket "
+                    f"views on {storage.device}; construct the optimizer after moving the model"
+                )
+            with torch.no_grad():
+                storage[piece.offset : piece.offset + param.numel()].copy_(param.data.reshape(-1))
+            param.data = standalone_view(storage, piece.offset, param.data)
+            moved.append(piece.param)
+    return moved

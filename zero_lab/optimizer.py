@@ -60,6 +60,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from zero_lab.api_checks import check_same_params_on_every_rank, check_state_matches_params, check_target_rank
+from zero_lab.bucket_views import reseat
 from zero_lab.chained import (
     GROUP_CLASS_KEY,
     NOT_HYPERPARAMETERS,
@@ -107,6 +108,15 @@ _SERVED_OPTIMIZERS: dict[str, int] = {}
 def _after_step(optimizer: ZeroRedundancyOptimizer, args: Any, kwargs: Any) -> None:
     """Step post-hook: the state changed (see ``ZeroRedundancyOptimizer._state_changed``)."""
     optimizer._state_changed()
+
+
+def _reseat_bucket_views(optimizer: ZeroRedundancyOptimizer, args: Any, kwargs: Any) -> None:
+    """Step pre-hook (bucket views): parameters a client moved after construction (accelerate's
+    ``prepare``: ``model.to("cpu:0")`` copies) become views of the exchange's buffers again."""
+    optimizer._exchange.wait()
+    moved = reseat(optimizer._exchange.buffers, optimizer.all_params)
+    if moved:
+        logger.info("zero_lab: %d parameters were moved out of their bucket views; views restored", len(moved))
 
 
 class _ShardStateView(Mapping):
@@ -843,6 +853,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         _SERVED_OPTIMIZERS[ranks] = count + 1
         self._server_key = f"zero_lab/shard_states/{ranks}/{count}"
         self.register_step_post_hook(_after_step)
+        if self.parameters_as_bucket_view:
+            self.register_step_pre_hook(_reseat_bucket_views)
 
     def _state_changed(self) -> None:
         """A step or a load changed this rank's state: cached consolidations are stale, and
