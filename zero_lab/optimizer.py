@@ -878,6 +878,17 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def state(self, value: Any) -> None:
         """Ignored: ``torch.optim.Optimizer`` assigns an empty state; the shards' state lives in :attr:`optim`."""
 
+    @property
+    def _all_state_dicts(self) -> list[dict[int, tuple[int, int, dict[str, Any]]]]:
+        """torch's name for the consolidated copy (non-empty only on the target after
+        :meth:`consolidate_state_dict`; per rank, its shard states); code written for torch's
+        class tests it, or assigns ``[]`` to free the memory."""
+        return self._consolidated
+
+    @_all_state_dicts.setter
+    def _all_state_dicts(self, value: list[Any]) -> None:
+        self._consolidated = list(value)
+
     def local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
         """This rank's state as ``{global index: (start, stop, state on CPU)}``."""
         self._exchange.wait()

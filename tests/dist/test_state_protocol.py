@@ -26,7 +26,9 @@ def test_full_state_on_rank_0_alone_equals_adams(world, flat):
     for row in rows:
         assert row["lone_rank0_equal"] is True
         assert row["consolidated_equal"] is True
+        assert row["freed_then_fetched"] is True
         assert row["state_keys_are_own_shards"] is True
+    assert [row["all_state_dicts"] for row in rows] == [2, 0]
     assert rows[0]["all_ranks_answer"] == "full"
     assert rows[1]["all_ranks_answer"] == "shard of rank 1"
     assert rows[1]["own_shard_round_trip"] is True
@@ -95,5 +97,8 @@ def save_like_clients(flat: bool) -> dict[str, Any]:
     # Lightning: consolidate on every rank, state_dict on rank 0
     opt.consolidate_state_dict()
     row["consolidated_equal"] = _same(opt.state_dict()["state"], expected) if rank == 0 else True
+    row["all_state_dicts"] = len(opt._all_state_dicts)  # torch's name for the consolidated copy
+    opt._all_state_dicts = []  # code written for torch's class frees it so
+    row["freed_then_fetched"] = _same(opt.state_dict()["state"], expected) if rank == 0 else True
     dist.barrier()
     return row
