@@ -84,3 +84,17 @@ def test_dtensor_parameters_are_refused_by_name(single_rank_group):
     weight = torch.nn.Parameter(distribute_tensor(torch.randn(3, 2), mesh, [Replicate()]))
     with pytest.raises(TypeError, match=r"DTensor parameter 'layer.weight' \(placements \(Replicate\(\),\).*FSDP2"):
         ZeroRedundancyOptimizer([("layer.weight", weight)], torch.optim.AdamW, lr=0.1)
+
+
+def test_zero_factory_builds_zero_optimizers_of_the_named_class(single_rank_group):
+    """torchtitan's recipe: ``zero_factory(resolve)`` maps each optimizer name to a ZeRO builder."""
+    from zero_lab.clients import zero_factory
+
+    names = {"AdamW": torch.optim.AdamW, "DistMuon": lambda groups, **kwargs: None}
+    resolve = zero_factory(names.__getitem__, parameters_as_bucket_view=True)
+    model = _model()
+    opt = resolve("AdamW")([{"params": list(model.parameters()), "lr": 0.1, "foreach": False}])
+    assert isinstance(opt, ZeroRedundancyOptimizer) and type(opt.optim) is torch.optim.AdamW
+    assert opt.parameters_as_bucket_view and opt.param_groups[0]["lr"] == 0.1
+    with pytest.raises(TypeError, match=r"optimizer 'DistMuon' is built by .* not a torch.optim.Optimizer class"):
+        resolve("DistMuon")
