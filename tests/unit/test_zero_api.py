@@ -55,7 +55,8 @@ def test_state_dict_before_any_state_is_the_empty_plain_form(single_rank_group):
     """Issue 28: clients (accelerate's prepare) read state_dict() before any step; it is Adam's own."""
     param = torch.nn.Parameter(torch.randn(2))
     opt = ZeroRedundancyOptimizer([param], torch.optim.Adam, lr=1e-3)
-    assert opt.state_dict() == {"state": {}, "param_groups": torch.optim.Adam([param], lr=1e-3).state_dict()["param_groups"]}
+    plain = torch.optim.Adam([param], lr=1e-3)
+    assert opt.state_dict() == {"state": {}, "param_groups": plain.state_dict()["param_groups"]}
     assert len(opt.state) == 0
     opt.load_state_dict(opt.state_dict())
     assert len(opt.state) == 0
