@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict as torch_dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import batch, loss_of, make_model
@@ -45,6 +46,12 @@ def test_dcp_round_trip_equals_plain_adamw(world, tmp_path, saver, save_world, l
     assert resumed[0]["loaded_state"] == expected[0]["loaded_state"]
     for got, want in zip(resumed, expected):
         assert all(torch.equal(a, b) for a, b in zip(got["params"], want["params"]))
+
+
+def test_fsdp2_reads_a_zero_lab_checkpoint_exactly(world, tmp_path):
+    """FSDP2 (``fully_shard``, DTensor state) loads what zero_lab (Flat: cut parameters) wrote."""
+    world(save, 2, "zero_flat", str(tmp_path))
+    assert world(fsdp2_load, 2, str(tmp_path)) == [True, None]
 
 
 def _build(mode: str) -> tuple[DDP, torch.optim.Optimizer]:
@@ -88,3 +95,27 @@ def resume(mode: str, path: str) -> dict[str, Any]:
     summary = {fqn: {k: round(float(v.double().sum()), 12) for k, v in s.items()} for fqn, s in loaded.items()}
     _train(ddp, opt, range(SAVE_STEPS, SAVE_STEPS + MORE_STEPS))
     return {"params": [p.detach().clone() for p in ddp.parameters()], "loaded_state": summary}
+
+
+def fsdp2_load(path: str) -> bool | None:
+    """Load ``path`` into FSDP2 + AdamW and into DDP + AdamW; rank 0: are the full states equal (and loaded)?"""
+    states = []
+    for kind in ("fsdp2", "plain"):
+        if kind == "fsdp2":
+            model = make_model()
+            fully_shard(model)
+            opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        else:
+            model, opt = _build("plain")
+        state = {"model": get_model_state_dict(model), "optim": torch_dcp.get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        torch_dcp.set_optimizer_state_dict(model, opt, state["optim"])
+        full = torch_dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        states.append(torch_dcp.get_optimizer_state_dict(model, opt, options=full).get("state"))
+    if dist.get_rank() != 0:
+        return None
+    fsdp2, plain = states
+    same = all(torch.equal(fsdp2[fqn][key], value) for fqn, entry in plain.items() for key, value in entry.items())
+    loaded = all(float(entry["step"]) == SAVE_STEPS for entry in plain.values())  # not a fresh state
+    return fsdp2.keys() == plain.keys() and same and loaded
