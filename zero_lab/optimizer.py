@@ -36,7 +36,9 @@ change the partitioner, which rebuilds the local optimizer *and* the exchange),
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
-after ``consolidate_state_dict``, ``load_state_dict`` of a ZeRO or plain state,
+(on the consolidation target even without ``consolidate_state_dict``, this rank's shard
+elsewhere: the protocol HF Trainer, accelerate and Lightning rely on, docs/clients.md),
+``state`` (this rank's shard states), ``load_state_dict`` of a ZeRO or plain state,
 ``add_param_group``, ``join_hook``. Usage::
 
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
