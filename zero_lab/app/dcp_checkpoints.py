@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from zero_lab import dcp as zero_dcp
 from zero_lab.app.training import Training
 from zero_lab.checkpoint import CheckpointError
+
+# torch.distributed.checkpoint is imported where a checkpoint is written or read: the config
+# check (schema, validate) finds checkpoints through this module and should not pay for it.
 
 __all__ = ["EXTRA", "SUFFIX", "checkpoints", "is_dcp", "latest", "load", "prune", "read_extra", "save"]
 
@@ -63,6 +63,7 @@ def latest(path: str | Path) -> Path | None:
 
 
 def step_of(path: str | Path) -> int:
+    """The step in a ``step_N.dcp`` name (a ``CheckpointError`` for any other name)."""
     match = _NAME.fullmatch(Path(path).name)
     if match is None:
         raise CheckpointError(f"{path} is not named step_<N>{SUFFIX}")
@@ -71,6 +72,10 @@ def step_of(path: str | Path) -> int:
 
 def _state(training: Training) -> dict[str, Any]:
     """What DCP saves, and the template it loads into (every rank; collective for ZeRO)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from zero_lab import dcp as zero_dcp
+
     return {
         "model": get_model_state_dict(training.model),
         "optim": zero_dcp.get_optimizer_state_dict(training.model, training.optimizer),
@@ -79,6 +84,8 @@ def _state(training: Training) -> dict[str, Any]:
 
 def save(training: Training, path: Path, extra: dict[str, Any]) -> Path:
     """Write ``path`` (``.../step_N.dcp``) on every rank; rank 0 adds ``extra`` as JSON and renames it in place."""
+    import torch.distributed.checkpoint as dcp
+
     rank = dist.get_rank()
     token = [uuid.uuid4().hex[:8] if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
@@ -104,6 +111,11 @@ def read_extra(path: Path) -> dict[str, Any]:
 
 def load(training: Training, path: Path, load_optimizer: bool) -> None:
     """Load the model (and the optimizer) from ``path`` into this rank; call on every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from zero_lab import dcp as zero_dcp
+
     state = _state(training)
     if not load_optimizer:
         state.pop("optim")
