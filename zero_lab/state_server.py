@@ -157,8 +157,15 @@ def fetch_shard_states(store: dist.Store, key: str, rank: int) -> Any:
             f"rank {rank} published no shard-state server under {key!r} within {timeout_s:.0f} s ({error}); "
             "call consolidate_state_dict() on every rank before state_dict()"
         ) from error
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
-        conn.sendall(token.encode())
-        (length,) = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))
-        payload = _recv_exact(conn, length)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+            conn.sendall(token.encode())
+            (length,) = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))
+            payload = _recv_exact(conn, length)
+    except OSError as error:  # refused, reset, timed out: the peer exited or is unreachable
+        raise RuntimeError(
+            f"could not fetch rank {rank}'s shard states from {host}:{port} ({error}); keep every rank alive "
+            "until the save is done (end with a barrier), or call consolidate_state_dict() on every rank "
+            "before state_dict()"
+        ) from error
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
