@@ -98,3 +98,35 @@ def test_zero_factory_builds_zero_optimizers_of_the_named_class(single_rank_grou
     assert opt.parameters_as_bucket_view and opt.param_groups[0]["lr"] == 0.1
     with pytest.raises(TypeError, match=r"optimizer 'DistMuon' is built by .* not a torch.optim.Optimizer class"):
         resolve("DistMuon")
+
+
+class _Owner:
+    """Stands in for an optimizer: what a shard-state server serves."""
+
+    def collect_shard_states(self) -> dict[int, tuple[int, int, dict[str, torch.Tensor]]]:
+        return {3: (0, 4, {"exp_avg": torch.arange(4.0)})}
+
+
+def test_shard_state_server_serves_its_owner_and_names_an_unreachable_peer():
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from zero_lab.state_server import ShardStateServer, fetch_shard_states
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    owner = _Owner()
+    server = ShardStateServer("zero_lab/test", 1, owner, store)
+    server.start()
+    try:
+        got = fetch_shard_states(store, "zero_lab/test", 1)
+        assert got.keys() == {3} and torch.equal(got[3][2]["exp_avg"], torch.arange(4.0))
+    finally:
+        server.stop()
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        store.set("zero_lab/test/2", f"127.0.0.1:{closed.getsockname()[1]}:token")
+    with pytest.raises(RuntimeError, match=r"could not fetch rank 2's shard states from 127.0.0.1:\d+ .*barrier"):
+        fetch_shard_states(store, "zero_lab/test", 2)
