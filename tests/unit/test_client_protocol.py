@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
 
 from zero_lab import Flat, ZeroRedundancyOptimizer
 
@@ -58,6 +57,13 @@ def test_state_dict_round_trips_and_equals_adamws(single_rank_group):
 @pytest.mark.parametrize("flat", [False, True])
 def test_bucket_views_save_and_load_with_safetensors(single_rank_group, tmp_path, flat):
     """accelerate's save_state/load_state use safetensors' save_file/load_model on the model."""
+    safetensors = pytest.importorskip("safetensors.torch", reason="safetensors comes with the [clients] extra")
+    load_file, load_model, save_file, save_model = (
+        safetensors.load_file,
+        safetensors.load_model,
+        safetensors.save_file,
+        safetensors.save_model,
+    )
     model = _model()
     opt = ZeroRedundancyOptimizer(
         model.parameters(), torch.optim.Adam, parameters_as_bucket_view=True, partitioner=Flat() if flat else None
