@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from zero_lab.bucket_views import standalone_view
 from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
 from zero_lab.comm import Communicator
 from zero_lab.partition import Partition
@@ -193,9 +194,8 @@ class _Buffer:
             self.storage = torch.zeros(numel, dtype=self.dtype, device=self.device)
             for piece in pieces:
                 param = params[piece.param]
-                view = self.storage[piece.offset : piece.offset + param.numel()]
-                view.copy_(param.data.reshape(-1))
-                param.data = view.view_as(param.data)
+                self.storage[piece.offset : piece.offset + param.numel()].copy_(param.data.reshape(-1))
+                param.data = standalone_view(self.storage, piece.offset, param.data)  # serializes (safetensors)
 
     def _copy(self, storage: torch.Tensor, ranks: Iterable[int], into_params: bool) -> None:
         """Copy each piece's part inside ``bounds[r]`` (r in ``ranks``) between params and ``storage``."""

@@ -36,7 +36,9 @@ change the partitioner, which rebuilds the local optimizer *and* the exchange),
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
-after ``consolidate_state_dict``, ``load_state_dict`` of a ZeRO or plain state,
+(on the consolidation target even without ``consolidate_state_dict``, this rank's shard
+elsewhere: the protocol HF Trainer, accelerate and Lightning rely on, docs/clients.md),
+``state`` (this rank's shard states), ``load_state_dict`` of a ZeRO or plain state,
 ``add_param_group``, ``join_hook``. Usage::
 
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
@@ -50,7 +52,7 @@ import copy
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,6 +62,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from zero_lab.api_checks import check_same_params_on_every_rank, check_state_matches_params, check_target_rank
+from zero_lab.bucket_views import reseat
 from zero_lab.chained import (
     GROUP_CLASS_KEY,
     NOT_HYPERPARAMETERS,
@@ -72,11 +75,13 @@ from zero_lab.chained import (
 )
 from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
+from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy, bucket_use
 from zero_lab.shard_state import merge_states, slice_state
+from zero_lab.state_server import ShardStateServer, default_store, fetch_shard_states
 from zero_lab.torch_compat import TorchPrivateNames
 
 __all__ = [
@@ -94,6 +99,47 @@ _NOT_HYPERPARAMETERS = NOT_HYPERPARAMETERS
 
 #: State entry holding the fp32 master copy of a parameter (``master_weights=True``).
 MASTER_KEY = "master_param"
+
+#: Key of the marker :meth:`ZeroRedundancyOptimizer.state_dict` adds to a rank's own shard.
+SHARD_KEY = "zero_lab_shard"
+
+# Optimizers constructed per process group (its ranks joined by "-"): their shard-state server keys.
+_SERVED_OPTIMIZERS: dict[str, int] = {}
+
+
+def _after_step(optimizer: ZeroRedundancyOptimizer, args: Any, kwargs: Any) -> None:
+    """Step post-hook: the state changed (see ``ZeroRedundancyOptimizer._state_changed``)."""
+    optimizer._state_changed()
+
+
+def _reseat_bucket_views(optimizer: ZeroRedundancyOptimizer, args: Any, kwargs: Any) -> None:
+    """Step pre-hook (bucket views): parameters a client moved after construction (accelerate's
+    ``prepare``: ``model.to("cpu:0")`` copies) become views of the exchange's buffers again."""
+    optimizer._exchange.wait()
+    moved = reseat(optimizer._exchange.buffers, optimizer.all_params)
+    if moved:
+        logger.info("zero_lab: %d parameters were moved out of their bucket views; views restored", len(moved))
+
+
+class _ShardStateView(Mapping):
+    """``param -> state`` of the shards this rank steps (``ZeroRedundancyOptimizer.state``)."""
+
+    def __init__(self, zero: ZeroRedundancyOptimizer):
+        self._held = {id(shard.param): shard.tensor for shard in zero.local_shards()}
+        self._params = {id(p): p for p in zero.all_params}
+        self._state = zero._optim.state
+
+    def __getitem__(self, param: Any) -> dict[str, Any]:
+        tensor = self._held.get(id(param))
+        if tensor is None or tensor not in self._state or not self._state[tensor]:
+            raise KeyError(param)
+        return self._state[tensor]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (self._params[key] for key, tensor in self._held.items() if self._state.get(tensor))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def check_partition_fits(
@@ -293,6 +339,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._optimizer_class = optimizer_class
         Optimizer.__init__(self, groups, defaults)
         Joinable.__init__(self)
+        check_plain_params(self.all_params, [n for g in self.param_groups for n in g.get("param_names", g["params"])])
         _check_same_dense_type(self.all_params)
 
         self.process_group = process_group if process_group is not None else dist.group.WORLD
@@ -326,6 +373,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._built: _Shards | None = None
         if not overlap_with_ddp or ddp_buckets is not None:
             self._built = self._build_shards()  # else when the overlap hook brings DDP's buckets
+        self._init_state_protocol()
         self._initialized = True
 
     def _build_shards(self) -> _Shards:
@@ -792,9 +840,65 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             self.defaults = main_defaults
 
     # ------------------------------------------------------------------ state
+    def _init_state_protocol(self) -> None:
+        """Bookkeeping for :meth:`state_dict` (see there): the state's version (bumped by every
+        step and load, through a step post-hook so the step path stays as it is), the
+        consolidation target and cache, and the key this optimizer's shard-state server is
+        published under (:mod:`zero_lab.state_server`; the same on every rank, since
+        constructors run in the same order everywhere)."""
+        self._state_version = 0
+        self._consolidated_to = 0
+        self._consolidated_version = -1
+        self._state_server: ShardStateServer | None = None
+        ranks = "-".join(map(str, dist.get_process_group_ranks(self.process_group)))
+        count = _SERVED_OPTIMIZERS.get(ranks, 0)
+        _SERVED_OPTIMIZERS[ranks] = count + 1
+        self._server_key = f"zero_lab/shard_states/{ranks}/{count}"
+        self.register_step_post_hook(_after_step)
+        if self.parameters_as_bucket_view:
+            self.register_step_pre_hook(_reseat_bucket_views)
+
+    def _state_changed(self) -> None:
+        """A step or a load changed this rank's state: cached consolidations are stale, and
+        from now on this rank serves its shards to the saving rank (when W > 1)."""
+        self._state_version += 1
+        if self._state_server is None and self.world_size > 1 and (store := default_store()) is not None:
+            self._state_server = ShardStateServer(self._server_key, self.rank, self, store)
+            self._state_server.start()
+
+    @property
+    def state(self) -> Mapping[torch.Tensor, dict[str, Any]]:  # type: ignore[override]
+        """This rank's shard states, keyed by parameter (live, read-only): the entries of the
+        local optimizer's state for the tensor stepping each shard (a slice shard's tensors
+        are 1-D, its elements only). Empty before the first step and on a rank owning nothing,
+        so "has this optimizer state?" (torchtitan's ``init_optim_state``) gets the truth."""
+        if not getattr(self, "_initialized", False) or self._built is None:
+            return {}  # shards not built yet (overlap waits for DDP's buckets): no state either
+        return _ShardStateView(self)
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        """Ignored: ``torch.optim.Optimizer`` assigns an empty state; the shards' state lives in :attr:`optim`."""
+
+    @property
+    def _all_state_dicts(self) -> list[dict[int, tuple[int, int, dict[str, Any]]]]:
+        """torch's name for the consolidated copy (non-empty only on the target after
+        :meth:`consolidate_state_dict`; per rank, its shard states); code written for torch's
+        class tests it, or assigns ``[]`` to free the memory."""
+        return self._consolidated
+
+    @_all_state_dicts.setter
+    def _all_state_dicts(self, value: list[Any]) -> None:
+        self._consolidated = list(value)
+
     def local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
         """This rank's state as ``{global index: (start, stop, state on CPU)}``."""
         self._exchange.wait()
+        return self.collect_shard_states()
+
+    def collect_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
+        """:meth:`local_shard_states` without waiting for an exchange in flight (what the
+        shard-state server reads, on its own thread, while this rank's loop runs on)."""
         params = self.all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         local_state = self._optim.state_dict()["state"]
@@ -813,8 +917,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather every rank's shard states on rank ``to`` (CPU), one rank at a time.
 
-        Must be called on all ranks. Afterwards :meth:`state_dict` on rank ``to``
-        returns the full state in plain ``torch.optim`` format.
+        Must be called on all ranks (the clients that know ZeRO, e.g. Lightning, do so before
+        every save). Afterwards :meth:`state_dict` on rank ``to`` returns the full state in plain
+        ``torch.optim`` format, from this copy until the next step or load; ``to`` becomes
+        the consolidation target.
         """
         check_target_rank(to, self.world_size)
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
@@ -828,19 +934,58 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             elif self.rank == rank:
                 self._comm.send_object(mine, dst=to, device=self._default_device)
         self._consolidated = gathered if self.rank == to else []
+        self._consolidated_to = to
+        self._consolidated_version = self._state_version
 
     def state_dict(self) -> dict[str, Any]:
-        """The consolidated state (plain ``torch.optim`` format, global indices)."""
+        """The optimizer state, answered on any rank without a collective:
+
+        * before any state exists (no step, no load): the empty plain form,
+          ``{"state": {}, "param_groups": [...]}``, on every rank;
+        * on the consolidation target (rank 0, or the last ``consolidate_state_dict(to=)``):
+          the full state in plain ``torch.optim`` format (global indices) — from the
+          consolidated copy when it is current, else fetched from the other ranks'
+          shard-state servers (:mod:`zero_lab.state_server`), so a loop that calls this on
+          one rank only (HF Trainer) saves everything;
+        * on any other rank: **this rank's shard** — the same format restricted to the
+          elements it owns, plus ``"zero_lab_shard": {"rank", "world_size", "ranges"}``.
+          It loads back into this rank of the same partition (a per-rank save resumes);
+          elsewhere :meth:`load_state_dict` refuses it, naming the target's full state.
+        """
         self._exchange.wait()
-        if not self._consolidated:
+        if self._state_version == 0:
+            return self._packed_state([])
+        if self.world_size == 1:
+            return self._packed_state([self.collect_shard_states()])
+        if self.rank != self._consolidated_to:
+            mine = self.collect_shard_states()
+            packed = self._packed_state([mine])
+            ranges = {index: [start, stop] for index, (start, stop, _) in mine.items()}
+            packed[SHARD_KEY] = {"rank": self.rank, "world_size": self.world_size, "ranges": ranges}
+            return packed
+        if self._consolidated and self._consolidated_version == self._state_version:
+            return self._packed_state(self._consolidated)
+        return self._packed_state(self._fetch_shard_states())
+
+    def _fetch_shard_states(self) -> list[dict[int, tuple[int, int, dict[str, Any]]]]:
+        """Every rank's shard states, this rank's own read here, the others' from their servers."""
+        store = default_store()
+        if store is None:
             raise RuntimeError(
                 "Optimizer state has not been consolidated on this rank. "
                 f"Please call `consolidate_state_dict(to={self.rank})` on all ranks beforehand if you meant to "
                 "save the global state."
             )
+        return [
+            self.collect_shard_states() if rank == self.rank else fetch_shard_states(store, self._server_key, rank)
+            for rank in range(self.world_size)
+        ]
+
+    def _packed_state(self, per_rank: list[dict[int, tuple[int, int, dict[str, Any]]]]) -> dict[str, Any]:
+        """Shard states of some ranks glued per parameter, in plain ``torch.optim`` format."""
         params = self.all_params
         pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
-        for rank_states in self._consolidated:
+        for rank_states in per_rank:
             for index, (start, stop, state) in rank_states.items():
                 pieces.setdefault(index, []).append(((start, stop), state))
         state = {index: merge_states(pieces[index], params[index].shape) for index in sorted(pieces)}
@@ -857,7 +1002,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Load a consolidated ZeRO state or a plain optimizer's state; each rank keeps its shards.
+        """Load a full ZeRO state, a plain optimizer's state, or this rank's own shard (what
+        :meth:`state_dict` returns off the target); each rank keeps its shards.
 
         With several classes: a consolidated state of the same groups (each naming its
         class), or a list of the plain optimizers' state dicts, one per class in order of
@@ -867,19 +1013,52 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         classes = self.group_classes()
         if isinstance(state_dict, (list, tuple)):
             state_dict = merge_state_dicts(state_dict, classes)
+        if "param_groups" not in state_dict:
+            raise ValueError(
+                f"load_state_dict got a state dict without 'param_groups' (keys: {sorted(state_dict)}): an empty "
+                "dict is what a client keeps off the saving rank; load the state saved on the consolidation "
+                "target (rank 0) on every rank"
+            )
         groups = state_dict["param_groups"]
         check_group_classes(groups, classes, "state_dict param group")
         self._check_group_sizes([len(g["params"]) for g in groups])
-        elementwise = [is_elementwise(cls) for cls, g in zip(classes, self.param_groups) for _ in g["params"]]
-        check_state_matches_params(state_dict, self.all_params, [s.name for s in self.partition.specs], elementwise)
         params = self.all_params
         saved_keys = [key for g in groups for key in g["params"]]  # saved key of global index i
+        shard = state_dict.get(SHARD_KEY)
+        if shard is not None:
+            ranges = self._check_own_shard(shard)
 
-        def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
-            saved = state_dict["state"].get(saved_keys[index])
-            return None if saved is None else slice_state(saved, params[index].shape, start, stop)
+            def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
+                saved = state_dict["state"].get(saved_keys[index])
+                return None if saved is None or ranges.get(index) != (start, stop) else dict(saved)
+
+        else:
+            elementwise = [is_elementwise(cls) for cls, g in zip(classes, self.param_groups) for _ in g["params"]]
+            names = [s.name for s in self.partition.specs]
+            check_state_matches_params(state_dict, params, names, elementwise)
+
+            def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
+                saved = state_dict["state"].get(saved_keys[index])
+                return None if saved is None else slice_state(saved, params[index].shape, start, stop)
 
         self.load_shard_states(state_of, groups)
+
+    def _check_own_shard(self, shard: Mapping[str, Any]) -> dict[int, tuple[int, int]]:
+        """A shard state (``"zero_lab_shard"``) loads only into the rank and partition that saved it."""
+        ranges = {int(index): (int(bounds[0]), int(bounds[1])) for index, bounds in shard["ranges"].items()}
+        mine = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
+        if (
+            shard["rank"] != self.rank
+            or shard["world_size"] != self.world_size
+            or any(mine.get(i) != r for i, r in ranges.items())
+        ):
+            raise ValueError(
+                f"load_state_dict got rank {shard['rank']}'s shard of a {shard['world_size']}-rank optimizer "
+                f"(what state_dict() returns off the consolidation target), but this is rank {self.rank} of "
+                f"{self.world_size} with another partition; it holds only that rank's state. Load the full state "
+                "that state_dict() returns on the consolidation target (rank 0) on every rank"
+            )
+        return ranges
 
     def _check_group_sizes(self, sizes: list[int]) -> None:
         expected = [len(g["params"]) for g in self.param_groups]
@@ -924,6 +1103,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             local_groups.append(packed)
         self._optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._state_touched = True
+        self._state_changed()
         self._sync_param_groups(groups, self.param_groups)
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
 

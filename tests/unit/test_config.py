@@ -23,7 +23,7 @@ from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.preflight import compose_job, preflight
 from zero_lab.app.protocols import call_model, loss_of
-from zero_lab.app.run_checkpoints import POLICIES
+from zero_lab.app.run_checkpoints import FORMATS, POLICIES
 from zero_lab.app.schema import Config, DistConfig, Exchange, ResumeOptimizer, register_configs
 from zero_lab.app.slurm_launcher import job_resources
 from zero_lab.app.validate import ConfigError, check
@@ -173,12 +173,15 @@ def test_the_docs_tables_say_what_the_code_states():
     assert set(objectives) == set(OBJECTIVES)
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.*) \|$", (docs / "checkpoints.md").read_text(), re.M)
-    assert [key for key, *_ in rows] == ["checkpoint_every", "keep_checkpoints", "resume", "resume_optimizer"]
+    keys = ["checkpoint_every", "keep_checkpoints", "checkpoint_format", "resume", "resume_optimizer"]
+    assert [key for key, *_ in rows] == keys
     for key, default, meaning in rows:
         expected = defaults[key].value if isinstance(defaults[key], enum.Enum) else defaults[key]
         assert default == ("null" if expected is None else str(expected)), key
         if key == "resume_optimizer":
             assert re.findall(r"`(\w+)`", meaning) == list(POLICIES)
+        if key == "checkpoint_format":
+            assert re.findall(r"`(\w+)`", meaning)[:2] == list(FORMATS)
 
 
 BAD_INPUT = [

@@ -51,10 +51,15 @@ def test_optimizer_class_is_checked(single_rank_group):
         ZeroRedundancyOptimizer([torch.nn.Parameter(torch.randn(2))], "Adam", lr=1e-3)
 
 
-def test_state_dict_before_consolidation_says_what_to_do(single_rank_group):
-    opt = ZeroRedundancyOptimizer([torch.nn.Parameter(torch.randn(2))], torch.optim.Adam, lr=1e-3)
-    with pytest.raises(RuntimeError, match=r"consolidate_state_dict\(to=0\)"):
-        opt.state_dict()
+def test_state_dict_before_any_state_is_the_empty_plain_form(single_rank_group):
+    """Issue 28: clients (accelerate's prepare) read state_dict() before any step; it is Adam's own."""
+    param = torch.nn.Parameter(torch.randn(2))
+    opt = ZeroRedundancyOptimizer([param], torch.optim.Adam, lr=1e-3)
+    plain = torch.optim.Adam([param], lr=1e-3)
+    assert opt.state_dict() == {"state": {}, "param_groups": plain.state_dict()["param_groups"]}
+    assert len(opt.state) == 0
+    opt.load_state_dict(opt.state_dict())
+    assert len(opt.state) == 0
 
 
 def test_load_state_dict_with_other_group_sizes_is_rejected(single_rank_group):

@@ -12,6 +12,10 @@ Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   ``scheduler=``/``autocast=fp16``, as the sharded ``extra`` has too), written atomically with its size and sha256 in
   ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
 
+With ``checkpoint_format=dcp`` (:data:`FORMATS`) both kinds write ``step_NNNNNNNN.dcp/`` instead:
+torch's Distributed Checkpoint, which torchtitan, FSDP2 and plain DDP scripts read with torch's
+own functions (:mod:`zero_lab.app.dcp_checkpoints`); a resume finds the newest of all three.
+
 Either loads into either kind of optimizer at any world size: the sharded format reshards
 by element ranges (plain optimizers get it through ``export_plain_state_dict``), and a
 plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``. Every file is read
@@ -35,10 +39,11 @@ from typing import Any
 import torch
 
 from zero_lab import checkpoint as sharded
+from zero_lab.app import dcp_checkpoints
 from zero_lab.app.training import Training
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
 
-__all__ = ["POLICIES", "Restored", "ResumeMismatch", "restore", "save"]
+__all__ = ["FORMATS", "POLICIES", "Restored", "ResumeMismatch", "find_any", "restore", "save", "step_of_any"]
 
 FORMAT = 1
 
@@ -47,6 +52,13 @@ POLICIES = {
     "strict": "load its state; the optimizer class and hyper-parameters must equal this run's",
     "override": "load its state (same class), then this run's hyper-parameters replace the checkpoint's",
     "reset": "load the model weights and step only; the optimizer starts fresh from this run's config",
+}
+
+
+#: ``checkpoint_format``: how ``checkpoint_every`` saves.
+FORMATS = {
+    "native": "zero_lab's sharded directories (ZeRO) or one .pt file (plain optimizers)",
+    "dcp": "torch.distributed.checkpoint directories (step_N.dcp), readable by torchtitan/FSDP2/DDP scripts",
 }
 
 
@@ -59,11 +71,20 @@ def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
     return Path(run_dir) / "checkpoints" / (f"step_{step:08d}" + ("" if zero else ".pt"))
 
 
-def save(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None = None) -> Path:
+def save(
+    training: Training,
+    run_dir: str | Path,
+    next_step: int,
+    losses: list[float],
+    keep: int | None = None,
+    checkpoint_format: str = "native",
+) -> Path:
     """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
 
     Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete.
     """
+    if checkpoint_format == "dcp":
+        return _save_dcp(training, run_dir, next_step, losses, keep)
     path = checkpoint_path(run_dir, next_step, training.zero)
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
@@ -87,6 +108,38 @@ def save(training: Training, run_dir: str | Path, next_step: int, losses: list[f
     if rank == 0 and keep:
         sharded.prune_checkpoints(path.parent, keep)
     return path
+
+
+def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None) -> Path:
+    """``checkpoint_format=dcp``: ``checkpoints/step_N.dcp`` (see :mod:`zero_lab.app.dcp_checkpoints`)."""
+    path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {
+        "step": next_step,
+        "losses": list(losses),
+        "world_size": torch.distributed.get_world_size(),
+        "zero": training.zero,
+        "optimizer_class": optimizer_class(training),
+        "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
+        **_loop_state(training),
+    }
+    dcp_checkpoints.save(training, path, extra)
+    if torch.distributed.get_rank() == 0 and keep:
+        dcp_checkpoints.prune(path.parent, keep)
+    return path
+
+
+def find_any(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names (any format): itself, else the newest step among the run's."""
+    found = [p for p in (find_checkpoint(path), dcp_checkpoints.latest(path)) if p is not None]
+    if len(found) == 2 and Path(path) in found:
+        return Path(path)
+    return max(found, key=step_of_any, default=None)
+
+
+def step_of_any(path: str | Path) -> int | None:
+    """The step in a checkpoint's name, any format (``None``: not a checkpoint's name)."""
+    return dcp_checkpoints.step_of(path) if dcp_checkpoints.is_dcp(path) else checkpoint_step(path)
 
 
 def _loop_state(training: Training) -> dict[str, Any]:
@@ -122,9 +175,11 @@ class Restored:
 
 def restore(training: Training, path: str | Path, steps: int, policy: str = "strict") -> Restored:
     """Load the checkpoint ``path`` names into this rank (see the module docstring for the checks)."""
-    found = find_checkpoint(path)
+    found = find_any(path)
     if found is None:
         raise FileNotFoundError(f"no checkpoint found at {path}")
+    if dcp_checkpoints.is_dcp(found):
+        return _restore_dcp(training, found, steps, policy)
     if found.is_dir():
         manifest = sharded.read_manifest(found)
         step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
@@ -149,6 +204,27 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
         _load_loop_state(training, manifest["extra"] if found.is_dir() else state)
     overridden = _override(training, mine) if policy == "override" else {}
     return Restored(found, step, list(losses)[:step], overridden)
+
+
+def _restore_dcp(training: Training, found: Path, steps: int, policy: str) -> Restored:
+    """:func:`restore` of a ``step_N.dcp`` directory: the same checks, then torch's DCP load."""
+    extra = dcp_checkpoints.read_extra(found)
+    step = extra["step"]
+    if dcp_checkpoints.step_of(found) != step:
+        raise CheckpointError(
+            f"{found}: its name says step {dcp_checkpoints.step_of(found)} but it holds step {step}; rename it "
+            f"back to step_{step:08d}{dcp_checkpoints.SUFFIX} (a renamed checkpoint would skip or repeat steps)"
+        )
+    _check_step(found, step, steps)
+    mine = _hyperparameters(training.optimizer.param_groups)
+    if policy != "reset":
+        saved_class, saved_groups = extra["optimizer_class"], extra["param_groups"]
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy)
+    dcp_checkpoints.load(training, found, load_optimizer=policy != "reset")
+    if policy != "reset":
+        _load_loop_state(training, extra)
+    overridden = _override(training, mine) if policy == "override" else {}
+    return Restored(found, step, list(extra["losses"])[:step], overridden)
 
 
 def _check_step(found: Path, step: int, steps: int) -> None:

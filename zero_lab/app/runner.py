@@ -56,6 +56,7 @@ from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, pe
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
+from zero_lab.app.schema import enum_str
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
@@ -166,7 +167,9 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
             if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
                 _settle(training)
-                saved = run_checkpoints.save(training, run_dir, step + 1, losses, keep=cfg.keep_checkpoints)
+                saved = run_checkpoints.save(
+                    training, run_dir, step + 1, losses, cfg.keep_checkpoints, enum_str(cfg.checkpoint_format)
+                )
                 log.info("checkpoint %s", saved)
             heartbeat.beat()  # progress, for the job process's stall watch (dist.stall_timeout_s)
             if stopped_by:

@@ -34,11 +34,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.optim.lr_scheduler import LRScheduler
 
+from zero_lab.app import dcp_checkpoints
 from zero_lab.app.build import make_scheduler
 from zero_lab.app.paths import CONF_DIR, group_options
+from zero_lab.app.run_checkpoints import find_any
 from zero_lab.app.schema import APP_KEYS, HYDRA_KEYS, enum_str
 from zero_lab.app.targets import refusal
-from zero_lab.checkpoint import find_checkpoint, read_manifest
+from zero_lab.checkpoint import read_manifest
 
 __all__ = ["STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
 
@@ -111,7 +113,7 @@ def resumed_scheduler_problems(cfg: DictConfig, choices: Mapping[str, Any]) -> l
     """Under ``resume_optimizer=strict``, the checkpoint's scheduler state must be this run's kind."""
     if cfg.get("resume") is None or enum_str(cfg.get("resume_optimizer", "strict")) != "strict":
         return []
-    found = find_checkpoint(Path(str(cfg.resume)).expanduser())
+    found = find_any(Path(str(cfg.resume)).expanduser())
     if found is None:
         return []  # _check_resume's
     try:
@@ -139,6 +141,8 @@ def _json(state: Any) -> Any:
 
 def _saved_scheduler(found: Path) -> Any:
     """The scheduler state a checkpoint holds (``None``: it has none), read without loading tensors."""
+    if dcp_checkpoints.is_dcp(found):
+        return dcp_checkpoints.read_extra(found).get("scheduler")
     if found.is_dir():
         return read_manifest(found)["extra"].get("scheduler")
     state = torch.load(found, map_location="cpu", mmap=True, weights_only=True)

@@ -46,7 +46,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from zero_lab.app.paths import CONF_DIR, group_options
-from zero_lab.app.run_checkpoints import POLICIES
+from zero_lab.app.run_checkpoints import FORMATS, POLICIES
 from zero_lab.exchange import EXCHANGES
 
 __all__ = [
@@ -140,6 +140,8 @@ def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
 Exchange = _choices("Exchange", EXCHANGES, "``exchange=``: zero_lab.exchange.EXCHANGES")
 #: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
 ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.run_checkpoints.POLICIES")
+#: ``checkpoint_format=``: how checkpoint_every saves (native sharded/.pt, or torch's DCP).
+CheckpointFormat = _choices("CheckpointFormat", FORMATS, "``checkpoint_format=``: zero_lab.app.run_checkpoints.FORMATS")
 
 
 class Autocast(str, enum.Enum):
@@ -213,6 +215,8 @@ class Config:
     log_every: int = 1  # write metrics every N steps (the last step is always written)
     checkpoint_every: int = 0  # 0 = never; K: every K steps, checkpoints/step_<8 digits> (a dir for zero_*, else .pt)
     keep_checkpoints: int | None = None  # after each save keep only the N newest checkpoints; null or 0 = keep all
+    # native (sharded dir for zero_*, else .pt) or dcp (torch.distributed.checkpoint, step_<8 digits>.dcp/)
+    checkpoint_format: CheckpointFormat = CheckpointFormat["native"]
     resume: str | None = None  # a run dir (or checkpoint file) to continue from
     # what a resume does with the optimizer (app.run_checkpoints.POLICIES)
     resume_optimizer: ResumeOptimizer = ResumeOptimizer["strict"]

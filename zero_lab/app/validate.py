@@ -52,6 +52,7 @@ from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems
+from zero_lab.app.run_checkpoints import find_any, step_of_any
 from zero_lab.app.scheduler_check import resumed_scheduler_problems, scheduler_problems
 from zero_lab.app.schema import (
     APP_KEYS,
@@ -67,7 +68,6 @@ from zero_lab.app.schema import (
 )
 from zero_lab.app.targets import build, check_targets, refusal
 from zero_lab.chained import group_class
-from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
@@ -770,10 +770,10 @@ def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan |
     path = Path(str(cfg.resume)).expanduser()
     if not path.exists():
         return [f"resume={cfg.resume}: no such file or directory; give a run dir, or one of its checkpoints/step_*"]
-    found = find_checkpoint(path)
+    found = find_any(path)
     if found is None:
         return [f"resume={cfg.resume}: holds no complete checkpoint; run with checkpoint_every=K to write some"]
-    step = checkpoint_step(found)
+    step = step_of_any(found)
     if step is not None and step >= cfg.steps:
         return [
             f"resume={cfg.resume}: its checkpoint {found.name} is at step {step}; steps={cfg.steps} leaves nothing to "

@@ -1,0 +1,123 @@
+"""torch.distributed.checkpoint (DCP) for a ZeRO optimizer, in the format plain optimizers use.
+
+DCP (what torchtitan and FSDP2 users save with) stores an optimizer as torch's
+``get_optimizer_state_dict`` returns it: ``{"state": {fqn: {name: tensor}}, "param_groups":
+[{..., "params": [fqn, ...]}]}``, every state tensor shaped like its parameter. Any world
+size can then read any subset of it. For a whole-parameter partition (the default
+``SortedGreedy``) torch's own ``get_optimizer_state_dict`` / ``set_optimizer_state_dict``
+already work with :class:`~zero_lab.ZeroRedundancyOptimizer` (``opt.state`` and
+``state_dict()`` answer on every rank), at the cost of the full state on the target rank.
+The two functions here work for every partition (``Flat`` cuts parameters into element
+ranges) and hold only ≈ 1/W of the state per rank:
+
+* :func:`get_optimizer_state_dict` — each rank returns the *whole* state of every parameter
+  it steps any part of (a cut parameter's pieces are all-gathered among the ranks, the only
+  communication). A key several ranks hold has the same value on each; DCP writes it once.
+  Before any state exists it runs one zero-gradient, ``lr=0`` step (as torch's does), so the
+  dict can be DCP's load template.
+* :func:`set_optimizer_state_dict` — load such a dict (from a zero_lab or a plain optimizer, at
+  any world size or partition): each rank keeps its shards.
+
+Plain optimizers are passed through to torch's functions, so one code path serves both::
+
+    osd = zero_lab.dcp.get_optimizer_state_dict(model, opt)
+    dcp.save({"model": get_model_state_dict(model), "optim": osd}, checkpoint_id=path)
+    ...
+    osd = zero_lab.dcp.get_optimizer_state_dict(model, opt)        # the template
+    dcp.load({"optim": osd}, checkpoint_id=path)
+    zero_lab.dcp.set_optimizer_state_dict(model, opt, osd)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint import state_dict as torch_state_dict
+
+from zero_lab.optimizer import MASTER_KEY, ZeroRedundancyOptimizer
+from zero_lab.shard_state import merge_states
+
+__all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
+
+
+def _fqns(model: nn.Module, opt: ZeroRedundancyOptimizer) -> list[str]:
+    """The DCP name of each of ``opt``'s parameters, by global index (DDP's ``module.`` and
+    ``torch.compile``'s ``_orig_mod.`` stripped, as torch's functions name them)."""
+    by_id: dict[int, str] = {}
+    for name, param in model.named_parameters():
+        fqns = torch_state_dict._get_fqns(model, name)  # torch's own naming, so the two formats agree
+        by_id[id(param)] = next(iter(fqns))
+    missing = [i for i, p in enumerate(opt.all_params) if id(p) not in by_id]
+    if missing:
+        raise ValueError(
+            f"the optimizer's parameters #{missing[0]} (and {len(missing) - 1} more) are not parameters of the "
+            "model passed to zero_lab.dcp; pass the model the optimizer was built from"
+        )
+    return [by_id[id(p)] for p in opt.all_params]
+
+
+def _materialize(opt: ZeroRedundancyOptimizer) -> None:
+    """One zero-gradient, ``lr=0`` step when no state exists yet (on every rank: it exchanges),
+    so the state's names and shapes exist for a DCP load template (torch's ``_init_optim_state``)."""
+    if opt.state or any(p.grad is not None for p in opt.all_params):
+        return
+    saved_lrs = [group["lr"] for group in opt.param_groups]
+    for param in opt.all_params:
+        if param.requires_grad:
+            param.grad = torch.zeros_like(param)
+    for group in opt.param_groups:
+        group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    opt.step()
+    for group, lr in zip(opt.param_groups, saved_lrs):
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+
+
+def get_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The DCP form of ``optimizer``'s state on this rank (see the module docstring). Call on every rank."""
+    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+        return torch_state_dict.get_optimizer_state_dict(model, optimizer)
+    _materialize(optimizer)
+    fqns = _fqns(model, optimizer)
+    mine = optimizer.local_shard_states()
+    cut = set(optimizer.partition.cut_params())
+    pieces: dict[int, list[tuple[tuple[int, int], dict[str, Any]]]] = {}
+    if cut and optimizer.world_size > 1:
+        local_cut = {i: v for i, v in mine.items() if i in cut}
+        everyone: list[Any] = [None] * optimizer.world_size
+        dist.all_gather_object(everyone, local_cut, group=optimizer.process_group)
+        for rank_states in everyone:
+            for index, (start, stop, state) in rank_states.items():
+                pieces.setdefault(index, []).append(((start, stop), state))
+    params = optimizer.all_params
+    state: dict[str, dict[str, Any]] = {}
+    for index, (start, stop, shard_state) in mine.items():
+        own = pieces.get(index, [((start, stop), shard_state)])
+        whole = merge_states(own, params[index].shape)
+        device = params[index].device
+        state[fqns[index]] = {k: v.to(device) if torch.is_tensor(v) else v for k, v in whole.items() if k != MASTER_KEY}
+    groups = optimizer._packed_state([])["param_groups"]
+    for group in groups:
+        group["params"] = [fqns[i] for i in group["params"]]
+    return {"state": state, "param_groups": groups}
+
+
+def set_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """Load a DCP-form optimizer state (whole tensors keyed by FQN); each rank keeps its shards."""
+    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+        torch_state_dict.set_optimizer_state_dict(model, optimizer, state_dict)
+        return
+    fqns = _fqns(model, optimizer)
+    index_of = {fqn: i for i, fqn in enumerate(fqns)}
+    unknown = [fqn for group in state_dict["param_groups"] for fqn in group["params"] if fqn not in index_of]
+    if unknown:
+        raise ValueError(
+            f"the optimizer state names parameter {unknown[0]!r}, which this model does not have; "
+            "load a checkpoint saved from the same model"
+        )
+    groups = [{**group, "params": [index_of[fqn] for fqn in group["params"]]} for group in state_dict["param_groups"]]
+    state = {index_of[fqn]: dict(entry) for fqn, entry in state_dict["state"].items() if fqn in index_of}
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
