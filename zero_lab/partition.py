@@ -56,6 +56,7 @@ __all__ = [
     "newton_schulz_cost",
     "numel_cost",
     "resolve_cost",
+    "state_load",
 ]
 
 
@@ -69,7 +70,11 @@ class ParamSpec:
     The step's cost inputs: ``shape`` (the parameter's shape; ``(numel,)`` when not
     given), ``elementwise`` (whether the optimizer class that steps it updates each
     element from that element alone, :func:`zero_lab.elementwise.is_elementwise`) and
-    ``stepper`` (that class's name, for reports and user costs).
+    ``stepper`` (that class's name, for reports and user costs). ``gets_grad=False`` marks a
+    parameter known never to receive a gradient (a layer the forward never uses, found by a
+    forward/backward on meta tensors: :meth:`ZeroRedundancyOptimizer.expect_no_grad`): it never
+    gets optimizer state, so it loads its owner with nothing (:func:`state_load`) and
+    :class:`Flat` keeps it out of the buffers whose cuts balance the rest.
     """
 
     numel: int
@@ -83,6 +88,7 @@ class ParamSpec:
     shape: tuple[int, ...] = ()
     elementwise: bool = True
     stepper: str = ""
+    gets_grad: bool = True
 
     def __post_init__(self) -> None:
         if not self.shape:
@@ -104,6 +110,7 @@ class ParamSpec:
         bucket: int | None = None,
         elementwise: bool = True,
         stepper: str = "",
+        gets_grad: bool = True,
     ) -> ParamSpec:
         """The spec of one parameter tensor (a ``meta`` tensor works: only its metadata is read).
 
@@ -122,6 +129,7 @@ class ParamSpec:
             shape=tuple(tensor.shape) if tensor.dim() else (1,),
             elementwise=elementwise,
             stepper=stepper,
+            gets_grad=gets_grad,
         )
 
 
@@ -150,6 +158,12 @@ def newton_schulz_cost(spec: ParamSpec) -> int:
 
 #: The named costs accepted wherever ``cost=`` is (the app's ``partitioner.cost``).
 COSTS: dict[str, Cost] = {"numel": numel_cost, "newton_schulz": newton_schulz_cost}
+
+
+def state_load(price: Cost, spec: ParamSpec) -> float:
+    """What ``spec`` adds to its owner's load: its ``price``, or nothing for a parameter that
+    never receives a gradient (``gets_grad=False``: it never gets state, nor a step)."""
+    return price(spec) if spec.gets_grad else 0
 
 
 def resolve_cost(cost: str | Cost | None) -> Cost:
@@ -301,7 +315,7 @@ class Partition:
             spec = self.specs[shard.param]
             numel[shard.rank] += shard.numel
             nbytes[shard.rank] += shard.numel * spec.itemsize
-            costs[shard.rank] += price(spec) * shard.numel / spec.numel
+            costs[shard.rank] += state_load(price, spec) * shard.numel / spec.numel
         ideal = sum(numel) / self.world_size
         imbalance = max(numel) / ideal if ideal else 1.0
         ideal_cost = sum(costs) / self.world_size
@@ -376,7 +390,7 @@ class SortedGreedy:
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
-        owners = self.assign([self._price(s) for s in specs], [s.group for s in specs], world_size)
+        owners = self.assign([state_load(self._price, s) for s in specs], [s.group for s in specs], world_size)
         return _whole(specs, owners, world_size, self._price)
 
     @staticmethod
@@ -471,9 +485,11 @@ class Manual:
             raise ValueError(f"{given} leaves trainable parameters without an owner: {names}")
         loads = [0] * world_size
         for index, rank in owner.items():
-            loads[rank] += self._price(specs[index])
+            loads[rank] += state_load(self._price, specs[index])
         frozen = [i for i in range(len(specs)) if i not in owner]
-        extra = SortedGreedy.assign([self._price(specs[i]) for i in frozen], [0] * len(frozen), world_size, loads)
+        extra = SortedGreedy.assign(
+            [state_load(self._price, specs[i]) for i in frozen], [0] * len(frozen), world_size, loads
+        )
         owner.update(zip(frozen, extra))
         return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)
 
@@ -506,7 +522,7 @@ class Manual:
             found = [i for i in self._resolve(pattern, specs, {}) if i not in placed and specs[i].trainable]
             sequence.extend(found)
             placed.update(found)
-        runs = contiguous_split([self._price(specs[i]) for i in sequence], world_size)
+        runs = contiguous_split([state_load(self._price, specs[i]) for i in sequence], world_size)
         return {index: rank for index, rank in zip(sequence, runs)}
 
     @staticmethod
@@ -626,12 +642,12 @@ class Flat:
                 "(SortedGreedy(cost='newton_schulz'), Manual), or declare the class elementwise "
                 "(zero_lab.register_elementwise) if its update really is per element"
             )
-        buffers: dict[tuple[int, str], list[int]] = {}
-        for index, spec in enumerate(specs):
-            buffers.setdefault((spec.group, spec.kind), []).append(index)
+        buffers: dict[tuple[int, str, bool], list[int]] = {}
+        for index, spec in enumerate(specs):  # parameters without gradients apart: they would skew the cut
+            buffers.setdefault((spec.group, spec.kind, spec.gets_grad), []).append(index)
         shards: list[Shard] = []
         layouts: list[BucketLayout] = []
-        for (group, kind), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
+        for (group, kind, _), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
             for bucket in self._capped(members, specs):
                 offsets, total = [], 0
                 for index in bucket:
@@ -730,15 +746,15 @@ class DdpBucket:
         for bucket in sorted(members):
             params = members[bucket]
             if self.shard_buckets:
-                self._split(params, [self._price(specs[i]) for i in params], world_size, owner, loads)
+                self._split(params, [state_load(self._price, specs[i]) for i in params], world_size, owner, loads)
             else:
                 rank = loads.index(min(loads))
                 for index in params:
                     owner[index] = rank
-                    loads[rank] += self._price(specs[index])
+                    loads[rank] += state_load(self._price, specs[index])
         rest = [i for i in range(len(specs)) if i not in owner]
         placed = SortedGreedy.assign(
-            [self._price(specs[i]) for i in rest], [specs[i].group for i in rest], world_size, loads
+            [state_load(self._price, specs[i]) for i in rest], [specs[i].group for i in rest], world_size, loads
         )
         owner.update(zip(rest, placed))
         return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)

@@ -3,7 +3,9 @@
 :func:`train_rank` runs inside an initialised process group. Top to bottom:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`);
+2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`), then the data;
+   with unused parameters allowed, the ZeRO owners are balanced over the parameters that get
+   gradients (:func:`zero_lab.app.grad_reach.balance_over_gradients`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.protocols.batch_stream`:
@@ -45,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from zero_lab.app import run_checkpoints
 from zero_lab.app.build import build_training
 from zero_lab.app.data import stream_seed
+from zero_lab.app.grad_reach import balance_over_gradients
 from zero_lab.app.memory import ddp_state_bytes, master_weight_bytes, training_tensor_bytes
 from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
 from zero_lab.app.optim_plan import OptimPlan
@@ -120,6 +123,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
 
     training = build_training(cfg, device, spec.plan)
     data = instantiate(cfg.data)
+    balance_over_gradients(training, cfg, data)  # owners balanced over the parameters that get state
     losses: list[float] = []
     start = 0
     resumed: run_checkpoints.Restored | None = None
