@@ -7,7 +7,8 @@
   checksum bit-identical to the single-node run of the same world size; a mismatched
   ``dist.world_size`` under srun is refused once, with the fix;
 - a job reaching its time limit: SIGUSR2 before it, checkpoint, requeue, resume by itself,
-  and the final loss of an uninterrupted run.
+  and the final loss of an uninterrupted run (its first attempt held slow until the test sees
+  the requeue, so the signal finds it training however fast the machine is).
 
 Runs that do not depend on each other are made together (:func:`tests.e2e.runs.together`).
 """
@@ -26,13 +27,21 @@ import pytest
 
 from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
 from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
+from tests.slurm.gated_data import GATE, GatedRegression
 
 SMALL = ("logger=none", "progress=false", "steps=4")
 
 
-def train(slurm: SlurmCluster, *args: str, launcher: tuple[str, ...] = (), timeout: float = 240):
-    """``[launcher] python train.py *args`` on the login node, from the repo root."""
-    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=child_env(), timeout=timeout)
+def train(
+    slurm: SlurmCluster,
+    *args: str,
+    launcher: tuple[str, ...] = (),
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+):
+    """``[launcher] python train.py *args`` on the login node, from the repo root (``env``: the
+    environment, the tests' own by default)."""
+    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=env or child_env(), timeout=timeout)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -179,8 +188,13 @@ def test_srun_ranks_stop_together_on_sigusr2_checkpoint_and_exit_non_zero(two_no
     assert result.stderr.count("zero_lab: stopped by") == 1  # said once, by rank 0
 
 
-#: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
-LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500")
+#: The time-limit test's run. Its data is held (tests/slurm/gated_data.py) in the limited job until the
+#: test sees the job requeued: the first attempt takes at least 400 x 0.2 s = 80 s, longer than its 60 s
+#: limit, so the limit's signal always finds it training, on any machine; the uninterrupted reference
+#: and the requeued attempt run at full speed.
+STEPS = 400
+HELD = f"data._target_={GatedRegression.__module__}.{GatedRegression.__qualname__}"
+LONG = ("logger=none", "progress=false", f"steps={STEPS}", "log_every=100", HELD)
 #: Seconds the submitting command may take to get the job queued (interpreter, config check, sbatch).
 SUBMIT_SLACK_S = 15
 #: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
@@ -200,9 +214,10 @@ def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
     return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
 
 
-def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
-    """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
-    (each attempt of a 1-minute job would be, however little it has left)."""
+def _extend_after_the_first_requeue(slurm: SlurmCluster, gate: Path, timeout_s: float = 300) -> None:
+    """Once the job has been requeued, give it 10 minutes (each attempt of a 1-minute job would be
+    cut short, however little it has left) and open its data's ``gate``: the next attempt runs at
+    full speed."""
     deadline, seen = time.monotonic() + timeout_s, False
     while time.monotonic() < deadline:
         out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
@@ -210,6 +225,7 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300)
             if "Restarts=1" in line:
                 job = line.split()[0].split("=", 1)[1]
                 slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+                gate.touch()
                 return
         if seen and not slurm.jobs():  # it ended without a requeue: the test says why
             return
@@ -218,7 +234,7 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300)
 
 
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
-    sweep, plain = tmp_path / "limited", tmp_path / "plain"
+    sweep, plain, gate = tmp_path / "limited", tmp_path / "plain", tmp_path / "released"
     reference = subprocess.Popen(
         [sys.executable, "train.py", *LONG, f"hydra.run.dir={plain}"],
         cwd=REPO,
@@ -240,15 +256,16 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         *LONG,
         f"hydra.sweep.dir={sweep}",
         timeout=400,
+        env={**child_env(), GATE: str(gate)},
     )
-    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm))
+    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm, gate))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
     ok(limited)
     run = summary(sweep / "0")
     assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
     first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
-    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 2000
+    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < STEPS
     assert run["requeued"]["from_step"] == run["start_step"] == len(first["losses"])  # its checkpoint
     assert run["resumed_from"] == str(sweep / "0") and run["stopped_by"] is None
     assert run["final_loss"] == summary(plain)["final_loss"]
