@@ -538,6 +538,11 @@ def check_saved_states(
     table = _param_table(optimizer)
     params = optimizer.all_params
     for index, (start, stop, state) in sorted(saved.items()):
+        if not (isinstance(index, int) and 0 <= index < len(params)):
+            raise CheckpointError(
+                f"checkpoint {directory}: {file} holds the state of parameter #{index}, but the checkpoint has "
+                f"{len(params)} parameters; it was not written by zero_lab"
+            )
         if not isinstance(state, dict):
             raise CheckpointError(f"checkpoint {directory}: {file} holds a {type(state).__name__} as the state of "
                                   f"parameter #{index}, not a dict; it was not written by zero_lab")  # fmt: skip
