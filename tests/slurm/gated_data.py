@@ -17,7 +17,7 @@ import torch
 from zero_lab.app.data import RegressionData
 
 GATE = "ZERO_LAB_TEST_GATE"
-HELD_S = 0.2
+HELD_S = 0.5
 
 
 class GatedRegression(RegressionData):
