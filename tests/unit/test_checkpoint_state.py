@@ -188,3 +188,28 @@ def test_a_plain_checkpoint_missing_a_state_key_names_the_file_and_parameter(tmp
     with pytest.raises(CheckpointError, match=rf"^{path}: the saved state of parameter 'hidden.weight' \(#2\) lacks "
                        r"the state 'exp_avg' that Adam keeps \(it holds \['exp_avg_sq', 'step'\]\)"):  # fmt: skip
         run_checkpoints.restore(resumed, path, steps=5)
+
+
+def test_a_sharded_checkpoint_resumes_a_plain_optimizer_with_its_state_checked(tmp_path, single_rank_group):
+    """ZeRO's shards merged for a plain optimizer pass the same check (no false refusal), and a
+    tampered shard is named there too."""
+    model = Net()
+    zero = ZeroRedundancyOptimizer(model.named_parameters(), torch.optim.Adam, lr=1e-3)
+    model(torch.ones(3, 4)).square().mean().backward()
+    zero.step()
+    path = run_checkpoints.save(_training(model, zero, zero=True), tmp_path, 1, [1.0])
+    fresh = Net()
+    plain = torch.optim.Adam(fresh.parameters(), lr=1e-3)
+    restored = run_checkpoints.restore(_training(fresh, plain, zero=False), path, steps=5)
+    assert restored.step == 1 and all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
+    assert [tuple(s["exp_avg"].shape) for s in plain.state.values()] == [tuple(p.shape) for p in fresh.parameters()]
+    index = _index(path, "head.weight")
+
+    def transpose(states: dict[int, Any]) -> None:
+        states[index]["exp_avg_sq"] = states[index]["exp_avg_sq"].t().contiguous()
+
+    _tamper(path, transpose)
+    other = Net()
+    with pytest.raises(CheckpointError, match=rf"the saved state of parameter 'head.weight' \(#{index}\) holds "
+                       r"'exp_avg_sq' of shape \(96, 2\), where Adam keeps \(2, 96\)"):  # fmt: skip
+        run_checkpoints.restore(_training(other, torch.optim.Adam(other.parameters(), lr=1e-3), zero=False), path, 5)
