@@ -319,7 +319,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._join_active = False
         self._state_touched = False  # a step or load_state_dict happened (repartition must come before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
-        self._no_grad: frozenset[Any] = frozenset()  # expect_no_grad: ids of tensors and names
 
         self.local_step_seconds = 0.0  # running total of this rank's local optimizer steps (no exchange)
         self._async_exchange = False  # start_prefetch / stop_prefetch
@@ -525,24 +524,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 bucket=self._ddp_buckets.get(id(param)),
                 elementwise=is_elementwise(classes[index]),
                 stepper=classes[index].__name__,
-                gets_grad=id(param) not in self._no_grad and (name is None or name not in self._no_grad),
             )
             for index, group in enumerate(self.param_groups)
             for param, name in zip(group["params"], group.get("param_names", [None] * len(group["params"])))
         ]
-
-    def expect_no_grad(self, params: Iterable[str | torch.Tensor]) -> None:
-        """Parameters known never to receive a gradient (by name, as in ``param_names``, or as
-        tensors): a layer the forward never uses, found before the first step by a forward and
-        backward on ``meta`` tensors (the app does this with ``dist.find_unused_parameters=true``).
-        They never get optimizer state, so the partitioners load their owner with nothing
-        (``ParamSpec.gets_grad=False``) and the owners balance the parameters that do; pricing
-        them as if they did left one rank of the own-model example holding all of the state.
-        Re-partitions (see :meth:`repartition`: before the first step and before loading state;
-        call on every rank with the same parameters)."""
-        self._no_grad = frozenset(p if isinstance(p, str) else id(p) for p in params)
-        if self._built is not None:
-            self.repartition()
 
     def _compute_partition(self) -> Partition:
         partition = self.partitioner(self._param_specs(), self.world_size)

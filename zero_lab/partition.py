@@ -26,6 +26,8 @@ straddle ranks, and also records the contiguous buffer layouts its ranges live i
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import fnmatch
 import heapq
 import math
@@ -50,6 +52,7 @@ __all__ = [
     "Partitioner",
     "Shard",
     "SortedGreedy",
+    "WithoutGradients",
     "approximate_ddp_buckets",
     "bucket_use",
     "contiguous_split",
@@ -72,7 +75,7 @@ class ParamSpec:
     element from that element alone, :func:`zero_lab.elementwise.is_elementwise`) and
     ``stepper`` (that class's name, for reports and user costs). ``gets_grad=False`` marks a
     parameter known never to receive a gradient (a layer the forward never uses, found by a
-    forward/backward on meta tensors: :meth:`ZeroRedundancyOptimizer.expect_no_grad`): it never
+    forward/backward on meta tensors and marked by :class:`WithoutGradients`): it never
     gets optimizer state, so it loads its owner with nothing (:func:`state_load`) and
     :class:`Flat` keeps it out of the buffers whose cuts balance the rest.
     """
@@ -778,3 +781,45 @@ class DdpBucket:
     def __repr__(self) -> str:
         cost = "" if self.cost in (None, "numel") else f", cost={self.cost!r}"
         return f"DdpBucket(shard_buckets={self.shard_buckets}{cost})"
+
+
+class WithoutGradients:
+    """``inner``, told which parameters never receive a gradient: it sees their specs with
+    ``gets_grad=False`` (matched by name, or by tensor ``id`` as ``ParamSpec.key``), so they load
+    their owner with nothing and the owners balance the parameters that get state.
+
+    For parameters known before the first step never to be used (the app finds them with a
+    forward and backward on ``meta`` tensors, :mod:`zero_lab.app.grad_reach`): pricing them as if
+    they got state left one rank of the own-model example holding all of it. Give it to an
+    optimizer before its first step: ``opt.repartition(WithoutGradients(opt.partitioner, names))``.
+    DDP-bucket use (``needs_ddp_buckets``, ``shard_buckets``) is ``inner``'s; ``repr`` is ``inner``'s
+    with the parameters named.
+    """
+
+    def __init__(self, inner: Partitioner, params: Iterable[Any]):
+        self.inner = inner
+        self.names = frozenset(p for p in params if isinstance(p, str))
+        self.keys = frozenset(id(p) for p in params if not isinstance(p, str))
+
+    @property
+    def needs_ddp_buckets(self) -> bool:
+        return bucket_use(self.inner).needs_ddp_buckets
+
+    @property
+    def shard_buckets(self) -> bool:
+        return bucket_use(self.inner).shard_buckets
+
+    @shard_buckets.setter
+    def shard_buckets(self, value: bool) -> None:  # a copy of this wrapper set apart (attach_ddp) copies inner too
+        self.inner = copy.copy(self.inner)
+        self.inner.shard_buckets = value  # type: ignore[attr-defined]
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        marked = [
+            dataclasses.replace(spec, gets_grad=False) if spec.name in self.names or spec.key in self.keys else spec
+            for spec in specs
+        ]
+        return self.inner(marked, world_size)
+
+    def __repr__(self) -> str:
+        return f"WithoutGradients({self.inner!r}, {sorted(self.names)!r})"

@@ -1,14 +1,25 @@
 """Owners are balanced over the parameters that get state (issue 30): a parameter known never
 to receive a gradient (``ParamSpec.gets_grad=False``) loads its owner with nothing, in every
-partitioner, in the report and in the planner; ``expect_no_grad`` re-partitions an optimizer."""
+partitioner, in the report and in the planner; :class:`WithoutGradients` marks them for any
+partitioner, and an optimizer re-partitions with it before its first step."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 from zero_lab import Flat, ZeroRedundancyOptimizer
-from zero_lab.partition import DdpBucket, ParamSpec, SortedGreedy, numel_cost, state_load
+from zero_lab.partition import (
+    DdpBucket,
+    ParamSpec,
+    SortedGreedy,
+    WithoutGradients,
+    bucket_use,
+    numel_cost,
+    state_load,
+)
 from zero_lab.planner import plan_memory
 
 
@@ -52,14 +63,32 @@ def test_the_planner_gives_parameters_without_gradients_no_state():
     assert sorted(r.state_bytes for r in plan.ranks) == [(1024 + 128 + 8) * 8 + 3 * 4, 4096 * 8 + 4]
 
 
-def test_expect_no_grad_repartitions_by_name_or_tensor(single_rank_group):
+def test_without_gradients_marks_parameters_by_name_or_tensor_and_repartitions(single_rank_group):
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 4), "aux": torch.nn.Linear(4, 4)})
     opt = ZeroRedundancyOptimizer(model.named_parameters(), torch.optim.Adam, lr=1e-2)
     assert all(spec.gets_grad for spec in opt.partition.specs)
-    opt.expect_no_grad(["aux.weight", model["aux"].bias])
+    wrapped = WithoutGradients(opt.partitioner, ["aux.weight", model["aux"].bias])
+    assert repr(wrapped) == "WithoutGradients(SortedGreedy(), ['aux.weight'])"
+    assert bucket_use(wrapped) == bucket_use(opt.partitioner)
+    opt.repartition(wrapped)
     assert [spec.gets_grad for spec in opt.partition.specs] == [True, True, False, False]
     model["used"](torch.ones(2, 4)).sum().backward()
     opt.step()
-    with pytest.raises(RuntimeError, match="repartition must happen before the first step"):
-        opt.expect_no_grad([])
+    assert all(torch.equal(p, q) for p, q in zip(model["aux"].parameters(), copy_of_aux(model)))
+
+
+def copy_of_aux(model: torch.nn.ModuleDict) -> list[torch.Tensor]:
+    """``aux``'s parameters as they were built (seed 0): no gradient, so no step moved them."""
+    torch.manual_seed(0)
+    fresh = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 4), "aux": torch.nn.Linear(4, 4)})
+    return list(fresh["aux"].parameters())
+
+
+def test_without_gradients_keeps_ddp_bucket_use_and_copies_inner_when_set():
+    inner = DdpBucket(shard_buckets=False)
+    wrapped = WithoutGradients(inner, [])
+    assert bucket_use(wrapped) == (True, False)
+    twin = copy.copy(wrapped)
+    twin.shard_buckets = True  # as attach_ddp does on a copy: the original is untouched
+    assert (bucket_use(twin), bucket_use(wrapped), inner.shard_buckets) == ((True, True), (True, False), False)

@@ -12,8 +12,9 @@ Algorithm (:func:`balance_over_gradients`): rank 0 builds the model a second tim
 ``meta`` tensors (no memory, no arithmetic), runs its own first batch forward, the loss and
 backward — the same probe the pre-start check runs (:func:`zero_lab.app.protocols.forward_problems`)
 — and lists the parameters left without a gradient; the list is broadcast so every rank
-partitions alike, and :meth:`zero_lab.ZeroRedundancyOptimizer.expect_no_grad` re-partitions
-with those priced at nothing (``ParamSpec.gets_grad=False``).
+partitions alike, and the optimizer re-partitions (``repartition``, before the first step)
+with its partitioner wrapped in :class:`zero_lab.partition.WithoutGradients`, which prices
+those at nothing (``ParamSpec.gets_grad=False``).
 
 Why a meta probe and not the first real backward: the partition must exist before the first
 step (a resume loads its state into it), and the probe costs no memory. What it cannot see:
@@ -35,6 +36,7 @@ from omegaconf import DictConfig
 
 from zero_lab.app.protocols import batch_stream, call_model, loss_of, to_device
 from zero_lab.app.training import Training
+from zero_lab.partition import WithoutGradients
 
 __all__ = ["balance_over_gradients", "params_without_grad"]
 
@@ -69,5 +71,6 @@ def balance_over_gradients(training: Training, cfg: DictConfig, data: Any) -> li
     names = found[0] or []
     if names:
         log.info("parameters without gradients, priced at nothing when partitioning: %s", ", ".join(names))
-        training.optimizer.expect_no_grad(names)  # type: ignore[attr-defined]
+        optimizer = training.optimizer
+        optimizer.repartition(WithoutGradients(optimizer.partitioner, names))  # type: ignore[attr-defined]
     return names
