@@ -187,14 +187,22 @@ class ChainedOptimizer(Optimizer):
         return [self.classes[inner] for inner, _ in self._routes]
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
-        """Run ``closure`` once (with grad enabled), then step every inner optimizer in order."""
+        """Run ``closure`` once (with grad enabled), then step every inner optimizer in order;
+        return the closure's loss, else the first non-``None`` result of an inner ``step``
+        (one class: what its ``step`` returned, as torch's class returns the local step's).
+
+        A ``closure`` that is not callable is no closure this class can run: it goes to every
+        inner optimizer's ``step`` as it came (``closure=closure``), as torch's
+        ``ZeroRedundancyOptimizer`` passes any closure to its local optimizer."""
+        if closure is not None and not callable(closure):
+            results = [optimizer.step(closure=closure, **kwargs) for optimizer in self.optimizers]
+            return next((result for result in results if result is not None), None)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for optimizer in self.optimizers:
-            optimizer.step(**kwargs)
-        return loss
+        results = [optimizer.step(**kwargs) for optimizer in self.optimizers]
+        return loss if loss is not None else next((result for result in results if result is not None), None)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's format over the groups in order; every group names its class (dotted path)."""

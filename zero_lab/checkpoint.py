@@ -56,13 +56,17 @@ import torch
 from torch import nn
 
 from zero_lab.chained import GROUP_CLASS_KEY
+from zero_lab.elementwise import is_elementwise
 from zero_lab.files import fsync_dir, write_atomic, write_json
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.shard_state import reslice, restrict_state
+from zero_lab.state_probe import expected_state, state_problem
 
 __all__ = [
     "FORMAT",
     "CheckpointError",
+    "check_saved_states",
+    "check_state_dict",
     "checkpoint_step",
     "checkpoints",
     "digest_path",
@@ -515,6 +519,90 @@ def _check_coverage(manifest: dict[str, Any], directory: Path) -> None:
             )
 
 
+def check_saved_states(
+    file: str,
+    saved: dict[int, tuple[int, int, dict[str, Any]]],
+    manifest: dict[str, Any],
+    optimizer: ZeroRedundancyOptimizer,
+    directory: Path,
+    model: nn.Module | None = None,
+) -> None:
+    """Each saved state in one optimizer file fits what the class stepping its parameter makes:
+    the keys it keeps, each tensor's shape and dtype (:func:`zero_lab.state_probe.expected_state`,
+    learnt from a step of that class on ``meta`` tensors shaped like the saved piece: the
+    parameter's shape for a whole one, 1-D for an element range), under the manifest's
+    hyper-parameters of the parameter's group. Element ranges are checked by
+    :func:`_check_coverage`; this checks what the ranges hold. The first problem is one
+    :class:`CheckpointError` naming the file, the parameter and the key."""
+    classes = optimizer.group_classes()
+    table = _param_table(optimizer)
+    params = optimizer.all_params
+    for index, (start, stop, state) in sorted(saved.items()):
+        if not (isinstance(index, int) and 0 <= index < len(params)):
+            raise CheckpointError(
+                f"checkpoint {directory}: {file} holds the state of parameter #{index}, but the checkpoint has "
+                f"{len(params)} parameters; it was not written by zero_lab"
+            )
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {directory}: {file} holds a {type(state).__name__} as the state of "
+                                  f"parameter #{index}, not a dict; it was not written by zero_lab")  # fmt: skip
+        group = table[index]["group"]
+        cls = classes[group]
+        shape = tuple(params[index].shape)
+        whole = (start, stop) == (0, params[index].numel())
+        name = _param_name(manifest, table, optimizer, model, index)
+        if not whole and not is_elementwise(cls):
+            raise CheckpointError(
+                f"checkpoint {directory}: {file} holds elements [{start}, {stop}) of parameter {name}, but "
+                f"{cls.__name__} steps whole parameters; it was not saved by this optimizer"
+            )
+        hyper = manifest["param_groups"][group] if group < len(manifest["param_groups"]) else {}
+        expected = expected_state(cls, hyper, shape if whole else (stop - start,), params[index].dtype)
+        problem = None if expected is None else state_problem(state, expected, cls.__name__)
+        if problem is not None:
+            raise CheckpointError(
+                f"checkpoint {directory}: {file}: the saved state of parameter {name} {problem}; the file was "
+                "not written for this optimizer or was altered. Restore it from a good copy, or load the "
+                "model weights only and start the optimizer state fresh"
+            )
+
+
+def check_state_dict(
+    where: str | Path,
+    state_dict: dict[str, Any],
+    groups: list[list[torch.Tensor]],
+    classes: list[type[torch.optim.Optimizer]],
+    names: dict[int, str] | None = None,
+) -> None:
+    """A ``torch.optim`` state dict (a plain optimizer's, or a consolidated ZeRO one) fits the
+    parameters it is about to be loaded into, as :func:`check_saved_states` checks a shard
+    file: each parameter's state has the keys, shapes and dtypes the class stepping its group
+    (``classes[g]``, over the live parameters ``groups[g]``) makes under the saved group's
+    hyper-parameters. ``names``: ``{id(param): name}``. Groups whose sizes differ are left to
+    ``load_state_dict``, which refuses them."""
+    saved_groups = state_dict.get("param_groups", [])
+    if [len(g.get("params", [])) for g in saved_groups] != [len(g) for g in groups]:
+        return
+    states = state_dict.get("state", {})
+    position = 0
+    for saved, params, cls in zip(saved_groups, groups, classes):
+        for key, param in zip(saved["params"], params):
+            state = states.get(key)
+            label = (names or {}).get(id(param))
+            name = f"{label!r} (#{position})" if label else f"#{position}"
+            position += 1
+            if not isinstance(state, dict):
+                continue  # no state: never stepped
+            expected = expected_state(cls, saved, tuple(param.shape), param.dtype)
+            problem = None if expected is None else state_problem(state, expected, cls.__name__)
+            if problem is not None:
+                raise CheckpointError(
+                    f"{where}: the saved state of parameter {name} {problem}; the file was not written for this "
+                    "optimizer or was altered. Restore it from a good copy, or load the model weights only and "
+                    "start the optimizer state fresh"
+                )
+
+
 def _optimizer_files(manifest: dict[str, Any]) -> Iterator[tuple[str, list[tuple[int, int, int]]]]:
     for name, info in sorted(manifest["files"].items()):
         if name.startswith("optim-rank"):
@@ -543,6 +631,7 @@ def load_checkpoint(
         if not any(i in wanted and a < wanted[i][1] and wanted[i][0] < b for i, a, b in ranges):
             continue
         saved = load_verified(directory, name, manifest)["shards"]
+        check_saved_states(name, saved, manifest, optimizer, directory, model)
         for index, (start, stop, state) in saved.items():
             part = restrict_state(state, (start, stop), params[index].shape, wanted[index]) if index in wanted else None
             if part is not None:

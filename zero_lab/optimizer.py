@@ -663,6 +663,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         try:
             if closure is None:
                 loss = self._optim.step(**kwargs)
+            elif not callable(closure):  # not zero_lab's to call: the local class gets it as it came, as in torch
+                loss = self._optim.step(closure=closure, **kwargs)
             else:
 
                 def closure_then_point() -> float:

@@ -26,6 +26,8 @@ straddle ranks, and also records the contiguous buffer layouts its ranges live i
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import fnmatch
 import heapq
 import math
@@ -50,12 +52,14 @@ __all__ = [
     "Partitioner",
     "Shard",
     "SortedGreedy",
+    "WithoutGradients",
     "approximate_ddp_buckets",
     "bucket_use",
     "contiguous_split",
     "newton_schulz_cost",
     "numel_cost",
     "resolve_cost",
+    "state_load",
 ]
 
 
@@ -69,7 +73,11 @@ class ParamSpec:
     The step's cost inputs: ``shape`` (the parameter's shape; ``(numel,)`` when not
     given), ``elementwise`` (whether the optimizer class that steps it updates each
     element from that element alone, :func:`zero_lab.elementwise.is_elementwise`) and
-    ``stepper`` (that class's name, for reports and user costs).
+    ``stepper`` (that class's name, for reports and user costs). ``gets_grad=False`` marks a
+    parameter known never to receive a gradient (a layer the forward never uses, found by a
+    forward/backward on meta tensors and marked by :class:`WithoutGradients`): it never
+    gets optimizer state, so it loads its owner with nothing (:func:`state_load`) and
+    :class:`Flat` keeps it out of the buffers whose cuts balance the rest.
     """
 
     numel: int
@@ -83,6 +91,7 @@ class ParamSpec:
     shape: tuple[int, ...] = ()
     elementwise: bool = True
     stepper: str = ""
+    gets_grad: bool = True
 
     def __post_init__(self) -> None:
         if not self.shape:
@@ -104,6 +113,7 @@ class ParamSpec:
         bucket: int | None = None,
         elementwise: bool = True,
         stepper: str = "",
+        gets_grad: bool = True,
     ) -> ParamSpec:
         """The spec of one parameter tensor (a ``meta`` tensor works: only its metadata is read).
 
@@ -122,6 +132,7 @@ class ParamSpec:
             shape=tuple(tensor.shape) if tensor.dim() else (1,),
             elementwise=elementwise,
             stepper=stepper,
+            gets_grad=gets_grad,
         )
 
 
@@ -150,6 +161,12 @@ def newton_schulz_cost(spec: ParamSpec) -> int:
 
 #: The named costs accepted wherever ``cost=`` is (the app's ``partitioner.cost``).
 COSTS: dict[str, Cost] = {"numel": numel_cost, "newton_schulz": newton_schulz_cost}
+
+
+def state_load(price: Cost, spec: ParamSpec) -> float:
+    """What ``spec`` adds to its owner's load: its ``price``, or nothing for a parameter that
+    never receives a gradient (``gets_grad=False``: it never gets state, nor a step)."""
+    return price(spec) if spec.gets_grad else 0
 
 
 def resolve_cost(cost: str | Cost | None) -> Cost:
@@ -301,7 +318,7 @@ class Partition:
             spec = self.specs[shard.param]
             numel[shard.rank] += shard.numel
             nbytes[shard.rank] += shard.numel * spec.itemsize
-            costs[shard.rank] += price(spec) * shard.numel / spec.numel
+            costs[shard.rank] += state_load(price, spec) * shard.numel / spec.numel
         ideal = sum(numel) / self.world_size
         imbalance = max(numel) / ideal if ideal else 1.0
         ideal_cost = sum(costs) / self.world_size
@@ -376,7 +393,7 @@ class SortedGreedy:
 
     def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
         _check_world_size(world_size)
-        owners = self.assign([self._price(s) for s in specs], [s.group for s in specs], world_size)
+        owners = self.assign([state_load(self._price, s) for s in specs], [s.group for s in specs], world_size)
         return _whole(specs, owners, world_size, self._price)
 
     @staticmethod
@@ -471,9 +488,11 @@ class Manual:
             raise ValueError(f"{given} leaves trainable parameters without an owner: {names}")
         loads = [0] * world_size
         for index, rank in owner.items():
-            loads[rank] += self._price(specs[index])
+            loads[rank] += state_load(self._price, specs[index])
         frozen = [i for i in range(len(specs)) if i not in owner]
-        extra = SortedGreedy.assign([self._price(specs[i]) for i in frozen], [0] * len(frozen), world_size, loads)
+        extra = SortedGreedy.assign(
+            [state_load(self._price, specs[i]) for i in frozen], [0] * len(frozen), world_size, loads
+        )
         owner.update(zip(frozen, extra))
         return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)
 
@@ -506,7 +525,7 @@ class Manual:
             found = [i for i in self._resolve(pattern, specs, {}) if i not in placed and specs[i].trainable]
             sequence.extend(found)
             placed.update(found)
-        runs = contiguous_split([self._price(specs[i]) for i in sequence], world_size)
+        runs = contiguous_split([state_load(self._price, specs[i]) for i in sequence], world_size)
         return {index: rank for index, rank in zip(sequence, runs)}
 
     @staticmethod
@@ -626,12 +645,12 @@ class Flat:
                 "(SortedGreedy(cost='newton_schulz'), Manual), or declare the class elementwise "
                 "(zero_lab.register_elementwise) if its update really is per element"
             )
-        buffers: dict[tuple[int, str], list[int]] = {}
-        for index, spec in enumerate(specs):
-            buffers.setdefault((spec.group, spec.kind), []).append(index)
+        buffers: dict[tuple[int, str, bool], list[int]] = {}
+        for index, spec in enumerate(specs):  # parameters without gradients apart: they would skew the cut
+            buffers.setdefault((spec.group, spec.kind, spec.gets_grad), []).append(index)
         shards: list[Shard] = []
         layouts: list[BucketLayout] = []
-        for (group, kind), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
+        for (group, kind, _), members in sorted(buffers.items(), key=lambda kv: kv[1][0]):
             for bucket in self._capped(members, specs):
                 offsets, total = [], 0
                 for index in bucket:
@@ -730,15 +749,15 @@ class DdpBucket:
         for bucket in sorted(members):
             params = members[bucket]
             if self.shard_buckets:
-                self._split(params, [self._price(specs[i]) for i in params], world_size, owner, loads)
+                self._split(params, [state_load(self._price, specs[i]) for i in params], world_size, owner, loads)
             else:
                 rank = loads.index(min(loads))
                 for index in params:
                     owner[index] = rank
-                    loads[rank] += self._price(specs[index])
+                    loads[rank] += state_load(self._price, specs[index])
         rest = [i for i in range(len(specs)) if i not in owner]
         placed = SortedGreedy.assign(
-            [self._price(specs[i]) for i in rest], [specs[i].group for i in rest], world_size, loads
+            [state_load(self._price, specs[i]) for i in rest], [specs[i].group for i in rest], world_size, loads
         )
         owner.update(zip(rest, placed))
         return _whole(specs, [owner[i] for i in range(len(specs))], world_size, self._price)
@@ -762,3 +781,45 @@ class DdpBucket:
     def __repr__(self) -> str:
         cost = "" if self.cost in (None, "numel") else f", cost={self.cost!r}"
         return f"DdpBucket(shard_buckets={self.shard_buckets}{cost})"
+
+
+class WithoutGradients:
+    """``inner``, told which parameters never receive a gradient: it sees their specs with
+    ``gets_grad=False`` (matched by name, or by tensor ``id`` as ``ParamSpec.key``), so they load
+    their owner with nothing and the owners balance the parameters that get state.
+
+    For parameters known before the first step never to be used (the app finds them with a
+    forward and backward on ``meta`` tensors, :mod:`zero_lab.app.grad_reach`): pricing them as if
+    they got state left one rank of the own-model example holding all of it. Give it to an
+    optimizer before its first step: ``opt.repartition(WithoutGradients(opt.partitioner, names))``.
+    DDP-bucket use (``needs_ddp_buckets``, ``shard_buckets``) is ``inner``'s; ``repr`` is ``inner``'s
+    with the parameters named.
+    """
+
+    def __init__(self, inner: Partitioner, params: Iterable[Any]):
+        self.inner = inner
+        self.names = frozenset(p for p in params if isinstance(p, str))
+        self.keys = frozenset(id(p) for p in params if not isinstance(p, str))
+
+    @property
+    def needs_ddp_buckets(self) -> bool:
+        return bucket_use(self.inner).needs_ddp_buckets
+
+    @property
+    def shard_buckets(self) -> bool:
+        return bucket_use(self.inner).shard_buckets
+
+    @shard_buckets.setter
+    def shard_buckets(self, value: bool) -> None:  # a copy of this wrapper set apart (attach_ddp) copies inner too
+        self.inner = copy.copy(self.inner)
+        self.inner.shard_buckets = value  # type: ignore[attr-defined]
+
+    def __call__(self, specs: Sequence[ParamSpec], world_size: int) -> Partition:
+        marked = [
+            dataclasses.replace(spec, gets_grad=False) if spec.name in self.names or spec.key in self.keys else spec
+            for spec in specs
+        ]
+        return self.inner(marked, world_size)
+
+    def __repr__(self) -> str:
+        return f"WithoutGradients({self.inner!r}, {sorted(self.names)!r})"

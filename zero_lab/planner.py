@@ -288,7 +288,7 @@ def plan_memory(
         pieces = [
             (shard.rank, partition.specs[shard.param], shard.numel)
             for shard in partition.shards
-            if partition.specs[shard.param].trainable
+            if partition.specs[shard.param].trainable and partition.specs[shard.param].gets_grad
         ]
         strategy = f"ZeRO-1 {partitioner!r} + {optimizer_class.__name__}"
     for rank, spec, count in pieces:

@@ -1,7 +1,8 @@
 """DDP's own options (``dist.find_unused_parameters``, ``dist.static_graph``,
 ``dist.broadcast_buffers``) with every ZeRO mode, through the app's own build and step
 (``build_training``, ``protocols.batch_stream/call_model/loss_of``), on a model with a dict
-output, BatchNorm and a parameter its forward never uses: the parameters equal those of DDP +
+output, BatchNorm and a parameter its forward never uses (found by the meta probe and priced at
+nothing, as the app's loop does: ``balance_over_gradients``): the parameters equal those of DDP +
 the plain optimizer with the same options. One 2-rank world runs every case."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from zero_lab.app.build import build_training
+from zero_lab.app.grad_reach import balance_over_gradients
 from zero_lab.app.preflight import compose_job
 from zero_lab.app.protocols import batch_stream, call_model, loss_of
 from zero_lab.app.schema import register_configs
@@ -65,6 +67,10 @@ def train(container: dict[str, Any], steps: int = 4) -> list[torch.Tensor]:
     cfg = OmegaConf.create(container)
     training = build_training(cfg, torch.device("cpu"))
     data = instantiate(cfg.data)
+    unused = balance_over_gradients(training, cfg, data)  # as the app's loop does (runner.py)
+    if training.zero and not cfg.overlap:  # owners balanced over the parameters that get gradients
+        assert unused == ["aux.weight", "aux.bias"]
+        assert [s.gets_grad for s in training.optimizer.partition.specs if s.name.startswith("aux")] == [False] * 2
     batches = batch_stream(data, torch.distributed.get_rank(), torch.distributed.get_world_size(), 0)
     for _ in range(steps):
         inputs, targets = next(batches)

@@ -92,16 +92,30 @@ def lm_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
 
+def matrix_hyper(case: MuonCase) -> dict[str, Any]:
+    return MUON if case.matrix_class is torch.optim.Muon else {"lr": 1e-2}
+
+
 def groups(model: nn.Module, case: MuonCase) -> list[dict[str, Any]]:
-    muon = MUON if case.matrix_class is torch.optim.Muon else {"lr": 1e-2}
-    return muon_param_groups(model, muon=muon, adamw=ADAMW, muon_class=case.matrix_class)
+    """The ZeRO side's groups: zero_lab's own routing."""
+    return muon_param_groups(model, muon=matrix_hyper(case), adamw=ADAMW, muon_class=case.matrix_class)
+
+
+def routed_by_hand(model: MixedLM) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The reference's routing, written out from the model rather than by ``muon_param_groups``
+    (a routing bug would otherwise hit both sides alike): every block's four weight matrices to
+    the matrix class; the embedding, the head, the norms and the biases to AdamW; each list in
+    registration order (the order a state dict numbers them)."""
+    matrices = [block[name].weight for block in model.blocks for name in ("up", "squeeze", "expand", "mix")]
+    chosen = {id(p) for p in matrices}
+    return matrices, [p for p in model.parameters() if id(p) not in chosen]
 
 
 def plain_chain(model: nn.Module, case: MuonCase) -> list[torch.optim.Optimizer]:
-    """torch's own classes on the same groups: the matrix class, then AdamW."""
-    matrices, rest = groups(model, case)
-    hyper = {k: v for k, v in matrices.items() if k not in ("params", "optimizer_class")}
-    return [case.matrix_class(matrices["params"], **hyper), torch.optim.AdamW(rest["params"], **ADAMW)]
+    """torch's own classes, routed by hand: the matrix class, then AdamW."""
+    assert isinstance(model, MixedLM)
+    matrices, rest = routed_by_hand(model)
+    return [case.matrix_class(matrices, **matrix_hyper(case)), torch.optim.AdamW(rest, **ADAMW)]
 
 
 def build(case: MuonCase, zero: bool) -> tuple[DDP, list[torch.optim.Optimizer], Any]:
@@ -215,7 +229,9 @@ def save_for_resume(directory: str, matrix_class: type[torch.optim.Optimizer]) -
     model = lm()
     ddp = DDP(model)
     case = MuonCase(matrix_class=matrix_class)
-    opt = ZeroRedundancyOptimizer(groups(model, case), torch.optim.AdamW, partitioner=SortedGreedy(cost="newton_schulz"))
+    opt = ZeroRedundancyOptimizer(
+        groups(model, case), torch.optim.AdamW, partitioner=SortedGreedy(cost="newton_schulz")
+    )
     losses = []
     for step in range(TOTAL):
         if step == SAVE_AT:

@@ -77,10 +77,21 @@ def test_flat_state_is_exactly_its_range(results_w2):
 
 
 def test_three_ranks(world):
-    cases = [Case(bucket_view=True), Case(partitioner=Flat(), layout="groups"), Case(optimizer="sgd")]
+    """Flat at W=3 on the default model (1083 elements: no padding) and on one of 1016 elements
+    (groups of 961 and 55): each buffer padded to a multiple of 3, the last rank's range short."""
+    padded = [sum(p.numel() for p in make_model(width=23).parameters() if p.dim() == d) % 3 for d in (1, 2)]
+    assert padded == [1, 1]  # biases and weights: neither a multiple of 3
+    cases = [
+        Case(bucket_view=True),
+        Case(partitioner=Flat(), layout="groups"),
+        Case(optimizer="sgd"),
+        Case(partitioner=Flat(), width=23),
+        Case(partitioner=Flat(), layout="groups", bucket_view=True, width=23),
+    ]
     for rank_rows in world(parity, 3, cases):
         for row in rank_rows:
             assert row["max_diff"] <= TOL
+            assert row["zero_losses"] == pytest.approx(row["ref_losses"], abs=TOL)
 
 
 @pytest.mark.parametrize("bucket_view", [False, True])

@@ -28,12 +28,14 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 }
 
 
-def make_model(seed: int = 0) -> nn.Module:
-    """A small MLP with parameters of varied sizes (so partitions are uneven)."""
+def make_model(seed: int = 0, width: int = 24) -> nn.Module:
+    """A small MLP with parameters of varied sizes (so partitions are uneven); ``width`` is its
+    hidden size (24: 1083 elements, a multiple of 3; 23: 1016, not one)."""
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 6), nn.Tanh(), nn.Linear(6, 3)
-    )
+        nn.Linear(12, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 6), nn.Tanh(),
+        nn.Linear(6, 3),
+    )  # fmt: skip
 
 
 def batch(step: int, rank: int, n: int = 8) -> torch.Tensor:
@@ -87,11 +89,12 @@ class Case:
     scheduler: bool = False
     clip: float | None = None  # clip the global gradient norm to this before each step
     norm_type: float = 2.0
+    width: int = 24  # make_model's hidden size
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _build(case: Case, zero: bool) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    model = make_model()
+    model = make_model(width=case.width)
     for index, param in enumerate(model.parameters()):
         param.requires_grad_(index not in case.frozen)
     ddp = DDP(model)

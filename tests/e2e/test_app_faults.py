@@ -70,9 +70,11 @@ def test_stop_request_records_the_signal_and_restores_the_handler():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(default_run, tmp_path):
-    """The uninterrupted run is the session's ``default_run``: the same job (ZeRO-Adam, W=2),
-    20 steps; neither the logger nor checkpointing changes what is computed."""
+def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(tmp_path):
+    """A run of the default job (ZeRO-Adam, W=2) that would never end is stopped by SIGTERM once
+    its second checkpoint is written (an event, not a speed: however many steps it made before
+    the signal landed, ``done``); an uninterrupted run of ``done + 4`` steps, and the resumes to
+    the same length (one resharded to W=4 with Flat), are then compared with it."""
     interrupted = tmp_path / "interrupted"
     proc = start(interrupted, FOREVER, "checkpoint_every=2")
     wait_for(interrupted / "checkpoints" / "step_00000002" / "manifest.json", proc)
@@ -87,16 +89,17 @@ def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(default_run,
     assert not list((interrupted / "checkpoints").glob(".*partial"))  # the stop-time save finished
     assert_no_leftover_processes()
 
-    reference = summary(default_run)
-    assert done < reference["steps"], f"the signal landed after step {done}: nothing left to resume"
-    assert stopped["losses"] == reference["losses"][:done]
-    resumed, resharded = tmp_path / "resumed", tmp_path / "resharded"
-    both = ("logger=none", f"steps={reference['steps']}", f"resume={interrupted}")
+    steps = f"steps={done + 4}"
+    uninterrupted, resumed, resharded = tmp_path / "uninterrupted", tmp_path / "resumed", tmp_path / "resharded"
+    both = ("logger=none", steps, f"resume={interrupted}")
     for result in train_together(
+        ("logger=none", steps, f"hydra.run.dir={uninterrupted}"),
         (*both, f"hydra.run.dir={resumed}"),
         (*both, "dist.world_size=4", "partitioner=flat", f"hydra.run.dir={resharded}"),
     ):
         assert result.returncode == 0, result.stderr[-3000:]
+    reference = summary(uninterrupted)
+    assert stopped["losses"] == reference["losses"][:done]
     exact = summary(resumed)
     assert exact["start_step"] == done
     assert exact["losses"] == reference["losses"]  # every later step equal, bit for bit

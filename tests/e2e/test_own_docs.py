@@ -86,3 +86,17 @@ def test_a_stream_sharded_by_rank_resumes_exactly(pages, tmp_path):
     original, again = (json.loads((d / "summary.json").read_text()) for d in (whole, tmp_path / "resumed"))
     assert again["start_step"] == 3 and again["losses"] == original["losses"]
     assert again["param_checksum"] == original["param_checksum"]
+
+
+def test_the_own_model_example_balances_state_over_the_parameters_that_get_gradients(pages):
+    """``aux`` never gets a gradient, so never state: the owners are balanced over the rest (issue
+    30). Before, sorted-greedy priced ``aux`` (the largest matrix) and gave it all of rank 0's
+    share, so rank 0 held no state at all: ``optim_state_bytes`` was ``[0.0, 44120.0]``."""
+    project, _, _, done = pages["own-model.md"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary_path,) = project.glob("outputs/*/*/summary.json")
+    state = json.loads(summary_path.read_text())["optim_state_bytes"]
+    # Adam keeps exp_avg and exp_avg_sq (2 x 4 bytes per element) and a 4-byte step per parameter.
+    # model.width=128: inp.weight 32x128 = 4096 elements is the largest used parameter; sorted-greedy
+    # puts it alone on one rank, and the other five (out.weight 1024, three of 128, out.bias 8) on the other.
+    assert state == [4096 * 8 + 4, (1024 + 3 * 128 + 8) * 8 + 5 * 4]

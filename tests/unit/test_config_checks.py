@@ -25,7 +25,7 @@ from zero_lab.app.config_check import was_checked
 from zero_lab.app.paths import CONF_DIR
 from zero_lab.app.preflight import compose_job, preflight, sweep_jobs
 from zero_lab.app.schema import SUPPLIED_BY_APP, register_configs
-from zero_lab.app.validate import ConfigError, check, notices
+from zero_lab.app.validate import ConfigError, check, notices, to_container
 from zero_lab.partition import ParamSpec, Partition, Shard
 
 register_configs()
@@ -196,7 +196,10 @@ def test_integers_must_fit_64_bits_and_the_stall_bound_be_positive(override, exp
 
 
 def test_the_largest_64_bit_seed_and_no_stall_watch_are_accepted():
-    preflight(["seed=18446744073709551615", "dist.stall_timeout_s=null"], multirun=False)
+    cfg, _ = preflight(["seed=18446744073709551615", "dist.stall_timeout_s=null"], multirun=False)
+    assert cfg.seed == 2**64 - 1 and cfg.dist.stall_timeout_s is None  # kept as given, not clamped or defaulted
+    ranks_get = to_container(cfg)  # what the job hands its ranks (RunSpec.config)
+    assert ranks_get["seed"] == 2**64 - 1 and ranks_get["dist"]["stall_timeout_s"] is None
 
 
 @pytest.mark.parametrize(

@@ -41,9 +41,20 @@ import torch
 from zero_lab import checkpoint as sharded
 from zero_lab.app import dcp_checkpoints
 from zero_lab.app.training import Training
+from zero_lab.chained import GROUP_CLASS_KEY, resolve_class
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
 
-__all__ = ["FORMATS", "POLICIES", "Restored", "ResumeMismatch", "find_any", "restore", "save", "step_of_any"]
+__all__ = [
+    "FORMATS",
+    "POLICIES",
+    "Restored",
+    "ResumeMismatch",
+    "describe_class",
+    "find_any",
+    "restore",
+    "save",
+    "step_of_any",
+]
 
 FORMAT = 1
 
@@ -193,12 +204,13 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
     _check_step(found, step, steps)
     mine = _hyperparameters(training.optimizer.param_groups)
     if policy != "reset":
-        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy)
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
     if found.is_dir():
         _load_sharded(training, found, manifest, load_optimizer=policy != "reset")
     else:
         training.model.load_state_dict(state["model"])
         if policy != "reset":
+            _check_plain_state(training, found, state["optimizer"])
             training.optimizer.load_state_dict(state["optimizer"])
     if policy != "reset":
         _load_loop_state(training, manifest["extra"] if found.is_dir() else state)
@@ -219,12 +231,48 @@ def _restore_dcp(training: Training, found: Path, steps: int, policy: str) -> Re
     mine = _hyperparameters(training.optimizer.param_groups)
     if policy != "reset":
         saved_class, saved_groups = extra["optimizer_class"], extra["param_groups"]
-        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy)
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
     dcp_checkpoints.load(training, found, load_optimizer=policy != "reset")
     if policy != "reset":
         _load_loop_state(training, extra)
     overridden = _override(training, mine) if policy == "override" else {}
     return Restored(found, step, list(extra["losses"])[:step], overridden)
+
+
+def describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None:
+    """The class a checkpoint's state belongs to, in words a user picks an optim by. A chain
+    (``zero_lab.chained.ChainedOptimizer``, the local optimizer of ``optim=zero_muon``) is
+    named by the classes its groups name: ``torch.optim.muon.Muon + the default class (a
+    zero_lab.chained.ChainedOptimizer)``; any other class by its path."""
+    if path is None or not path.endswith(".ChainedOptimizer"):
+        return path
+    named = []
+    for group in groups:
+        value = group.get(GROUP_CLASS_KEY)
+        if value is None:
+            continue
+        try:
+            named.append(class_path(resolve_class(value)))
+        except (TypeError, ValueError):
+            named.append(str(value))
+    unique = list(dict.fromkeys(named))
+    return f"{' + '.join(unique)} + the default class (a {path})" if unique else path
+
+
+def _stepping_classes(training: Training) -> list[type[torch.optim.Optimizer]]:
+    """The class stepping each param group of this run's optimizer."""
+    optimizer = training.optimizer
+    if hasattr(optimizer, "group_classes"):  # ZeRO, or a plain chain
+        return list(optimizer.group_classes())  # type: ignore[operator]
+    return [type(optimizer)] * len(optimizer.param_groups)
+
+
+def _check_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
+    """A whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
+    optimizer) fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
+    groups = [list(g["params"]) for g in training.optimizer.param_groups]
+    names = {id(p): n for n, p in training.model.named_parameters()}
+    sharded.check_state_dict(found, state_dict, groups, _stepping_classes(training), names)
 
 
 def _check_step(found: Path, step: int, steps: int) -> None:
@@ -262,11 +310,13 @@ def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dic
 
 def _check_optimizer(
     found: Path, saved_class: str | None, saved: list[dict[str, Any]], mine_class: str, mine: list[dict[str, Any]],
-    policy: str,
+    policy: str, training: Training,
 ) -> None:  # fmt: skip
     if saved_class is not None and saved_class != mine_class:
+        theirs = describe_class(saved_class, saved)
+        ours = describe_class(mine_class, training.optimizer.param_groups)
         raise ResumeMismatch(
-            f"{found} holds the state of {saved_class}; this run builds {mine_class}. "
+            f"{found} holds the state of {theirs}; this run builds {ours}. "
             f"Pick the optim it was saved with, or resume_optimizer=reset to keep its weights and start this "
             f"optimizer fresh"
         )
@@ -297,5 +347,6 @@ def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any],
     training.model.load_state_dict(sharded.load_verified(directory, "model.pt", manifest))
     if load_optimizer:  # a plain optimizer takes the whole state, merged from the (verified) shards
         with tempfile.TemporaryDirectory() as tmp:
-            plain = sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt")
-            training.optimizer.load_state_dict(load_file(plain))
+            plain = load_file(sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt"))
+            _check_plain_state(training, directory, plain)
+            training.optimizer.load_state_dict(plain)

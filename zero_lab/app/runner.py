@@ -3,7 +3,9 @@
 :func:`train_rank` runs inside an initialised process group. Top to bottom:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`);
+2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`), then the data;
+   with unused parameters allowed, the ZeRO owners are balanced over the parameters that get
+   gradients (:func:`zero_lab.app.grad_reach.balance_over_gradients`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.protocols.batch_stream`:
@@ -45,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from zero_lab.app import run_checkpoints
 from zero_lab.app.build import build_training
 from zero_lab.app.data import stream_seed
+from zero_lab.app.grad_reach import balance_over_gradients
 from zero_lab.app.memory import (
     ddp_state_bytes,
     master_weight_bytes,
@@ -56,6 +59,7 @@ from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, pe
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
+from zero_lab.app.rank_errors import next_batch, unused_parameters
 from zero_lab.app.schema import enum_str
 from zero_lab.app.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
@@ -94,10 +98,16 @@ class RankResult:
 
 
 class NonFiniteLoss(FloatingPointError):
-    """A rank's loss was NaN or ±Inf: the run stops (no checkpoint of the diverged state)."""
+    """A rank's loss was NaN or ±Inf: the run stops (no checkpoint of the diverged state).
+
+    Every rank raises it (every rank saw every loss); ``blames_rank`` names the first rank whose
+    loss was not finite, so the world reports that rank first (:mod:`zero_lab.runtime.launch`),
+    not rank 0 for a NaN that rank 1 produced."""
 
     def __init__(self, step: int, per_rank: list[RankStep], saved: Path | None):
-        bad = ", ".join(f"rank {r}: {s.loss}" for r, s in enumerate(per_rank) if not math.isfinite(s.loss))
+        culprits = [r for r, s in enumerate(per_rank) if not math.isfinite(s.loss)]
+        self.blames_rank = culprits[0] if culprits else None
+        bad = ", ".join(f"rank {r}: {per_rank[r].loss}" for r in culprits)
         kept = f"last good checkpoint: {saved}" if saved else "no checkpoint was written (checkpoint_every=0)"
         super().__init__(
             f"non-finite loss at step {step} ({bad}); stopped, {kept}. Lower optim.lr or set optim.max_grad_norm"
@@ -121,6 +131,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
 
     training = build_training(cfg, device, spec.plan)
     data = instantiate(cfg.data)
+    balance_over_gradients(training, cfg, data)  # owners balanced over the parameters that get state
     losses: list[float] = []
     start = 0
     resumed: run_checkpoints.Restored | None = None
@@ -142,7 +153,13 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         options = StepOptions.of(cfg)
         for step in range(start, cfg.steps):
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
-            measured = _train_step(training, data, next(batches), options, device)
+            batch = next_batch(batches, rank, step, cfg.steps, _data_option(spec, cfg))
+            try:
+                measured = _train_step(training, data, batch, options, device)
+            except RuntimeError as error:  # DDP's unused-parameter error, in the app's words
+                if (explained := unused_parameters(error, training.ddp, step)) is None:
+                    raise
+                raise explained from error
             measured.stop_signal = stop.signum  # travels with the metrics: every rank sees every request
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
@@ -197,6 +214,13 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         stopped_by=stopped_by,
         checkpoint=str(saved) if saved is not None else None,
     )
+
+
+def _data_option(spec: RunSpec, cfg: DictConfig) -> str:
+    """``data=text (zero_lab.app.data.TextData)``: the data option as a user picked it."""
+    choice = spec.meta.get("choices", {}).get("data")
+    target = cfg.data.get("_target_")
+    return f"data={choice} ({target})" if choice else f"data._target_={target}"
 
 
 def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:

@@ -24,6 +24,9 @@ one not asleep the way a rank waiting in a collective is, else the one with the 
 beats (while a stop signal is being handled, ``stop_grace_s`` bounds the world instead).
 When a collective times out first (the last resort), a rank that is still alive and never
 reported is blamed, not the peer that waited for it.
+An error may name the rank whose fault it reports (``error.blames_rank``: every rank stops
+on a NaN loss, but the rank that produced it is the cause): a rank so named that failed too
+is blamed before its peers.
 A failure's one-line ``summary`` is its exception's own message (first line; a Hydra
 ``InstantiationException`` is unwrapped to the error it wraps), not a traceback's last line.
 
@@ -61,7 +64,16 @@ from zero_lab.runtime import heartbeat
 from zero_lab.runtime.heartbeat import StallWatch, process_state
 from zero_lab.runtime.signals import blocked_for_children, handling_stop_signals, signal_name
 
-__all__ = ["Interrupted", "RankFailure", "RankStalled", "cause_line", "describe_exit", "last_line", "run_world"]
+__all__ = [
+    "Interrupted",
+    "RankFailure",
+    "RankStalled",
+    "blamed_rank",
+    "cause_line",
+    "describe_exit",
+    "last_line",
+    "run_world",
+]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
 
@@ -135,6 +147,12 @@ def describe_exit(exitcode: int) -> str:
     return f"killed by {signal_name(-exitcode)} (exit code {exitcode})" if exitcode < 0 else f"exit code {exitcode}"
 
 
+def blamed_rank(error: BaseException) -> int | None:
+    """The rank ``error`` says caused it (its ``blames_rank`` attribute), else ``None``."""
+    rank = getattr(error, "blames_rank", None)
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
 def _is_echo(details: str) -> bool:
     return any(echo in details for echo in _ECHOES)
 
@@ -169,7 +187,7 @@ def _rank_main(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         payload = (rank, True, pickle.dumps(fn(*args)))
     except BaseException as error:
-        payload = (rank, False, (traceback.format_exc(), cause_line(error)))
+        payload = (rank, False, (traceback.format_exc(), cause_line(error), blamed_rank(error)))
         code = 1
     try:
         results.put(payload)
@@ -325,6 +343,7 @@ class _Reports:
         self.out: dict[int, Any] = {}
         self.failures: dict[int, str] = {}
         self.summaries: dict[int, str] = {}
+        self.blames: dict[int, int | None] = {}  # rank -> the rank its error names as the cause
         self.died: dict[int, int] = {}
 
     def drain(self) -> None:
@@ -334,7 +353,7 @@ class _Reports:
             if ok:
                 self.out[rank] = pickle.loads(payload)
             else:
-                self.failures[rank], self.summaries[rank] = payload
+                self.failures[rank], self.summaries[rank], self.blames[rank] = payload
 
     def note_deaths(self) -> None:
         """Record ranks whose process ended without a report (killed, crashed), in the order seen."""
@@ -366,14 +385,17 @@ class _Reports:
 
     def root_cause(self) -> RankFailure:
         """The rank that failed first. Ranks that died without reporting come first — a SIGKILL
-        or a segfault is a cause, never an echo — then ranks' own errors, then peers' collective
-        errors that only echo a lost connection (Gloo's "Connection reset by peer"); ties by rank."""
+        or a segfault is a cause, never an echo — then ranks that a failure names as its cause
+        (``blames_rank``: the rank whose loss was NaN), then ranks' own errors, then peers'
+        collective errors that only echo a lost connection (Gloo's "Connection reset by peer");
+        ties by rank."""
         order = list(self.died)
+        blamed = {rank for rank in self.blames.values() if rank is not None and rank in self.failures}
 
         def key(rank: int) -> tuple[int, int]:
             if rank in self.died:
                 return (0, order.index(rank))
-            return (1 + _is_echo(self.failures[rank]), rank)
+            return (1 + (rank not in blamed) + _is_echo(self.failures[rank]), rank)
 
         ranked = sorted(self.failures, key=key)
         first = ranked[0]
