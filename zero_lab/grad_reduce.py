@@ -50,7 +50,8 @@ hook inside it), ``find_unused_parameters``, bucket views, every partitioner, pr
 and ``overlap_with_ddp`` (pass :meth:`GradReduceHandle.hook` as the hook
 ``hook_with_zero_step`` wraps; :func:`reduce_gradients` with ``overlap_hook=`` does it).
 ``Join`` is refused (a joined rank would have to shadow point-to-point sends it cannot
-know); plain optimizers are refused (they step every parameter, so need every gradient).
+know); a plain optimizer steps every parameter, so it takes ``all_reduce`` only (DDP's own
+traffic, metered: the baseline the bytes per phase are compared with).
 
 A new strategy is one class (``name``, ``label``, ``scatters``, ``issue``, ``sent_bytes``)
 and its tests, registered with :func:`register_grad_reduce`; ``auto`` then times it too.
@@ -458,18 +459,39 @@ def reduce_gradients(
     """
     from zero_lab.optimizer import ZeroRedundancyOptimizer
 
-    if not isinstance(zero, ZeroRedundancyOptimizer):
-        raise TypeError(
-            f"reduce_gradients needs a zero_lab.ZeroRedundancyOptimizer, got {type(zero).__name__}: a plain "
-            "optimizer steps every parameter, so it needs every gradient (keep DDP's all-reduce)"
-        )
     if grad_reduce != "auto":
         grad_reduce_named(grad_reduce)
+    if not isinstance(zero, ZeroRedundancyOptimizer):
+        if grad_reduce != "all_reduce" or shard_grads:
+            raise TypeError(
+                f"reduce_gradients(grad_reduce={grad_reduce!r}) needs a zero_lab.ZeroRedundancyOptimizer, got "
+                f"{type(zero).__name__}: a plain optimizer steps every parameter, so it needs every gradient "
+                "(grad_reduce='all_reduce' meters DDP's own traffic for it)"
+            )
+        return _install(ddp, _PlainOwner(ddp), grad_reduce, False, None)
     if shard_grads and grad_reduce == "all_reduce":
         raise ValueError(
             "shard_grads=True with grad_reduce='all_reduce': every rank receives every reduced gradient; "
             "use grad_reduce='reduce_scatter' (or 'auto')"
         )
+    return _install(ddp, zero, grad_reduce, shard_grads, overlap_hook)
+
+
+class _PlainOwner:
+    """What the hook needs of a plain optimizer's world (``all_reduce`` only: no partition)."""
+
+    def __init__(self, ddp: Any):
+        self.process_group = ddp.process_group
+        self.communicator = Communicator(self.process_group)
+        self.world_size = self.communicator.world_size
+        self.rank = self.communicator.rank
+        self.all_params = list(ddp.module.parameters())
+        self.overlap_with_ddp = False
+
+
+def _install(
+    ddp: Any, zero: Any, grad_reduce: str, shard_grads: bool, overlap_hook: Callable[..., Any] | None
+) -> GradReduceHandle:
     ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
     group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
     handles: list[GradReduceHandle] = []
@@ -481,7 +503,8 @@ def reduce_gradients(
     comm_hook = _overlap_hook(ddp, zero, overlap_hook)(hook, ddp, zero) if zero.overlap_with_ddp else hook
     handle = GradReduceHandle(zero, Communicator(group), grad_reduce, grad_reduce, shard_grads)
     if grad_reduce == "auto":
-        handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, shard_grads)
+        scatter_ok = hasattr(zero, "partition")
+        handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, shard_grads, scatter_ok)
     handles.append(handle)
     zero._grad_reducer = handle  # Join refuses it
     ddp.register_comm_hook(None, comm_hook)
@@ -501,7 +524,7 @@ def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Ca
     return make
 
 
-def _choose(comm: Communicator, ddp: Any, shard_grads: bool) -> tuple[str, dict[str, float], int]:
+def _choose(comm: Communicator, ddp: Any, shard_grads: bool, scatter_ok: bool) -> tuple[str, dict[str, float], int]:
     """``auto``: time every registered strategy warm on a scratch bucket the size of DDP's
     largest, scaled to the model's gradient bytes; the max over ranks decides."""
     from zero_lab.ddp_buckets import DdpBuckets
@@ -518,7 +541,8 @@ def _choose(comm: Communicator, ddp: Any, shard_grads: bool) -> tuple[str, dict[
     numel = max(world, largest // first.element_size() // world * world)
     scratch = torch.zeros(numel, dtype=first.dtype, device=first.device)
     chunk = numel // world
-    candidates = [n for n in registered_grad_reduces() if not (shard_grads and not _REGISTRY[n].scatters)]
+    usable = [n for n in registered_grad_reduces() if scatter_ok or not _REGISTRY[n].scatters]
+    candidates = [n for n in usable if _REGISTRY[n].scatters or not shard_grads]
 
     def timed(name: str) -> float:
         strategy = _REGISTRY[name]
