@@ -71,7 +71,10 @@ import torch
 import torch.distributed as dist
 
 from zero_lab.comm import CommStats, Communicator, Pending
-from zero_lab.partition import Partition
+from zero_lab.ddp_buckets import DdpBuckets
+from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.overlap import hook_with_zero_step_interleaved
+from zero_lab.partition import Partition, bucket_use
 
 __all__ = [
     "GRAD_REDUCES",
@@ -457,8 +460,6 @@ def reduce_gradients(
     ``overlap_hook``: with ``overlap_with_ddp=True``, the wrapper to use
     (``zero_lab.overlap.hook_with_zero_step`` or ``..._interleaved``; default the interleaved one).
     """
-    from zero_lab.optimizer import ZeroRedundancyOptimizer
-
     if grad_reduce != "auto":
         grad_reduce_named(grad_reduce)
     if not isinstance(zero, ZeroRedundancyOptimizer):
@@ -512,8 +513,6 @@ def _install(
 
 
 def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Callable[..., Any]:
-    from zero_lab.overlap import hook_with_zero_step_interleaved
-    from zero_lab.partition import bucket_use
 
     wrap = wrapper or hook_with_zero_step_interleaved
     shard_buckets = bucket_use(zero.partitioner).shard_buckets
@@ -527,8 +526,6 @@ def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Ca
 def _choose(comm: Communicator, ddp: Any, shard_grads: bool, scatter_ok: bool) -> tuple[str, dict[str, float], int]:
     """``auto``: time every registered strategy warm on a scratch bucket the size of DDP's
     largest, scaled to the model's gradient bytes; the max over ranks decides."""
-    from zero_lab.ddp_buckets import DdpBuckets
-
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     first = params[0]
     sizes = [p.numel() * p.element_size() for p in params]
