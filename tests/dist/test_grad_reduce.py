@@ -19,6 +19,7 @@ from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.grad_reduce import held_grad_bytes, owned_grad_bytes, reduce_gradients
 from zero_lab.partition import DdpBucket, Flat, Manual, SortedGreedy
+from zero_lab.planner import plan_memory, specs_from_module
 
 
 @dataclass
@@ -145,6 +146,12 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             owned_grad_bytes=owned_grad_bytes(opt),
             report=handle.report(),  # type: ignore[union-attr]
             psi=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+            planned_grad_bytes=[
+                r.grad_bytes
+                for r in plan_memory(
+                    specs_from_module(model), dist.get_world_size(), _partitioner(case.partitioner), shard_grads=True
+                ).ranks
+            ],
         )
     return out
 
@@ -206,10 +213,14 @@ def test_reduce_scatter_moves_ddps_bytes(w2):
     assert moved == pytest.approx(1.5 * sum(row["sent"]["grad_reduce"][-1] for row in w2["all-reduce"]), rel=0.01)
 
 
-def test_shard_grads_holds_only_owned_gradients(w2):
+def test_shard_grads_holds_only_owned_gradients_as_the_planner_prices(w2):
     for row in w2["shard-grads"] + w2["shard-grads-overlap"]:
         assert row["grad_bytes"][-1] == row["owned_grad_bytes"]
         assert row["grad_bytes"][-1] < row["ddp_grad_bytes"][-1] == row["psi"]
+    for rank, row in enumerate(w2["shard-grads"]):  # Flat: the planner sees the same partition
+        assert row["grad_bytes"][-1] == row["planned_grad_bytes"][rank]
+        largest = max(p.numel() * 4 for p in make_model().parameters())
+        assert row["grad_bytes"][-1] <= row["psi"] / 2 + largest  # Ψ/W + the parameter a cut shares
 
 
 def test_auto_reports_its_timings(w2):
