@@ -134,3 +134,24 @@ def test_config_checks_refuse_naming_the_keys(overrides, fragment):
 )
 def test_config_checks_accept_the_modes(overrides):
     preflight(overrides)  # raises ConfigError on any problem
+
+
+def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
+    from zero_lab.app.closing import grad_reduce_lines
+    from zero_lab.app.summary import RunSummary
+
+    summary = RunSummary(
+        final_loss=1.0,
+        losses=[1.0],
+        world_size=2,
+        steps=1,
+        grad_reduce={"requested": "auto", "strategy": "reduce_scatter"},
+        shard_grads=True,
+        grad_bytes=[3 * 2**20, 2 * 2**20],
+        bytes_per_step={"grad_reduce": [2**20, 2**21], "param_exchange": [2**20, 2**20]},
+    )
+    assert grad_reduce_lines(summary) == [
+        "  gradient reduction: reduce_scatter (grad_reduce=auto), sent per step per rank: 2.00 MiB + 1.00 MiB exchange",
+        "  gradients held per rank (shard_grads): 3.00 MiB at most",
+    ]
+    assert grad_reduce_lines(RunSummary(final_loss=1.0, losses=[1.0], world_size=2, steps=1)) == []

@@ -39,8 +39,25 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
         f"{FIRST_LINE} {summary.final_loss:.6g} after {steps} steps on {world} rank(s) ({seconds:.1f} s)",
         f"  optimizer state per rank: {state}",
         f"  parameter exchange: {exchange}",
+        *grad_reduce_lines(summary),
         f"  run dir: {run_dir}",
     ]
+
+
+def grad_reduce_lines(summary: RunSummary) -> list[str]:
+    """With ``grad_reduce=``: the strategy and the bytes each phase sent per step (the fullest
+    rank); with ``shard_grads=true`` also the gradients held against a full set."""
+    report, sent = summary.grad_reduce, summary.bytes_per_step or {}
+    if not report:
+        return []
+    reduce_bytes, exchange_bytes = max(sent.get("grad_reduce") or [0]), max(sent.get("param_exchange") or [0])
+    lines = [
+        f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}), sent per step per rank: "
+        f"{_size(reduce_bytes)} + {_size(exchange_bytes)} exchange"
+    ]
+    if summary.shard_grads and summary.grad_bytes:
+        lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
+    return lines
 
 
 def _exchange_share(summary: RunSummary) -> str:
