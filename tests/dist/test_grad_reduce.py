@@ -274,3 +274,49 @@ def refusals() -> dict[str, str]:
     except RuntimeError as error:
         messages["join"] = str(error)
     return messages
+
+
+def test_muon_gradients_go_to_their_owners_only(world):
+    """ZeRO Muon + AdamW with grad_reduce=reduce_scatter against DDP + torch's Muon and AdamW on
+    the same groups: bitwise, and each rank sends exactly the gradients of the matrices (and
+    vectors) it does not own — its own stay home."""
+    for row in world(muon_parity, 2):
+        assert row["diff"] == 0.0 and row["moved"] > 1e-3
+        assert row["sent"] == row["psi"] - row["owned_bytes"] > 0
+
+
+def muon_parity() -> dict[str, Any]:
+    from tests.dist.test_muon import MuonCase, groups, lm, lm_loss, plain_chain, tokens
+
+    case = MuonCase(partitioner=SortedGreedy(cost="newton_schulz"))
+    rank = dist.get_rank()
+    runs = {}
+    for zero in (True, False):
+        model = lm()
+        ddp = DDP(model, bucket_cap_mb=0.05)
+        if zero:
+            opt = ZeroRedundancyOptimizer(groups(model, case), torch.optim.AdamW, partitioner=case.partitioner)
+            handle = reduce_gradients(ddp, opt, "reduce_scatter")
+            opts: list[torch.optim.Optimizer] = [opt]
+        else:
+            opts = plain_chain(model, case)
+        for step in range(4):
+            for o in opts:
+                o.zero_grad()
+            before = handle.stats.snapshot() if zero else None
+            lm_loss(ddp, tokens(step, rank)).backward()
+            for o in opts:
+                o.step()
+            if zero:
+                sent = handle.stats.since(before).sent_bytes
+        runs[zero] = [p.detach().clone() for p in model.parameters()]
+        if zero:
+            params = opt.all_params
+            owned = sum(params[s.param].numel() * 4 for s in opt.partition.shards_of(rank))
+    return {
+        "diff": max_diff(runs[True], runs[False]),
+        "moved": max_diff(runs[True], [p.detach() for p in lm().parameters()]),
+        "sent": sent,
+        "psi": sum(p.numel() * 4 for p in lm().parameters()),
+        "owned_bytes": owned,
+    }
