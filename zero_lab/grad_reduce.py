@@ -84,11 +84,13 @@ __all__ = [
     "GradReduceHandle",
     "P2PReduceScatter",
     "ReduceScatterNative",
+    "Reduced",
     "grad_reduce_named",
     "owned_grad_bytes",
     "reduce_gradients",
     "register_grad_reduce",
     "registered_grad_reduces",
+    "unregister_grad_reduce",
 ]
 
 logger = logging.getLogger(__name__)

@@ -320,3 +320,34 @@ def muon_parity() -> dict[str, Any]:
         "psi": sum(p.numel() * 4 for p in lm().parameters()),
         "owned_bytes": owned,
     }
+
+
+def test_a_registered_strategy_trains_like_ddp(world):
+    """docs/core.md's AllReduceKeepMine, registered in the ranks: bitwise DDP + Adam at W=2."""
+    for row in world(custom_strategy, 2):
+        assert row["diff"] == 0.0 and row["moved"] > 1e-3 and row["strategy"] == "all_reduce_keep_mine"
+
+
+def custom_strategy() -> dict[str, Any]:
+    from zero_lab.grad_reduce import Reduced, register_grad_reduce
+
+    @register_grad_reduce
+    class AllReduceKeepMine:
+        name, label, scatters = "all_reduce_keep_mine", "grad_all_reduce_keep_mine", True
+
+        def issue(self, comm, segments, tag):  # type: ignore[no-untyped-def]
+            whole = torch.cat(list(segments))
+            start = sum(s.numel() for s in segments[: comm.rank])
+            stop = start + segments[comm.rank].numel()
+            return Reduced(comm.issue_all_reduce(whole, op=self.label), lambda: whole[start:stop])
+
+        def sent_bytes(self, numels, itemsize, world_size):  # type: ignore[no-untyped-def]
+            return 2 * sum(numels) * itemsize * (world_size - 1) // world_size
+
+    case = GradCase("sorted_greedy", grad_reduce="all_reduce_keep_mine")
+    zero, plain = _train(case, zero=True), _train(case, zero=False)
+    return {
+        "diff": max_diff(zero["params"], plain["params"]),
+        "moved": max_diff(zero["params"], [p.detach() for p in _model(case).parameters()]),
+        "strategy": zero["report"]["strategy"],
+    }
