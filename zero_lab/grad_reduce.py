@@ -38,7 +38,8 @@ What ``param.grad`` reads after backward (with any strategy but ``all_reduce``):
 reduced gradient (mean over ranks, as DDP's) for the elements this rank owns, and
 **zero** for every element it does not own — never an unreduced local gradient. With
 ``shard_grads=True`` the gradients of parameters this rank owns no element of are
-released after backward (``param.grad is None``), once DDP has written them; what a rank
+released after backward (``param.grad is None``), once DDP has written them (with any
+strategy, ``all_reduce`` included: it saves the memory, not the traffic); what a rank
 then holds is its owned gradients (:func:`owned_grad_bytes`; DDP's own bucket buffers,
 ``Ψ`` bytes it allocates at construction, are DDP's and stay).
 
@@ -472,11 +473,6 @@ def reduce_gradients(
                 "(grad_reduce='all_reduce' meters DDP's own traffic for it)"
             )
         return _install(ddp, _PlainOwner(ddp), grad_reduce, False, None)
-    if shard_grads and grad_reduce == "all_reduce":
-        raise ValueError(
-            "shard_grads=True with grad_reduce='all_reduce': every rank receives every reduced gradient; "
-            "use grad_reduce='reduce_scatter' (or 'auto')"
-        )
     return _install(ddp, zero, grad_reduce, shard_grads, overlap_hook)
 
 
@@ -507,7 +503,7 @@ def _install(
     handle = GradReduceHandle(zero, Communicator(group), grad_reduce, grad_reduce, shard_grads)
     if grad_reduce == "auto":
         scatter_ok = hasattr(zero, "partition")
-        handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, shard_grads, scatter_ok)
+        handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, scatter_ok)
     handles.append(handle)
     zero._grad_reducer = handle  # Join refuses it
     ddp.register_comm_hook(None, comm_hook)
@@ -525,7 +521,7 @@ def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Ca
     return make
 
 
-def _choose(comm: Communicator, ddp: Any, shard_grads: bool, scatter_ok: bool) -> tuple[str, dict[str, float], int]:
+def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[str, float], int]:
     """``auto``: time every registered strategy warm on a scratch bucket the size of DDP's
     largest, scaled to the model's gradient bytes; the max over ranks decides."""
     params = [p for p in ddp.module.parameters() if p.requires_grad]
@@ -540,8 +536,7 @@ def _choose(comm: Communicator, ddp: Any, shard_grads: bool, scatter_ok: bool) -
     numel = max(world, largest // first.element_size() // world * world)
     scratch = torch.zeros(numel, dtype=first.dtype, device=first.device)
     chunk = numel // world
-    usable = [n for n in registered_grad_reduces() if scatter_ok or not _REGISTRY[n].scatters]
-    candidates = [n for n in usable if _REGISTRY[n].scatters or not shard_grads]
+    candidates = [n for n in registered_grad_reduces() if scatter_ok or not _REGISTRY[n].scatters]
 
     def timed(name: str) -> float:
         strategy = _REGISTRY[name]

@@ -68,6 +68,7 @@ CASES.update(
         "unused": GradCase(unused=True),
         "shard-grads": GradCase(shard_grads=True, partitioner="flat", bucket_view=True),
         "shard-grads-overlap": GradCase(shard_grads=True, overlap=True, partitioner="ddp_bucket"),
+        "shard-grads-all-reduce": GradCase(shard_grads=True, grad_reduce="all_reduce"),
         "prefetch": GradCase(prefetch=True, partitioner="flat", bucket_view=True),
     }
 )
@@ -214,7 +215,7 @@ def test_reduce_scatter_moves_ddps_bytes(w2):
 
 
 def test_shard_grads_holds_only_owned_gradients_as_the_planner_prices(w2):
-    for row in w2["shard-grads"] + w2["shard-grads-overlap"]:
+    for row in w2["shard-grads"] + w2["shard-grads-overlap"] + w2["shard-grads-all-reduce"]:
         assert row["grad_bytes"][-1] == row["owned_grad_bytes"]
         assert row["grad_bytes"][-1] < row["ddp_grad_bytes"][-1] == row["psi"]
     for rank, row in enumerate(w2["shard-grads"]):  # Flat: the planner sees the same partition
@@ -246,7 +247,7 @@ def test_three_ranks(world):
 def test_refusals(world):
     for messages in world(refusals, 2):
         assert "needs a zero_lab.ZeroRedundancyOptimizer" in messages["plain"]
-        assert "shard_grads=True with grad_reduce='all_reduce'" in messages["shard_all_reduce"]
+        assert "needs a zero_lab.ZeroRedundancyOptimizer" in messages["plain_shard"]
         assert "grad_reduce='nope' is not one of" in messages["unknown"]
         assert "Join with grad_reduce" in messages["join"]
 
@@ -258,7 +259,7 @@ def refusals() -> dict[str, str]:
     messages = {}
     for key, call in {
         "plain": lambda: reduce_gradients(ddp, torch.optim.Adam(model.parameters())),
-        "shard_all_reduce": lambda: reduce_gradients(ddp, zero, "all_reduce", shard_grads=True),
+        "plain_shard": lambda: reduce_gradients(ddp, torch.optim.Adam(model.parameters()), "all_reduce", True),
         "unknown": lambda: reduce_gradients(ddp, zero, "nope"),
     }.items():
         try:

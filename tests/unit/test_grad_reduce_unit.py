@@ -115,7 +115,7 @@ def test_bytes_sent_per_bucket(name, expected):
     [
         (["optim=adam", "grad_reduce=reduce_scatter"], "grad_reduce=reduce_scatter: optim=adam steps every parameter"),
         (["shard_grads=true"], "shard_grads=true with grad_reduce=null"),
-        (["grad_reduce=all_reduce", "shard_grads=true"], "shard_grads=true with grad_reduce=all_reduce"),
+        (["optim=adam", "grad_reduce=all_reduce", "shard_grads=true"], "shard_grads=true: optim=adam steps every"),
         (["grad_reduce=auto", "autocast=fp16"], "autocast=fp16 with grad_reduce=auto"),
         (["grad_reduce=ring"], "grad_reduce"),
     ],
@@ -129,6 +129,7 @@ def test_config_checks_refuse_naming_the_keys(overrides, fragment):
     [
         ["grad_reduce=reduce_scatter", "shard_grads=true", "overlap=true", "partitioner=ddp_bucket"],
         ["optim=adam", "grad_reduce=all_reduce"],
+        ["grad_reduce=all_reduce", "shard_grads=true"],
         ["grad_reduce=auto", "partitioner=flat", "bucket_view=true", "prefetch=true"],
     ],
 )

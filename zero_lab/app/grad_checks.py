@@ -2,8 +2,8 @@
 
 ``grad_reduce`` reduces each gradient to the rank that steps it (:mod:`zero_lab.grad_reduce`), so
 it needs a ZeRO optimizer, except ``all_reduce`` (DDP's traffic, metered: the baseline for the
-bytes per phase, any optimizer). ``shard_grads`` keeps only owned gradients, so it needs a
-reduction that scatters. ``autocast=fp16`` is refused with it: the GradScaler would look for
+bytes per phase, any optimizer). ``shard_grads`` keeps only owned gradients, so it needs a ZeRO
+optimizer and a ``grad_reduce`` hook (any strategy). ``autocast=fp16`` is refused with it: the GradScaler would look for
 infs in this rank's owned gradients only, and ranks that disagree on skipping a step would issue
 different exchanges.
 """
@@ -36,10 +36,15 @@ def check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPl
             f"optimizer ({', '.join(f'optim={o}' for o in zeros)}), or grad_reduce=all_reduce (DDP's traffic, "
             "metered) or null"
         )
-    if shard and (name is None or name == "all_reduce"):
+    if shard and name is None:
         out.append(
-            f"shard_grads=true with grad_reduce={name or 'null'}: every rank then receives every reduced gradient; "
-            "add grad_reduce=reduce_scatter (or auto)"
+            "shard_grads=true with grad_reduce=null: DDP's own all-reduce keeps every gradient; add "
+            "grad_reduce=reduce_scatter (or auto, or all_reduce: DDP's traffic, owned gradients kept only)"
+        )
+    elif shard and plan is not None and not zero:
+        out.append(
+            f"shard_grads=true: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
+            "optimizer, or shard_grads=false"
         )
     autocast = enum_str(cfg.autocast) if cfg.get("autocast") is not None else None
     if name is not None and name != "all_reduce" and autocast == "fp16":

@@ -205,7 +205,7 @@ class Config:
     # zero_*: reduce gradients to their owners only (null: DDP's all-reduce, untouched); all_reduce is DDP's
     # traffic through zero_lab's meter; reduce_scatter halves it; auto times each once (zero_lab.grad_reduce)
     grad_reduce: GradReduce | None = None
-    # zero_* with grad_reduce (not all_reduce): after backward keep only the gradients this rank owns (ZeRO-2)
+    # zero_* with grad_reduce: after backward keep only the gradients this rank owns (ZeRO-2 gradient memory)
     shard_grads: bool = False
     # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
     param_dtype: ParamDtype = ParamDtype["float32"]
