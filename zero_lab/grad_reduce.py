@@ -346,7 +346,10 @@ class GradReduceHandle:
         self._routes: dict[tuple[int, tuple[int, ...]], BucketRoute] = {}
         self._index_of = {id(p): i for i, p in enumerate(zero.all_params)}
         self._worker: _Worker | None = None
-        self._release_queued = False
+        self._in_backward = False
+        self._futures: list[torch.futures.Future] = []
+        #: seconds backward waited for the reduction after its own work was done (running total)
+        self.exposed_seconds = 0.0
 
     @property
     def stats(self) -> CommStats:
@@ -379,12 +382,13 @@ class GradReduceHandle:
         strategy = grad_reduce_named(self.strategy)
         world = self.comm.world_size
         future: torch.futures.Future = torch.futures.Future()
-        if self.shard_grads and not self._release_queued:
-            self._release_queued = True
-            # DDP queues its own finalisation (which writes param.grad) after the last bucket's hook;
-            # a callback queued from a callback runs after it.
-            engine = torch.autograd.Variable._execution_engine
-            engine.queue_callback(lambda: engine.queue_callback(self._release_unowned))
+        if not self._in_backward:
+            self._in_backward = True
+            self._futures = []
+            # Runs when autograd's own work is done, before DDP's finalisation (queued after the last
+            # bucket's hook), which waits for these futures: the wait measured there is what is exposed.
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._futures.append(future)
         if world == 1:
             future.set_result(flat)
             return future
@@ -408,9 +412,21 @@ class GradReduceHandle:
         self._worker.submit(finish)
         return future
 
+    def _end_of_backward(self) -> None:
+        """Wait for this backward's reductions (timed: the exposed part); with ``shard_grads``
+        queue the release, which a callback queued from a callback runs after DDP has written
+        ``param.grad``."""
+        start = time.perf_counter()
+        for future in self._futures:
+            future.wait()
+        self.exposed_seconds += time.perf_counter() - start
+        self._futures = []
+        self._in_backward = False
+        if self.shard_grads:
+            torch.autograd.Variable._execution_engine.queue_callback(self._release_unowned)
+
     def _release_unowned(self) -> None:
         """``shard_grads``: drop ``param.grad`` of parameters this rank owns no element of."""
-        self._release_queued = False
         owned = _owned_params(self.zero)
         for index, param in enumerate(self.zero.all_params):
             if index not in owned:

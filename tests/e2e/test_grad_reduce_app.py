@@ -42,7 +42,9 @@ def test_reduce_scatter_and_exchange_send_what_ddps_all_reduce_sends(runs):
     for rank in range(zero["world_size"]):
         ours = zero["bytes_per_step"]["grad_reduce"][rank] + zero["bytes_per_step"]["param_exchange"][rank]
         assert 0 < ours <= 1.02 * ddp_bytes[rank]
-    assert zero["phase_time_s"]["grad_reduce"] > 0 and zero["phase_time_s"]["param_exchange"] > 0
+    phases = zero["phase_time_s"]
+    assert phases["grad_reduce"] > 0 and phases["param_exchange"] > 0
+    assert 0 <= phases["grad_reduce_exposed"] and 0 <= phases["param_exchange_exposed"] <= phases["param_exchange"]
 
 
 def test_shard_grads_holds_a_share_of_ddps_gradient_bytes(runs):

@@ -18,7 +18,8 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
     comm/exchange_bytes/...,
     comm/grad_reduce_bytes/...,     bytes sent by phase (CommStats.sent_bytes): the gradient reduction
     comm/exchange_sent_bytes/...    (grad_reduce=) and the parameter exchange; memory/grad_bytes/...
-    time/grad_reduce_s/...          the param.grad bytes held after backward (shard_grads=true: owned only)
+    time/grad_reduce_s/...          the param.grad bytes held after backward (shard_grads=true: owned only);
+    comm/grad_reduce_exposed_s/...  the reduction in flight, and what of it backward waited for at its end
     comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
     memory/tensor_bytes/..., memory/peak_bytes/...
     memory/imbalance                partition max / ideal (1.0 for plain optimizers)
@@ -80,6 +81,7 @@ class RankStep:
     grad_reduce_bytes: float = 0.0
     exchange_sent_bytes: float = 0.0
     grad_reduce_s: float = 0.0  # the gradient reduction's collectives in flight (issue to last wait), in backward
+    grad_reduce_exposed_s: float = 0.0  # of it, what backward waited for after its own work was done
     grad_bytes: float = 0.0  # bytes of the param.grad tensors this rank holds after backward
 
 
@@ -203,6 +205,7 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
         },
         "phase_time_s": {
             "grad_reduce": slowest("grad_reduce_s") if reducer is not None else None,
+            "grad_reduce_exposed": slowest("grad_reduce_exposed_s") if reducer is not None else None,
             "param_exchange": slowest("exchange_s") if training.zero else None,
             "param_exchange_exposed": slowest("exchange_exposed_s") if training.zero else None,
         },

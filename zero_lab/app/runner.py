@@ -204,8 +204,10 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
     """One optimizer step on this rank's batch (:mod:`zero_lab.app.step`); returns what it measured."""
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
-    grads = training.grad_reducer.stats if training.grad_reducer is not None else None
+    reducer = training.grad_reducer
+    grads = reducer.stats if reducer is not None else None
     grads_before = grads.snapshot() if grads is not None else None
+    exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
@@ -237,6 +239,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
         grad_reduce_bytes=reduced.sent_bytes if reduced else 0.0,
         exchange_sent_bytes=exchange.sent_bytes if exchange else 0.0,
         grad_reduce_s=reduced.seconds if reduced else 0.0,
+        grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
         grad_bytes=grad_bytes,
     )
 

@@ -46,6 +46,7 @@ STEP_KEYS: dict[str, str] = {
     "grad_reduce_bytes": "comm/grad_reduce_bytes",
     "exchange_sent_bytes": "comm/exchange_sent_bytes",
     "grad_reduce_s": "time/grad_reduce_s",
+    "grad_reduce_exposed_s": "comm/grad_reduce_exposed_s",
     "grad_bytes": "memory/grad_bytes",
 }
 #: The summary's per-rank lists (one value per rank; ``optim_step_s``: each rank's median).
@@ -139,8 +140,8 @@ class RunSummary:
     # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
     # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}
     bytes_per_step: dict[str, list[float] | None] | None = None
-    # seconds per phase (median over the timed steps, slowest rank): the gradient reduction in flight, the
-    # exchange in flight and what of it the loop waited for
+    # seconds per phase (median over the timed steps, slowest rank): the gradient reduction in flight and what
+    # of it backward waited for at its end, the exchange in flight and what of it the loop waited for
     phase_time_s: dict[str, float | None] | None = None
 
     def as_dict(self) -> dict[str, Any]:
