@@ -70,6 +70,7 @@ CASES.update(
         "shard-grads-overlap": GradCase(shard_grads=True, overlap=True, partitioner="ddp_bucket"),
         "shard-grads-all-reduce": GradCase(shard_grads=True, grad_reduce="all_reduce"),
         "prefetch": GradCase(prefetch=True, partitioner="flat", bucket_view=True),
+        "clip": GradCase(clip=0.05, partitioner="flat", bucket_view=True),  # the norm of owned elements only
     }
 )
 
@@ -195,7 +196,8 @@ def w2(world):
 @pytest.mark.parametrize("name", list(CASES))
 def test_bitwise_equal_to_ddp_and_non_owned_grads_read_zero(w2, name):
     for row in w2[name]:
-        assert row["diff"] == 0.0, (name, row["diff"])
+        # clipping: the sharded norm sums in another order (~1e-7 relative), FIELD-NOTES "Float chaos"
+        assert row["diff"] <= (2e-5 if CASES[name].clip else 0.0), (name, row["diff"])
         assert row["moved"] > 1e-3  # the steps did move the parameters
         if row["grads_read"] and row["report"]["strategy"] != "all_reduce":
             assert row["grads_read"]["not_owned"] == 0.0
