@@ -60,10 +60,10 @@ and its tests, registered with :func:`register_grad_reduce`; ``auto`` then times
 
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations by
 # identity (``bucket: dist.GradBucket``), and string annotations fail that check.
-import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -93,8 +93,6 @@ __all__ = [
     "registered_grad_reduces",
     "unregister_grad_reduce",
 ]
-
-logger = logging.getLogger(__name__)
 
 Bounds = Sequence[tuple[int, int]]
 G = TypeVar("G", bound=type)
@@ -409,6 +407,7 @@ class GradReduceHandle:
 
         if self._worker is None:
             self._worker = _Worker()
+            weakref.finalize(self, self._worker.submit, None)  # the thread ends with the hook
         self._worker.submit(finish)
         return future
 

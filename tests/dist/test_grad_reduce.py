@@ -354,3 +354,22 @@ def custom_strategy() -> dict[str, Any]:
         "moved": max_diff(zero["params"], [p.detach() for p in _model(case).parameters()]),
         "strategy": zero["report"]["strategy"],
     }
+
+
+def test_a_model_with_a_grad_reduce_hook_is_freed(single_rank_group):
+    """DDP's C++ reducer holds the hook; what the hook holds must not lead back to DDP."""
+    import gc
+    import weakref
+
+    def train_one_step() -> list[weakref.ref]:
+        model = make_model()
+        ddp = DDP(model)
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
+        handle = reduce_gradients(ddp, opt, "reduce_scatter", shard_grads=True)
+        loss_of(ddp, batch(0, 0)).backward()
+        opt.step()
+        return [weakref.ref(model), weakref.ref(ddp), weakref.ref(opt), weakref.ref(handle)]
+
+    refs = train_one_step()
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True] * 4
