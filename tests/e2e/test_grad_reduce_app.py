@@ -44,7 +44,7 @@ def test_reduce_scatter_and_exchange_send_what_ddps_all_reduce_sends(runs):
         assert 0 < ours <= 1.02 * ddp_bytes[rank]
     phases = zero["phase_time_s"]
     assert phases["grad_reduce"] > 0 and phases["param_exchange"] > 0
-    assert 0 <= phases["grad_reduce_exposed"] and 0 <= phases["param_exchange_exposed"] <= phases["param_exchange"]
+    assert phases["grad_reduce_exposed"] >= 0 and 0 <= phases["param_exchange_exposed"] <= phases["param_exchange"]
 
 
 def test_shard_grads_holds_a_share_of_ddps_gradient_bytes(runs):
