@@ -8,6 +8,7 @@ opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=
 from zero_lab.chained import ChainedOptimizer, merge_state_dicts, split_state_dict
 from zero_lab.collectives import Collective, register_collective
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise, register_elementwise
+from zero_lab.grad_reduce import GradReduce, reduce_gradients, register_grad_reduce
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.routing import muon_param_groups
@@ -19,6 +20,7 @@ __all__ = [
     "ChainedOptimizer",
     "Collective",
     "Flat",
+    "GradReduce",
     "Manual",
     "ParamSpec",
     "Partition",
@@ -29,7 +31,9 @@ __all__ = [
     "is_elementwise",
     "merge_state_dicts",
     "muon_param_groups",
+    "reduce_gradients",
     "register_collective",
     "register_elementwise",
+    "register_grad_reduce",
     "split_state_dict",
 ]

@@ -11,13 +11,22 @@ group's timeout (set at ``init_process_group``), so a lost peer raises instead o
 
 Blocking collectives (``broadcast_many``, ``all_gather_into``, ``all_reduce``, ...)
 return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``,
-``issue_all_reduce``) return a :class:`Pending`; its ``wait()`` finishes them. The
+``issue_all_reduce``, ``issue_reduce_scatter``, ``issue_exchange`` for point-to-point)
+return a :class:`Pending`; its ``wait()`` finishes them. The
 parameter exchange's collectives (:mod:`zero_lab.collectives`) are built on these.
 Accounting, in :class:`CommStats`:
 
 * ``bytes``/``calls`` — counted at issue. ``bytes`` is the payload this rank
   contributed to or received from each collective: a broadcast of ``n`` bytes counts
   ``n`` on every rank, an all-gather into an ``n``-byte output counts ``n``;
+* ``sent_bytes`` — counted at issue: the bytes this rank puts on the wire. Point-to-point
+  sends count what they send, exactly; a collective counts its bus bytes per rank (the
+  nccl-tests convention, of a ring over W ranks): an all-reduce of ``n`` bytes
+  ``2n(W-1)/W``, a reduce-scatter of an ``n``-byte input or an all-gather into an ``n``-byte
+  output ``n(W-1)/W``; a broadcast of ``n`` bytes ``n(W-1)`` on its root and nothing
+  elsewhere (the W-1 copies a chain makes, all charged to the rank whose data they are; one
+  broadcast per rank of equal ranges is then an all-gather's share). It is the figure that
+  compares a ZeRO step with DDP's: reduce-scatter + all-gather move what one all-reduce moves;
 * ``exposed_seconds`` — time the caller was blocked: issuing plus waiting;
 * ``seconds`` — wall time during which at least one collective was in flight, each
   counted from its issue until its wait returned; collectives in flight together are
@@ -45,6 +54,7 @@ __all__ = ["CommStats", "Communicator", "Pending"]
 
 # torch >= 2.13 renamed all_gather_into_tensor; keep working on older releases.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
@@ -55,9 +65,10 @@ class CommStats:
     bytes: int = 0
     seconds: float = 0.0
     exposed_seconds: float = 0.0
+    sent_bytes: int = 0
 
     def snapshot(self) -> CommStats:
-        return CommStats(self.calls, self.bytes, self.seconds, self.exposed_seconds)
+        return CommStats(self.calls, self.bytes, self.seconds, self.exposed_seconds, self.sent_bytes)
 
     def since(self, earlier: CommStats) -> CommStats:
         return CommStats(
@@ -65,11 +76,17 @@ class CommStats:
             self.bytes - earlier.bytes,
             self.seconds - earlier.seconds,
             self.exposed_seconds - earlier.exposed_seconds,
+            self.sent_bytes - earlier.sent_bytes,
         )
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _ring_share(nbytes: int, world_size: int, passes: int = 1) -> int:
+    """Bus bytes per rank of a ring collective over ``nbytes``: ``passes · nbytes · (W-1)/W``."""
+    return passes * nbytes * (world_size - 1) // world_size
 
 
 class Pending:
@@ -125,28 +142,35 @@ class Communicator:
         self.stats.bytes += nbytes
         self.stats.calls += calls
 
-    def _issue(self, op: str, nbytes: int, calls: int, launch: Callable[[], list[Any]]) -> Pending:
+    def _issue(self, op: str, nbytes: int, calls: int, launch: Callable[[], list[Any]], sent: int = 0) -> Pending:
         start = time.perf_counter()
         with record_function(f"zero_lab::{op}"):
             works = launch()
         self.stats.exposed_seconds += time.perf_counter() - start
         self.stats.bytes += nbytes
+        self.stats.sent_bytes += sent
         self.stats.calls += calls
         return Pending(self, op, works, start)
 
     def issue_broadcasts(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> Pending:
         """Start broadcasting each ``(tensor, src_rank)`` in place; ``wait()`` the result."""
+        nbytes = sum(_nbytes(t) for t, _ in tensors)
         return self._issue(
             op,
-            sum(_nbytes(t) for t, _ in tensors),
+            nbytes,
             len(tensors),
             lambda: [dist.broadcast(t, src=self.global_rank(s), group=self.group, async_op=True) for t, s in tensors],
+            sum(_nbytes(t) for t, s in tensors if s == self.rank) * (self.world_size - 1),
         )
 
     def issue_all_gather(self, output: torch.Tensor, local: torch.Tensor, op: str = "all_gather") -> Pending:
         """Start filling ``output`` (W equal chunks) with every rank's ``local`` chunk, in rank order."""
         return self._issue(
-            op, _nbytes(output), 1, lambda: [_all_gather_single(output, local, group=self.group, async_op=True)]
+            op,
+            _nbytes(output),
+            1,
+            lambda: [_all_gather_single(output, local, group=self.group, async_op=True)],
+            _ring_share(_nbytes(output), self.world_size),
         )
 
     def issue_all_reduce(
@@ -154,8 +178,41 @@ class Communicator:
     ) -> Pending:
         """Start reducing ``tensor`` in place across the ranks; ``wait()`` the result."""
         return self._issue(
-            op, _nbytes(tensor), 1, lambda: [dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True)]
+            op,
+            _nbytes(tensor),
+            1,
+            lambda: [dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True)],
+            _ring_share(_nbytes(tensor), self.world_size, passes=2),
         )
+
+    def issue_reduce_scatter(self, output: torch.Tensor, full: torch.Tensor, op: str = "reduce_scatter") -> Pending:
+        """Start summing ``full`` (W equal chunks, rank order) across the ranks into this rank's ``output`` chunk."""
+        return self._issue(
+            op,
+            _nbytes(full),
+            1,
+            lambda: [_reduce_scatter_single(output, full, group=self.group, async_op=True)],
+            _ring_share(_nbytes(full), self.world_size),
+        )
+
+    def issue_exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        op: str = "p2p",
+        tag: int = 0,
+    ) -> Pending:
+        """Start point-to-point sends ``(tensor, dst_rank)`` and receives ``(tensor, src_rank)``
+        (ranks of this group), matched by ``tag``; ``wait()`` finishes them all. Counts the bytes
+        sent and received, and sends (exactly) as ``sent_bytes``."""
+        sent = sum(_nbytes(t) for t, _ in sends)
+
+        def launch() -> list[Any]:
+            ops = [dist.P2POp(dist.isend, t, self.global_rank(r), self.group, tag) for t, r in sends]
+            ops += [dist.P2POp(dist.irecv, t, self.global_rank(r), self.group, tag) for t, r in recvs]
+            return dist.batch_isend_irecv(ops) if ops else []
+
+        return self._issue(op, sent + sum(_nbytes(t) for t, _ in recvs), len(sends) + len(recvs), launch, sent)
 
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
         """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""
@@ -169,6 +226,7 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"):
         with self._metered(op, _nbytes(tensor)):
             dist.all_reduce(tensor, op=reduce_op, group=self.group)
+        self.stats.sent_bytes += _ring_share(_nbytes(tensor), self.world_size, passes=2)
         return tensor
 
     def send_object(self, obj: Any, dst: int, device: torch.device) -> None:

@@ -22,16 +22,19 @@ by name in :mod:`zero_lab.collectives`, fills each unit from every rank's range:
 ``per_shard`` layout, its ``in_place_shards``); ``all_gather`` — one
 ``all_gather_into_tensor`` per buffer (unequal segments are padded to the longest in
 a staging buffer); ``auto`` — at the first exchange, every registered collective is
-timed on a bounded sample (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, cut
-in W equal ranges, e.g. W broadcasts against one all-gather, in the exchange's dtype and
-device; one warm-up, then :data:`TUNE_REPS` alternating repetitions), so the trial never
-stages a model-sized copy and the first step peaks no higher than the chosen exchange
-does; each rank takes its fastest repetition per candidate (load from other processes
-only ever adds time, so the minimum is the least disturbed figure), scaled from the
-sample's bytes to the whole exchange's; an all-reduce MAX makes the slowest rank's
-figures decide, so every rank picks the same (ties go to the first registered); then
-the exchange runs with the choice. The sample measures bandwidth, not the per-call cost
-of ``per_shard``'s one broadcast per tensor. The choice, the timings and the sample's
+timed on bounded samples (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, and no
+larger than the exchange's largest unit, cut in W equal ranges, e.g. W broadcasts against one
+all-gather, in the exchange's dtype and device), so the trial never stages a model-sized copy
+and the first step peaks no higher than the chosen exchange does. :data:`TUNE_WARMUPS` untimed
+rounds of every candidate come first (a collective's first uses pay its setup: a cold first
+trial once chose the slower one), then :data:`TUNE_REPS` alternating repetitions at two sizes,
+the sample and a quarter of it; each rank takes its fastest repetition per candidate and size
+(load from other processes only ever adds time, so the minimum is the least disturbed figure),
+fits a cost line through the two (seconds per call + seconds per byte) and predicts the whole
+exchange as the sum over the units that candidate would issue — so per-call costs (``per_shard``'s
+one broadcast per tensor) count as well as bandwidth; an all-reduce MAX makes the slowest rank's
+predictions decide, so every rank picks the same (ties go to the first registered); then the
+exchange runs with the choice. The choice, the predictions and the sample's
 size are in :meth:`ParamExchange.report`. On one host with Gloo broadcasts win by 4-6x;
 on NCCL all-gather usually does.
 
@@ -73,8 +76,10 @@ __all__ = [
     "share_grads_with_joined",
 ]
 
-#: Timed repetitions per candidate when ``exchange="auto"`` (after one warm-up each).
+#: Timed repetitions per candidate and sample size when ``exchange="auto"``.
 TUNE_REPS = 3
+#: Untimed rounds of every candidate before the timed ones (a collective's first uses pay its setup).
+TUNE_WARMUPS = 2
 #: Most bytes the ``auto`` trial stages: every candidate is timed on a sample this large.
 TUNE_SAMPLE_BYTES = 16 << 20
 
@@ -412,35 +417,59 @@ class ParamExchange:
         self._inflight = keep
 
     def _tune(self) -> None:
-        """Time every registered collective on a bounded sample; the max over ranks decides (see module docstring)."""
+        """Time every registered collective on bounded samples, predict each one's whole exchange
+        from a per-unit cost line, and let the max over ranks decide (see the module docstring)."""
         trainable = [s for s in self.partition.shards if self.params[s.param].requires_grad]
         first = self.params[trainable[0].param] if trainable else self.params[0]
-        dtype, device, world = first.dtype, first.device, self.comm.world_size
-        total_bytes = sum(s.numel * self.params[s.param].element_size() for s in trainable)
-        chunk = max(1, min(total_bytes, TUNE_SAMPLE_BYTES) // first.element_size() // world)
+        dtype, device, world, itemsize = first.dtype, first.device, self.comm.world_size, first.element_size()
+        candidates = registered_collectives()
+        units = {name: [_unit_numel(unit) * itemsize for unit in self._units(name)] for name in candidates}
+        largest = max((n for sizes in units.values() for n in sizes), default=itemsize * world)
+        chunk = max(1, min(largest, TUNE_SAMPLE_BYTES) // itemsize // world)
+        chunks = sorted({max(1, chunk // 4), chunk})  # two sizes: a per-call cost and a per-byte cost
         scratch = torch.zeros(chunk * world, dtype=dtype, device=device)
         self.sample_bytes = scratch.numel() * scratch.element_size()
-        scale = max(total_bytes, 1) / self.sample_bytes
-        bounds = [(r * chunk, (r + 1) * chunk) for r in range(world)]
-        candidates = registered_collectives()
 
-        def timed(name: str) -> float:
+        def timed(name: str, size: int) -> float:
+            bounds = [(r * size, (r + 1) * size) for r in range(world)]
             start = time.perf_counter()
-            collective_named(name).issue(self.comm, scratch, bounds, "exchange_tune").wait()
+            collective_named(name).issue(self.comm, scratch[: size * world], bounds, "exchange_tune").wait()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return time.perf_counter() - start
 
-        for name in candidates:
-            timed(name)
-        samples: dict[str, list[float]] = {name: [] for name in candidates}
-        for _ in range(TUNE_REPS):
+        for _ in range(TUNE_WARMUPS):  # the first uses of a collective pay for its setup: never timed
             for name in candidates:
-                samples[name].append(timed(name))
-        mine = torch.tensor([min(samples[name]) * scale for name in candidates], dtype=torch.float64)
-        agreed = self.comm.all_reduce(mine.to(device), dist.ReduceOp.MAX, op="exchange_tune")
+                timed(name, chunk)
+        samples: dict[tuple[str, int], list[float]] = {(name, size): [] for name in candidates for size in chunks}
+        for _ in range(TUNE_REPS):
+            for size in chunks:
+                for name in candidates:
+                    samples[name, size].append(timed(name, size))
+        mine = []
+        for name in candidates:
+            points = [(size * world * itemsize, min(samples[name, size])) for size in chunks]
+            per_call, per_byte = _cost_line(points)
+            mine.append(sum(per_call + per_byte * nbytes for nbytes in units[name]))
+        agreed = self.comm.all_reduce(
+            torch.tensor(mine, dtype=torch.float64, device=device), dist.ReduceOp.MAX, op="exchange_tune"
+        )
         self.timings_s = dict(zip(candidates, agreed.cpu().tolist()))
         self.collective = min(candidates, key=lambda name: self.timings_s[name])
+
+
+def _unit_numel(unit: _Unit) -> int:
+    return unit.numel if isinstance(unit, _Buffer) else unit.stop - unit.start
+
+
+def _cost_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """``(seconds per call, seconds per byte)`` through the timed ``(bytes, seconds)`` points
+    (one point: all per byte); neither negative, so a noisy small sample cannot predict a gain."""
+    (n0, t0), (n1, t1) = points[0], points[-1]
+    if n1 == n0:
+        return 0.0, t1 / max(n1, 1)
+    per_byte = max(0.0, (t1 - t0) / (n1 - n0))
+    return max(0.0, t1 - per_byte * n1), per_byte
 
 
 # ---------------------------------------------------------------------- overlap hooks' sends

@@ -1118,6 +1118,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         the parameters end as with DDP + the plain optimizer on the active ranks.
         List the DDP model before this optimizer in ``Join([...])``.
         """
+        if getattr(self, "_grad_reducer", None) is not None:
+            raise RuntimeError(
+                "Join with grad_reduce (zero_lab.grad_reduce.reduce_gradients): a joined rank cannot shadow the "
+                "point-to-point gradient reduction; use grad_reduce='all_reduce' (DDP's hook) with Join"
+            )
         self._join_active = True
         return _ZeroJoinHook(self)
 

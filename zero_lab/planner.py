@@ -13,7 +13,9 @@ nothing) and prices every rank's shards with the optimizer's state layout::
 What each rank holds, per :class:`RankMemory`:
 
 * ``param_bytes`` — the full replica of every parameter (ZeRO-1 keeps them all);
-* ``grad_bytes`` — one gradient per trainable parameter (DDP all-reduces them all);
+* ``grad_bytes`` — one gradient per trainable parameter (DDP all-reduces them all); with
+  ``shard_grads=True`` (``zero_lab.grad_reduce``) only those of the parameters the rank owns
+  an element of, each whole (what ``param.grad`` holds after backward);
 * ``ddp_buffer_bytes`` — DDP's gradient buckets, a second copy of the gradients unless
   DDP runs with ``gradient_as_bucket_view=True``;
 * ``state_bytes`` — the local optimizer's state for the shards this rank owns;
@@ -237,6 +239,7 @@ def plan_memory(
     *,
     master_weights: bool = False,
     gradient_as_bucket_view: bool = False,
+    shard_grads: bool = False,
     group_optimizers: Sequence[tuple[type[torch.optim.Optimizer], dict[str, Any]]] | None = None,
     **optimizer_defaults: Any,
 ) -> MemoryPlan:
@@ -249,6 +252,7 @@ def plan_memory(
     ``momentum``). ``group_optimizers[g]`` = ``(class, defaults)`` of param group ``g``
     (``ParamSpec.group``) when groups are stepped by different classes. Whole parameters
     are priced at their shape (:func:`whole_state_bytes`), slices by the per-element rule.
+    ``shard_grads``: each rank holds the gradients of the parameters it owns an element of only.
     O(number of shards + world_size).
     """
     trainable = [spec for spec in specs if spec.trainable]
@@ -298,9 +302,15 @@ def plan_memory(
             master[rank] += count * 4
     if partitioner is None:
         state, numel, master = ([values[0]] * world_size for values in (state, numel, master))
+    grads = [grad_bytes] * world_size
+    if shard_grads and partition is not None:
+        held: list[set[int]] = [set() for _ in range(world_size)]
+        for shard in partition.shards:
+            if partition.specs[shard.param].trainable:
+                held[shard.rank].add(shard.param)
+        grads = [sum(partition.specs[i].nbytes for i in indices) for indices in held]
     ranks = tuple(
-        RankMemory(r, param_bytes, grad_bytes, ddp_buffer_bytes, state[r], master[r], numel[r])
-        for r in range(world_size)
+        RankMemory(r, param_bytes, grads[r], ddp_buffer_bytes, state[r], master[r], numel[r]) for r in range(world_size)
     )
     try:
         rule = rule_for(specs[0]) if specs else probe_state_rule(optimizer_class, **optimizer_defaults)

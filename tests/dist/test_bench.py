@@ -14,7 +14,7 @@ import pytest
 from zero_lab.bench import cli
 
 STRATEGIES = ["ddp", "ddp_aa", "torch", "torch_bv", "zl_sg", "zl_sg_bv", "zl_flat", "zl_overlap_il"]
-STRATEGIES += ["zl_flat_bv", "zl_flat_bv_ag", "zl_prefetch", "fsdp2", "fsdp2_reshard"]
+STRATEGIES += ["zl_flat_bv", "zl_flat_bv_ag", "zl_prefetch", "fsdp2", "fsdp2_reshard", "zl_gr_rs_bc", "zl_gr_auto"]
 
 
 def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:

@@ -38,7 +38,8 @@ def test_every_snippet_of_the_core_manual_runs(tmp_path):
         "W=1: 2097152 bytes of state on the worst rank",
         "W=4: 524288 bytes of state on the worst rank",
     )
-    for quoted in (*quoted_figures, *muon, *routed, *partitioner, *collective, *family):
+    grads = ("reduce_scatter 0", "all_reduce_keep_mine\nTrue")
+    for quoted in (*quoted_figures, *muon, *routed, *partitioner, *collective, *family, *grads):
         assert quoted in done.stdout, quoted
     assert "ZeRO-1 Flat() + Adam 9.5 MiB of state on the worst rank" in done.stdout
     assert (tmp_path / "outputs" / "core-doc" / "checkpoints" / "step_00000100" / "manifest.json").is_file()

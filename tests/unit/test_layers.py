@@ -29,6 +29,7 @@ CORE_MODULES = (
     "zero_lab.collectives",
     "zero_lab.comm",
     "zero_lab.overlap",
+    "zero_lab.grad_reduce",
     "zero_lab.checkpoint",
     "zero_lab.files",
     "zero_lab.planner",

@@ -16,9 +16,13 @@ three together (the optimizer steps inside DDP's communication hook):
    so its partition is built once, along them (what ``partitioner=ddp_bucket`` follows);
 4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it steps
    each bucket inside backward with the shards built in step 3;
-5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
+5. with ``grad_reduce=`` (``zero_lab.grad_reduce.reduce_gradients``), the comm hook that reduces
+   each bucket to its owners (``shard_grads=true``: and releases the rest after backward); with
+   ``overlap=true`` it is the hook the ZeRO step hook wraps (so step 4 is done there). A plain
+   optimizer takes ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
+6. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
    step only issues the exchange (``exchange=``), the next forward waits per module;
-6. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
+7. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
    ``GradScaler``; with ``compile=true`` the DDP wrapper is compiled (``torch.compile``).
 
     training = build_training(cfg, torch.device("cpu"))
@@ -43,6 +47,7 @@ from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
+from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
 from zero_lab.partition import bucket_use
 
 __all__ = [
@@ -76,6 +81,7 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
             ddp=compiled(ddp, cfg),
             optimizer=optimizer,
             zero=False,
+            grad_reducer=_grad_reducer(cfg, ddp, optimizer),
             max_grad_norm=max_grad_norm,
             scheduler=make_scheduler(cfg, optimizer),
             scaler=make_scaler(cfg, device),
@@ -88,7 +94,8 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         exchange=enum_str(cfg.exchange),
         ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
     )
-    if cfg.overlap:
+    reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
+    if cfg.overlap and reducer is None:
         _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))
     if cfg.prefetch:
         overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
@@ -98,6 +105,7 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         optimizer=optimizer,
         zero=True,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
+        grad_reducer=reducer,
         max_grad_norm=max_grad_norm,
         scheduler=make_scheduler(cfg, optimizer),
         scaler=make_scaler(cfg, device),
@@ -176,6 +184,16 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
     """``cfg.optim`` as a partial ``(params, **kwargs) -> Optimizer``, without the loop's keys."""
     kept = OmegaConf.create({k: v for k, v in optim_cfg.items() if k not in APP_KEYS["optim"]})
     return instantiate(kept)
+
+
+def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle | None:
+    """``grad_reduce=``: install :func:`zero_lab.grad_reduce.reduce_gradients` (``None`` when unset)."""
+    name = cfg.get("grad_reduce")
+    if name is None:
+        return None
+    interleaved = enum_str(cfg.overlap_hook) == "interleaved"
+    wrap = overlap.hook_with_zero_step_interleaved if interleaved else overlap.hook_with_zero_step
+    return reduce_gradients(ddp, optimizer, enum_str(name), bool(cfg.get("shard_grads", False)), wrap)
 
 
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:

@@ -37,7 +37,7 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
     if _local_steps_differ(summary):
         lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
     exchange = _exchange_share(summary) if summary.zero else "none (plain DDP: every rank steps every parameter)"
-    lines += [f"  parameter exchange: {exchange}", f"  run dir: {run_dir}"]
+    lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), f"  run dir: {run_dir}"]
     return lines
 
 
@@ -101,6 +101,22 @@ def _local_steps(summary: RunSummary) -> str:
     spread = f", slowest ÷ mean {ratio:.2f}" if ratio is not None else ""
     cost = (summary.partition or {}).get("cost")
     return f"{shown}{spread}" + (f" (partitioner.cost={cost})" if cost else "")
+
+
+def grad_reduce_lines(summary: RunSummary) -> list[str]:
+    """With ``grad_reduce=``: the strategy and the bytes each phase sent per step (the fullest
+    rank); with ``shard_grads=true`` also the gradients held against a full set."""
+    report, sent = summary.grad_reduce, summary.bytes_per_step or {}
+    if not report:
+        return []
+    reduce_bytes, exchange_bytes = max(sent.get("grad_reduce") or [0]), max(sent.get("param_exchange") or [0])
+    lines = [
+        f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}), sent per step per rank: "
+        f"{_size(reduce_bytes)} + {_size(exchange_bytes)} exchange"
+    ]
+    if summary.shard_grads and summary.grad_bytes:
+        lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
+    return lines
 
 
 def _exchange_share(summary: RunSummary) -> str:

@@ -16,6 +16,10 @@ every rank's values everywhere; :func:`step_record` turns them into namespaced k
                                     exchange; a closure's forward/backward included): its max
                                     against its mean is the cost imbalance of the partition
     comm/exchange_bytes/...,
+    comm/grad_reduce_bytes/...,     bytes sent by phase (CommStats.sent_bytes): the gradient reduction
+    comm/exchange_sent_bytes/...    (grad_reduce=) and the parameter exchange; memory/grad_bytes/...
+    time/grad_reduce_s/...          the param.grad bytes held after backward (shard_grads=true: owned only);
+    comm/grad_reduce_exposed_s/...  the reduction in flight, and what of it backward waited for at its end
     comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
     memory/tensor_bytes/..., memory/peak_bytes/...
     memory/imbalance                partition max / ideal (1.0 for plain optimizers)
@@ -49,6 +53,7 @@ __all__ = [
     "RankStep",
     "local_step_summary",
     "peak_memory_bytes",
+    "phase_summary",
     "step_record",
 ]
 
@@ -71,6 +76,13 @@ class RankStep:
     grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
     optim_step_s: float = 0.0  # this rank's local optimizer step (LocalStepClock)
     stop_signal: float = 0.0  # a SIGTERM/SIGINT this rank received (zero_lab.runtime.signals); 0 = none
+    # bytes this rank sent (CommStats.sent_bytes) by phase: the gradient reduction (grad_reduce=; 0 without it:
+    # DDP's own all-reduce is not metered) and the parameter exchange
+    grad_reduce_bytes: float = 0.0
+    exchange_sent_bytes: float = 0.0
+    grad_reduce_s: float = 0.0  # the gradient reduction's collectives in flight (issue to last wait), in backward
+    grad_reduce_exposed_s: float = 0.0  # of it, what backward waited for after its own work was done
+    grad_bytes: float = 0.0  # bytes of the param.grad tensors this rank holds after backward
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
@@ -166,3 +178,35 @@ def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[s
     high, mean = step_key("optim_step_s", "max"), step_key("optim_step_s", "mean")
     ratios = [r[high] / r[mean] for r in records if r[mean] > 0]
     return {"optim_step_s": per_rank, "optim_step_max_over_mean": statistics.median(ratios) if ratios else None}
+
+
+def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """summary.json's figures by phase over ``records`` (the timed steps): ``bytes_per_step``
+    (each rank's median bytes sent, ``grad_reduce`` only with ``grad_reduce=``), ``phase_time_s``
+    (the slowest rank's medians), ``grad_bytes`` (the last step's, per rank), the reducer's report."""
+    if not records:
+        return {}
+    reducer = training.grad_reducer
+
+    def per_rank(measurement: str) -> list[float]:
+        return [statistics.median(r[step_key(measurement, f"rank{k}")] for r in records) for k in range(world_size)]
+
+    def slowest(measurement: str) -> float:
+        return statistics.median(r[step_key(measurement, "max")] for r in records)
+
+    last = records[-1]
+    return {
+        "grad_reduce": reducer.report() if reducer is not None else None,
+        "shard_grads": bool(reducer is not None and reducer.shard_grads),
+        "grad_bytes": [last[step_key("grad_bytes", f"rank{k}")] for k in range(world_size)],
+        "bytes_per_step": {
+            "grad_reduce": per_rank("grad_reduce_bytes") if reducer is not None else None,
+            "param_exchange": per_rank("exchange_sent_bytes") if training.zero else None,
+        },
+        "phase_time_s": {
+            "grad_reduce": slowest("grad_reduce_s") if reducer is not None else None,
+            "grad_reduce_exposed": slowest("grad_reduce_exposed_s") if reducer is not None else None,
+            "param_exchange": slowest("exchange_s") if training.zero else None,
+            "param_exchange_exposed": slowest("exchange_exposed_s") if training.zero else None,
+        },
+    }

@@ -55,7 +55,14 @@ from zero_lab.app.memory import (
     params_with_state,
     training_tensor_bytes,
 )
-from zero_lab.app.metrics import MetricsGather, RankStep, local_step_summary, peak_memory_bytes, step_record
+from zero_lab.app.metrics import (
+    MetricsGather,
+    RankStep,
+    local_step_summary,
+    peak_memory_bytes,
+    phase_summary,
+    step_record,
+)
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.progress import Progress
 from zero_lab.app.protocols import Batch, batch_rows, batch_stream
@@ -67,6 +74,7 @@ from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE
 from zero_lab.app.training import Training
 from zero_lab.elementwise import is_elementwise
 from zero_lab.files import write_json
+from zero_lab.grad_reduce import held_grad_bytes
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
@@ -232,10 +240,15 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
     """One optimizer step on this rank's batch (:mod:`zero_lab.app.step`); returns what it measured."""
     comm = training.exchange_stats
     before = comm.snapshot() if comm is not None else None
+    reducer = training.grad_reducer
+    grads = reducer.stats if reducer is not None else None
+    grads_before = grads.snapshot() if grads is not None else None
+    exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
+    grad_bytes = held_grad_bytes(list(training.model.parameters()))
     grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
     if grad_norm is not None and comm is not None:
         before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
@@ -244,6 +257,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     exchange = comm.since(before) if comm is not None and before is not None else None
+    reduced = grads.since(grads_before) if grads is not None and grads_before is not None else None
     return RankStep(
         loss=loss.item(),
         step_s=elapsed,
@@ -258,6 +272,11 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
         samples=batch_rows(batch[0]),
         grad_norm=grad_norm if grad_norm is not None else 0.0,
         optim_step_s=training.step_clock.seconds() - local_before,
+        grad_reduce_bytes=reduced.sent_bytes if reduced else 0.0,
+        exchange_sent_bytes=exchange.sent_bytes if exchange else 0.0,
+        grad_reduce_s=reduced.seconds if reduced else 0.0,
+        grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
+        grad_bytes=grad_bytes,
     )
 
 
@@ -379,6 +398,7 @@ def _summary(
         state_vs_ddp=max(optim_state) / planned if planned else None,
         partition=training.optimizer.partition.report().as_dict() if training.zero else None,
         provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
+        **phase_summary(training, timed, world),
     )
 
 

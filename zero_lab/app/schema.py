@@ -48,6 +48,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.run_checkpoints import FORMATS, POLICIES
 from zero_lab.exchange import EXCHANGES
+from zero_lab.grad_reduce import GRAD_REDUCES
 
 __all__ = [
     "APP_KEYS",
@@ -61,6 +62,7 @@ __all__ = [
     "Device",
     "DistConfig",
     "Exchange",
+    "GradReduce",
     "OverlapHook",
     "ParamDtype",
     "ResumeOptimizer",
@@ -138,6 +140,8 @@ def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
 
 #: ``exchange=``: the collective of ZeRO's parameter exchange, or ``auto`` (times each at step 1).
 Exchange = _choices("Exchange", EXCHANGES, "``exchange=``: zero_lab.exchange.EXCHANGES")
+#: ``grad_reduce=``: how gradients reach the ranks that step them (zero_lab.grad_reduce), or ``auto``.
+GradReduce = _choices("GradReduce", GRAD_REDUCES, "``grad_reduce=``: zero_lab.grad_reduce.GRAD_REDUCES")
 #: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
 ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.run_checkpoints.POLICIES")
 #: ``checkpoint_format=``: how checkpoint_every saves (native sharded/.pt, or torch's DCP).
@@ -200,6 +204,11 @@ class Config:
     # zero_*: the parameter exchange's collective (zero_lab.exchange.EXCHANGES; auto times each at step 1)
     exchange: Exchange = Exchange["auto"]
     prefetch: bool = False  # zero_*: step() only issues the exchange; the next forward waits per module
+    # zero_*: reduce gradients to their owners only (null: DDP's all-reduce, untouched); all_reduce is DDP's
+    # traffic through zero_lab's meter; reduce_scatter halves it; auto times each once (zero_lab.grad_reduce)
+    grad_reduce: GradReduce | None = None
+    # zero_* with grad_reduce: after backward keep only the gradients this rank owns (ZeRO-2 gradient memory)
+    shard_grads: bool = False
     # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
     param_dtype: ParamDtype = ParamDtype["float32"]
     accumulate: int = 1  # micro-batches per step (the global batch is split; DDP no_sync on all but the last)

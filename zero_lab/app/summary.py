@@ -43,9 +43,21 @@ STEP_KEYS: dict[str, str] = {
     "master_weight_bytes": "memory/master_weight_bytes",
     "tensor_bytes": "memory/tensor_bytes",
     "peak_bytes": "memory/peak_bytes",
+    "grad_reduce_bytes": "comm/grad_reduce_bytes",
+    "exchange_sent_bytes": "comm/exchange_sent_bytes",
+    "grad_reduce_s": "time/grad_reduce_s",
+    "grad_reduce_exposed_s": "comm/grad_reduce_exposed_s",
+    "grad_bytes": "memory/grad_bytes",
 }
 #: The summary's per-rank lists (one value per rank; ``optim_step_s``: each rank's median).
-PER_RANK: tuple[str, ...] = ("optim_state_bytes", "master_weight_bytes", "tensor_bytes", "peak_bytes", "optim_step_s")
+PER_RANK: tuple[str, ...] = (
+    "optim_state_bytes",
+    "master_weight_bytes",
+    "tensor_bytes",
+    "peak_bytes",
+    "optim_step_s",
+    "grad_bytes",
+)
 #: The job's ``meta.json`` entries the summary repeats, so a summary alone says what ran.
 PROVENANCE: tuple[str, ...] = ("choices", "git", "command", "name", "group", "requeued")
 
@@ -127,6 +139,16 @@ class RunSummary:
     stopped_by: str | None = None  # the signal that stopped the run early
     resume_optimizer: str | None = None  # with resume=: the policy (absent otherwise)
     resume_overridden: dict[str, list[Any]] | None = None  # resume_optimizer=override: {"group0.lr": [saved, now]}
+    # grad_reduce=: GradReduceHandle.report() (the strategy, auto's timings); None without it
+    grad_reduce: dict[str, Any] | None = None
+    shard_grads: bool = False
+    grad_bytes: list[float] = field(default_factory=list)  # param.grad bytes held after the last backward, per rank
+    # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
+    # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}
+    bytes_per_step: dict[str, list[float] | None] | None = None
+    # seconds per phase (median over the timed steps, slowest rank): the gradient reduction in flight and what
+    # of it backward waited for at its end, the exchange in flight and what of it the loop waited for
+    phase_time_s: dict[str, float | None] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The ``summary.json`` object: every field in order, ``provenance`` spread into it;

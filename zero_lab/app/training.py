@@ -16,6 +16,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab.app.metrics import LocalStepClock
 from zero_lab.comm import CommStats
+from zero_lab.grad_reduce import GradReduceHandle
 
 __all__ = ["Training"]
 
@@ -28,6 +29,7 @@ class Training:
     exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
     broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
     ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
+    ``grad_reducer``: the ``grad_reduce=`` hook (its ``stats`` meter the gradient reduction), or ``None``.
     """
 
     model: nn.Module
@@ -35,6 +37,7 @@ class Training:
     optimizer: Optimizer
     zero: bool
     exchange_stats: CommStats | None = None
+    grad_reducer: GradReduceHandle | None = None
     max_grad_norm: float | None = None
     scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
     scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling

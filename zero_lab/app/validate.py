@@ -48,6 +48,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from zero_lab.app.build import param_groups
 from zero_lab.app.config_problems import exclusive_key_problems, unresolved_problems
+from zero_lab.app.grad_checks import check_grad_reduce
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
@@ -871,6 +872,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[st
     _check_arguments,
     _check_optim,
     _check_clipping,
+    check_grad_reduce,
     _check_model,
     _check_forward,
     _check_partition,

@@ -83,6 +83,13 @@ def run_summary(summary: RunSummary) -> dict[str, Any]:
         if per_rank:
             out[f"{prefix}/max"], out[f"{prefix}/min"] = max(per_rank), min(per_rank)
     out.update({NAMESPACED[k]: values[k] for k in _NAMESPACED_TOO if values.get(k) is not None})
+    for phase, per_rank in (values.get("bytes_per_step") or {}).items():  # comm/bytes_per_step/grad_reduce/rank0
+        out.update({f"comm/bytes_per_step/{phase}/rank{r}": v for r, v in enumerate(per_rank or [])})
+    for phase, seconds in (values.get("phase_time_s") or {}).items():
+        if seconds is not None:
+            out[f"time/phase_s/{phase}"] = seconds
+    if values.get("grad_reduce"):
+        out["comm/grad_reduce"] = values["grad_reduce"]["strategy"]
     return out
 
 

@@ -9,7 +9,8 @@ its input tensors, so the payload is the product of those shapes. Byte accountin
 ``n``; an all-gather counts its output (the local input × world size).
 
 Collectives are sorted into two kinds: ``params`` (broadcast, all-gather: moving
-parameters) and ``grads`` (all-reduce, reduce-scatter: reducing gradients); barriers
+parameters) and ``grads`` (all-reduce, reduce-scatter, and point-to-point sends and receives,
+which only the gradient reduce-scatter issues during a benchmark step); barriers
 and anything else count nowhere. The profiler costs time, so the benchmark meters one
 untimed iteration per strategy (its memory phase). Kineto writes a ``USDT: ...
 profiler_start`` / ``profiler_stop`` line to file descriptor 2 from C++ at every start and
@@ -43,7 +44,7 @@ _BACKENDS = ("gloo:", "nccl:", "mpi:", "ucc:")
 def kind_of(op: str) -> str | None:
     """``params`` / ``grads`` for a collective's name (without backend prefix), else ``None``."""
     op = op.lower()
-    if "reduce" in op:
+    if "reduce" in op or op in ("send", "recv"):  # point-to-point: the gradient reduce-scatter's (grad_reduce)
         return "grads"
     if "broadcast" in op or "gather" in op:
         return "params"

@@ -23,7 +23,9 @@ does all Newton–Schulz work.
   local optimizer per class, parameters as bucket views: one broadcast per rank's buffer),
   ``SortedGreedy()`` / ``SortedGreedy(cost="newton_schulz")``;
   ``zl_time`` — the same with a user cost, :func:`cpu_step_ns`, a step-time model measured on
-  this machine (a fixed cost per tensor plus the work), as ``cost=`` accepts any callable.
+  this machine (a fixed cost per tensor plus the work), as ``cost=`` accepts any callable;
+  ``zl_cost_rs`` — ``zl_cost`` with :func:`~zero_lab.grad_reduce.reduce_gradients`
+  (``reduce_scatter``): each matrix's gradient goes to its owner only.
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
@@ -52,7 +54,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups
+from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups, reduce_gradients
 from zero_lab.app.models import TinyLM
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec, newton_schulz_cost
@@ -75,7 +77,7 @@ MODEL: dict[str, Any] = {
 MUON = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.1}
 ADAMW = {"lr": 3e-3, "weight_decay": 0.1}
 BATCH = 8  # sequences per rank per step
-STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time")
+STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time", "zl_cost_rs")
 
 
 def cpu_step_ns(spec: ParamSpec) -> float:
@@ -134,13 +136,15 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
         adamw = torch.optim.AdamW(rest["params"], **ADAMW)
         clocks = [_timed_hooks(zero.optim), _timed_hooks(adamw)]
         return _Row(model, ddp, [zero, adamw], lambda: sum(c() for c in clocks))
-    cost = {"zl_cost": "newton_schulz", "zl_time": cpu_step_ns}.get(name, "numel")
+    cost = {"zl_cost": "newton_schulz", "zl_cost_rs": "newton_schulz", "zl_time": cpu_step_ns}.get(name, "numel")
     zero = ZeroRedundancyOptimizer(
         _ordered(matrices, rest, order),
         torch.optim.AdamW,
         partitioner=SortedGreedy(cost=cost),
         parameters_as_bucket_view=True,
     )
+    if name == "zl_cost_rs":
+        reduce_gradients(ddp, zero, "reduce_scatter")
     return _Row(model, ddp, [zero], lambda: zero.local_step_seconds)
 
 
@@ -231,6 +235,7 @@ LABELS = {
     "zl_numel": "zero_lab, numel-balanced",
     "zl_cost": "zero_lab, cost-balanced (newton_schulz)",
     "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
+    "zl_cost_rs": "zero_lab, cost-balanced, grad_reduce=reduce_scatter",
 }
 
 

@@ -68,6 +68,12 @@ def exchange_line(name: str, report: dict[str, Any]) -> str:
     if timings:
         measured = ", ".join(f"{collective} {1e3 * seconds:.1f} ms" for collective, seconds in timings.items())
         line += f"; timed at the first step (slowest rank): {measured}"
+    grads = report.get("grad_reduce")
+    if grads:
+        line += f"; grad_reduce {grads['strategy']} (requested {grads['requested']})"
+        if grads.get("timings_s"):
+            timed = ", ".join(f"{strategy} {1e3 * s:.1f} ms" for strategy, s in grads["timings_s"].items())
+            line += f", predicted per step: {timed}"
     return line
 
 

@@ -15,6 +15,13 @@ the data-parallel state is held and moved:
   :func:`~zero_lab.overlap.prefetch_exchange`: the exchange issued by ``step()``, each
   layer's forward waiting only for its own buffer), and the overlap
   hooks (``hook_with_zero_step``, interleaved);
+* ``zl_gr_<grad>_<exchange>`` — zero_lab with its gradient reduction
+  (:func:`zero_lab.grad_reduce.reduce_gradients`): flat partition, bucket view, each bucket's
+  gradients reduced to their owners by ``ar`` (all_reduce: DDP's traffic, through the hook),
+  ``rs`` (point-to-point reduce-scatter) or ``rsn`` (native ``reduce_scatter_tensor``), then
+  the exchange by ``bc`` (broadcast) or ``ag`` (all_gather); ``zl_gr_auto`` lets both phases
+  choose; ``zl_gr_prefetch`` is ``zl_prefetch`` with the reduce-scatter; ``zl_gr_shard`` adds
+  ``shard_grads=True`` (ZeRO-2 gradient memory). Their reference is ``ddp``;
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
   and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
   state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like).
@@ -44,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.bench.stepper import Runner
 from zero_lab.bench.workloads import blocks_of
+from zero_lab.grad_reduce import reduce_gradients
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 
@@ -141,6 +149,7 @@ def _zero_lab(
 
 
 def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, **kwargs: Any) -> Runner:
+    kwargs.setdefault("report", lambda: zero.exchange_report().as_dict())
     return Runner(
         model,
         ddp,
@@ -148,7 +157,6 @@ def _zero_lab_runner(model: nn.Module, ddp: DDP, zero: ZeroRedundancyOptimizer, 
         zero.optim,
         comm_stats=lambda: zero.comm_stats,
         imbalance=zero.partition.report().imbalance,
-        report=lambda: zero.exchange_report().as_dict(),
         **kwargs,
     )
 
@@ -180,6 +188,95 @@ def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
         return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)  # after the hook: it builds zero.optim
 
     return build
+
+
+def _zero_lab_grads(
+    grad_reduce: str, exchange: str, prefetch: bool = False, shard_grads: bool = False
+) -> Callable[[nn.Module], Runner]:
+    """Flat, bucket view, the gradients reduced to their owners (``grad_reduce``), ``exchange``."""
+
+    def build(template: nn.Module) -> Runner:
+        model = copy.deepcopy(template)
+        ddp = DDP(model)
+        zero = ZeroRedundancyOptimizer(
+            model.named_parameters(),
+            torch.optim.Adam,
+            parameters_as_bucket_view=True,
+            partitioner=Flat(bucket_cap_mb=PREFETCH_BUCKET_CAP_MB) if prefetch else Flat(),
+            exchange=exchange,
+            lr=LR,
+        )
+        reducer = reduce_gradients(ddp, zero, grad_reduce, shard_grads=shard_grads)
+
+        def report() -> dict[str, Any]:
+            return {**zero.exchange_report().as_dict(), "grad_reduce": reducer.report()}
+
+        if not prefetch:
+            return _zero_lab_runner(model, ddp, zero, report=report, on_close=[reducer.close])
+        handle = prefetch_exchange(model, zero)
+        return _zero_lab_runner(
+            model,
+            ddp,
+            zero,
+            report=report,
+            step_deferred=True,
+            settle=zero.wait_for_exchange,
+            on_close=[handle.remove, reducer.close],
+        )
+
+    return build
+
+
+_GRAD_NAMES = {"ar": "all_reduce", "rs": "reduce_scatter", "rsn": "reduce_scatter_native"}
+_EXCHANGE_NAMES = {"bc": "broadcast", "ag": "all_gather"}
+
+
+def _grad_rows() -> list[Strategy]:
+    rows = [
+        Strategy(
+            f"zl_gr_{g}_{e}",
+            f"zero_lab flat, bucket view, grad_reduce={grad}, exchange={exchange}",
+            _zero_lab_grads(grad, exchange),
+            "ddp",
+            "zl_gr",
+            True,
+            Flat,
+        )
+        for g, grad in _GRAD_NAMES.items()
+        for e, exchange in _EXCHANGE_NAMES.items()
+    ]
+    rows += [
+        Strategy(
+            "zl_gr_auto",
+            "zero_lab flat, bucket view, grad_reduce=auto, exchange=auto",
+            _zero_lab_grads("auto", "auto"),
+            "ddp",
+            "zl_gr",
+            True,
+            Flat,
+        ),
+        Strategy(
+            "zl_gr_shard",
+            "zero_lab flat, bucket view, grad_reduce=reduce_scatter, shard_grads=True, exchange=broadcast",
+            _zero_lab_grads("reduce_scatter", "broadcast", shard_grads=True),
+            "ddp",
+            "zl_gr",
+            True,
+            Flat,
+        ),
+        Strategy(
+            "zl_gr_prefetch",
+            f"zero_lab flat in ≤{PREFETCH_BUCKET_CAP_MB:g} MiB buffers, bucket view, grad_reduce=reduce_scatter, "
+            "exchange=broadcast, prefetch_exchange",
+            _zero_lab_grads("reduce_scatter", "broadcast", prefetch=True),
+            "ddp",
+            "zl_gr",
+            True,
+            functools.partial(Flat, bucket_cap_mb=PREFETCH_BUCKET_CAP_MB),
+            exchange_in_step=False,
+        ),
+    ]
+    return rows
 
 
 def _fsdp2(reshard_after_forward: bool) -> Callable[[nn.Module], Runner]:
@@ -310,5 +407,6 @@ STRATEGIES: dict[str, Strategy] = {
             planned=False,
             exchange_in_step=False,
         ),
+        *_grad_rows(),
     )
 }

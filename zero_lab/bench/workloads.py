@@ -127,6 +127,13 @@ MODELS: dict[str, ModelPreset] = {
             F.mse_loss,
         ),
         ModelPreset(
+            "linear768",
+            "12×Linear(768,768), batch 16, MSE (issue 27's model: the step is mostly communication)",
+            lambda: MLP(768, 768, 768, 12, activation=None),
+            _regression_batch(16, 768),
+            F.mse_loss,
+        ),
+        ModelPreset(
             "lm",
             "tied-embedding LM: vocab 32000 × d 256, 4 blocks, 2×64 tokens",
             lambda: tied_lm(32_000, 64, 256, 4),

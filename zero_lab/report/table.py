@@ -172,6 +172,18 @@ def _local_steps(run: Run) -> Cell:
     return Cell(" / ".join(f"{1000 * s:.1f}" for s in steps), max(steps))
 
 
+def _sent_by_phase(run: Run) -> Cell:
+    """``1.50 MiB + 1.50 MiB``: bytes the fullest rank sent per step reducing gradients (grad_reduce=)
+    and exchanging parameters (median over steps); sorts by their sum. ``–`` without grad_reduce."""
+    sent = run.summary.bytes_per_step or {}
+    reduced, exchanged = sent.get("grad_reduce"), sent.get("param_exchange") or []
+    if not reduced:
+        return Cell("–", None)
+    per_rank = [g + (exchanged[r] if r < len(exchanged) else 0.0) for r, g in enumerate(reduced)]
+    text = format_bytes(max(reduced)) + (f" + {format_bytes(max(exchanged))}" if exchanged else "")
+    return Cell(text, max(per_rank))
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("run", _run_link, "the overrides that set this run apart; links to its run dir"),
     Column("W", _plain(lambda r: r.world_size, _number("d")), "world size (ranks)"),
@@ -202,6 +214,17 @@ COLUMNS: tuple[Column, ...] = (
         "exchanged/step",
         _plain(lambda r: r.median(MEDIAN_OF["exchange_bytes_per_step"]), format_bytes),
         "parameter-exchange bytes per step (median)",
+    ),
+    Column(
+        "sent/step: grads + params",
+        lambda r, _: _sent_by_phase(r),
+        "bytes the fullest rank sent per step by phase (grad_reduce=: the gradient reduction + the exchange; "
+        "DDP's all-reduce with grad_reduce=all_reduce), measured by the Communicator",
+    ),
+    Column(
+        "grads/rank",
+        lambda r, _: _bytes(_max(r.summary.grad_bytes) if r.summary.grad_bytes else None),
+        "param.grad bytes held after backward, fullest rank (shard_grads=true: owned gradients only)",
     ),
     Column(
         "exchange",

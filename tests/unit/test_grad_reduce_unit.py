@@ -1,0 +1,158 @@
+"""zero_lab.grad_reduce without processes: the owner-by-owner bucket layout, the registry, the
+bytes each strategy says it sends, and the config checks of grad_reduce= / shard_grads=."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.configs import problems
+from zero_lab.app.preflight import preflight
+from zero_lab.app.schema import register_configs
+from zero_lab.grad_reduce import (
+    GRAD_REDUCES,
+    BucketRoute,
+    grad_reduce_named,
+    register_grad_reduce,
+    registered_grad_reduces,
+    unregister_grad_reduce,
+)
+from zero_lab.partition import Flat, ParamSpec, SortedGreedy
+
+register_configs()
+
+
+def _specs(*numels: int) -> list[ParamSpec]:
+    return [ParamSpec(numel=n) for n in numels]
+
+
+def test_a_whole_parameter_partition_is_laid_out_owner_by_owner():
+    specs = _specs(6, 2, 5, 3)
+    partition = SortedGreedy()(specs, 2)  # 6 -> r0, 5 -> r1, 3 -> r1, 2 -> r0 (numel-balanced)
+    owners = partition.owners()
+    route = BucketRoute.of(partition, [3, 2, 1], [3, 5, 2])  # DDP's bucket: params 3, 2, 1 in that order
+    assert route.numel == 10
+    expected = [[], []]
+    offset = 0
+    for index, numel in zip([3, 2, 1], [3, 5, 2]):
+        expected[owners[index]].append((offset, offset + numel))
+        offset += numel
+    assert route.runs == tuple(tuple(_merged(runs)) for runs in expected)
+    flat = torch.arange(10.0)
+    segments = route.segments(flat)
+    assert [s.numel() for s in segments] == route.numels() and sum(route.numels()) == 10
+    for rank, segment in enumerate(segments):
+        assert segment.tolist() == [float(i) for a, b in route.runs[rank] for i in range(a, b)]
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in runs:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def test_flat_cuts_a_parameter_inside_a_bucket_into_equal_ranges():
+    specs = _specs(7, 5)
+    partition = Flat()(specs, 2)  # one buffer of 12 elements, 6 per rank
+    route = BucketRoute.of(partition, [0, 1], [7, 5])
+    assert route.runs == (((0, 6),), ((6, 12),))  # param 0's last element joins param 1 on rank 1
+    contiguous = route.segments(torch.zeros(12))
+    assert all(s._base is not None for s in contiguous)  # one run each: views, no copy
+
+
+def test_scatter_back_keeps_only_the_ranks_own_runs():
+    route = BucketRoute((((0, 2), (5, 7)), ((2, 5), (7, 9))), 9)
+    flat = torch.ones(9)
+    route.scatter_back(flat, 0, torch.tensor([10.0, 11.0, 12.0, 13.0]))
+    assert flat.tolist() == [10, 11, 0, 0, 0, 12, 13, 0, 0]
+
+
+def test_registry_names_and_refusals():
+    assert GRAD_REDUCES[0] == "auto" and set(GRAD_REDUCES[1:]) <= set(registered_grad_reduces())
+    with pytest.raises(ValueError, match=r"grad_reduce='ring' is not one of \['auto', 'all_reduce'"):
+        grad_reduce_named("ring")
+
+    class NotOne:
+        name = "nope"
+
+    with pytest.raises(TypeError, match="NotOne is not a GradReduce"):
+        register_grad_reduce(NotOne)
+
+    class Clash:
+        name, label, scatters = "reduce_scatter", "x", True
+
+        def issue(self, comm, segments, tag): ...
+
+        def sent_bytes(self, numels, itemsize, world_size):
+            return 0
+
+    with pytest.raises(ValueError, match="grad_reduce='reduce_scatter' is already P2PReduceScatter"):
+        register_grad_reduce(Clash)
+    with pytest.raises(ValueError, match="built in"):
+        unregister_grad_reduce("all_reduce")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("all_reduce", 2 * 100 * 4 * 2 // 3),
+        ("reduce_scatter", 100 * 4 * 2 // 3),
+        ("reduce_scatter_native", 120 * 4 * 2 // 3),
+    ],
+)
+def test_bytes_sent_per_bucket(name, expected):
+    """W=3, segments of 40, 40, 20 elements: an all-reduce sends twice a reduce-scatter's share;
+    the native one pads every segment to the longest."""
+    assert grad_reduce_named(name).sent_bytes([40, 40, 20], 4, 3) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["optim=adam", "grad_reduce=reduce_scatter"], "grad_reduce=reduce_scatter: optim=adam steps every parameter"),
+        (["shard_grads=true"], "shard_grads=true with grad_reduce=null"),
+        (["optim=adam", "grad_reduce=all_reduce", "shard_grads=true"], "shard_grads=true: optim=adam steps every"),
+        (["grad_reduce=auto", "autocast=fp16"], "autocast=fp16 with grad_reduce=auto"),
+        (["grad_reduce=ring"], "grad_reduce"),
+    ],
+)
+def test_config_checks_refuse_naming_the_keys(overrides, fragment):
+    assert fragment in problems(*overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["grad_reduce=reduce_scatter", "shard_grads=true", "overlap=true", "partitioner=ddp_bucket"],
+        ["optim=adam", "grad_reduce=all_reduce"],
+        ["grad_reduce=all_reduce", "shard_grads=true"],
+        ["grad_reduce=auto", "partitioner=flat", "bucket_view=true", "prefetch=true"],
+    ],
+)
+def test_config_checks_accept_the_modes(overrides):
+    preflight(overrides)  # raises ConfigError on any problem
+
+
+def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
+    from zero_lab.app.closing import grad_reduce_lines
+    from zero_lab.app.summary import RunSummary
+
+    summary = RunSummary(
+        final_loss=1.0,
+        losses=[1.0],
+        world_size=2,
+        steps=1,
+        grad_reduce={"requested": "auto", "strategy": "reduce_scatter"},
+        shard_grads=True,
+        grad_bytes=[3 * 2**20, 2 * 2**20],
+        bytes_per_step={"grad_reduce": [2**20, 2**21], "param_exchange": [2**20, 2**20]},
+    )
+    assert grad_reduce_lines(summary) == [
+        "  gradient reduction: reduce_scatter (grad_reduce=auto), sent per step per rank: 2.00 MiB + 1.00 MiB exchange",
+        "  gradients held per rank (shard_grads): 3.00 MiB at most",
+    ]
+    assert grad_reduce_lines(RunSummary(final_loss=1.0, losses=[1.0], world_size=2, steps=1)) == []
