@@ -27,10 +27,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from zero_lab import dcp as zero_dcp
 from zero_lab.app.training import Training
 from zero_lab.checkpoint import CheckpointError
 
-# torch.distributed.checkpoint is imported where a checkpoint is written or read: the config
+# torch.distributed.checkpoint itself is imported where a checkpoint is written or read: the config
 # check (schema, validate) finds checkpoints through this module and should not pay for it.
 
 __all__ = ["EXTRA", "SUFFIX", "checkpoints", "is_dcp", "latest", "load", "prune", "read_extra", "save"]
@@ -74,8 +75,6 @@ def _state(training: Training) -> dict[str, Any]:
     """What DCP saves, and the template it loads into (every rank; collective for ZeRO)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from zero_lab import dcp as zero_dcp
-
     return {
         "model": get_model_state_dict(training.model),
         "optim": zero_dcp.get_optimizer_state_dict(training.model, training.optimizer),
@@ -113,8 +112,6 @@ def load(training: Training, path: Path, load_optimizer: bool) -> None:
     """Load the model (and the optimizer) from ``path`` into this rank; call on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    from zero_lab import dcp as zero_dcp
 
     state = _state(training)
     if not load_optimizer:
