@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,5 +93,31 @@ def test_the_srun_script_requeues_at_the_time_limit_and_the_job_resumes(slurm: S
     run = summary(run_dir)
     assert f"zero_lab: stopped at the time limit; requeueing job {job} to resume in {run_dir}" in log, log[-3000:]
     assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
-    assert run["requeued"]["from_step"] == run["start_step"] > 0 and len(run["losses"]) + run["start_step"] == 400
+    assert run["requeued"]["from_step"] == run["start_step"] > 0 and len(run["losses"]) == 400  # every step's loss
     assert run["stopped_by"] is None and run["resumed_from"] == str(run_dir)
+
+
+def test_a_launcher_sweep_outlives_the_login_session_that_submitted_it(slurm: SlurmCluster, tmp_path):
+    """The submitting ``python train.py -m hydra/launcher=slurm`` killed by SIGHUP (the login
+    session closing) once its jobs are queued: the jobs run to the end and write their run dirs;
+    only the closing lines in that terminal are lost (each job's log has them)."""
+    sweep = tmp_path / "sweep"
+    argv = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug"]
+    command = slurm.command([*argv, "dist.world_size=2", "steps=30", *SMALL[:2], f"hydra.sweep.dir={sweep}"])
+    env = {**child_env(), "SLURM_CONF": str(slurm.conf)}
+    submitter = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not slurm.jobs() and submitter.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert slurm.jobs(), "nothing was queued"
+        submitter.send_signal(signal.SIGHUP)
+        stdout, _ = submitter.communicate(timeout=60)
+    finally:
+        submitter.kill()
+    assert submitter.returncode == -signal.SIGHUP and "run dir:" not in stdout  # the terminal never saw them
+    assert slurm.wait_until_no_jobs(timeout_s=300) == []
+    run = summary(sweep / "0")
+    assert len(run["losses"]) == 30 and run["stopped_by"] is None
+    (log,) = (sweep / ".submitit").glob("*/*_0_log.out")
+    assert f"  run dir: {sweep / '0'}" in log.read_text()  # where the closing lines went
