@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from zero_lab.app.summary import step_key
 from zero_lab.report.runs import Run, percentile
+from zero_lab.report.table import format_ms
 
 __all__ = ["MEASURES", "Band", "Measure", "band", "noise_notes"]
 
@@ -51,7 +52,7 @@ def _ratio_per_step(run: Run) -> list[float]:
 
 
 MEASURES: tuple[Measure, ...] = (
-    Measure("step", lambda run: run.per_step(step_key("step_s", "max")), lambda s: f"{1e3 * s:.3g} ms"),
+    Measure("step", lambda run: run.per_step(step_key("step_s", "max")), format_ms),
     Measure("slowest ÷ mean", _ratio_per_step, lambda r: f"{r:.2f}"),
 )
 
