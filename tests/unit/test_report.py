@@ -307,5 +307,5 @@ def test_the_html_table_wraps_and_scrolls_in_its_own_box(tmp_path):
     assert '<div class="scroll"><table class="sortable" id="runs">' in page
     assert (
         "div.scroll{max-width:100%;overflow-x:auto}" in page
-        and "th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:7em}" in page
+        and "th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:6.5em}" in page
     )

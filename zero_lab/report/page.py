@@ -1,6 +1,6 @@
 """One self-contained HTML page: provenance, a sortable table, the runs that failed, the plots.
 
-The table fits a laptop window: headers wrap (≤ 7em each), run labels wrap (≤ 24em), and
+The table fits a laptop window: headers wrap (≤ 6.5em each), run labels wrap (≤ 20em), and
 whatever is still wider scrolls inside its own box, never the page. Below it: what the
 columns mean and the timing comparisons within noise (:mod:`zero_lab.report.noise`).
 
@@ -26,13 +26,13 @@ from zero_lab.report.table import COLUMNS, Cell
 __all__ = ["html_page", "provenance"]
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em 1.25em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}
 div.scroll{max-width:100%;overflow-x:auto}
-td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+td,th{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.text{min-width:12em;max-width:24em;overflow-wrap:anywhere}
-th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:7em}
+td.text{min-width:10em;max-width:20em;overflow-wrap:anywhere}
+th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:6.5em}
 th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 table.meta th{cursor:default}
 figure{margin:1em 0}figcaption{font-size:13px;color:#555}img{max-width:100%;border:1px solid #eee}
