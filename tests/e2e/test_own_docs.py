@@ -55,9 +55,9 @@ def pages(tmp_path_factory) -> dict[str, tuple[Path, list[str], list[str], subpr
 @pytest.mark.parametrize("page", PAGES)
 def test_the_bring_your_own_page_runs_as_written(page, pages):
     project, commands, quoted, done = pages[page]
-    assert project.is_dir() and len(commands) == 1
+    assert project.is_dir() and len(commands) == {"own-model.md": 2, "own-data.md": 1}[page]
     assert done.returncode == 0, done.stderr[-3000:]
-    (summary_path,) = project.glob("outputs/*/*/summary.json")
+    (summary_path,) = [p for p in project.glob("outputs/*/*/summary.json") if p.parent.name != "transformers"]
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == len(summary["losses"]) and summary["final_loss"] < summary["losses"][0]
     for text in quoted:  # a refusal the page shows: the same command without the key that fixes it
@@ -66,7 +66,7 @@ def test_the_bring_your_own_page_runs_as_written(page, pages):
         refused = run(commands[0].replace(f" {fix.group(1)}", ""), project)
         assert refused.returncode == 2
         assert refused.stderr.strip() == text
-        assert len(list(project.glob("outputs/*/*"))) == 1  # refused before Hydra made a run dir
+        assert len([d for d in project.glob("outputs/*/*") if d.name != "transformers"]) == 1  # no run dir made
 
 
 def test_a_stream_sharded_by_rank_resumes_exactly(pages, tmp_path):
@@ -100,3 +100,18 @@ def test_the_own_model_example_balances_state_over_the_parameters_that_get_gradi
     # model.width=128: inp.weight 32x128 = 4096 elements is the largest used parameter; sorted-greedy
     # puts it alone on one rank, and the other five (out.weight 1024, three of 128, out.bias 8) on the other.
     assert state == [4096 * 8 + 4, (1024 + 3 * 128 + 8) * 8 + 5 * 4]
+
+
+def test_a_transformers_class_named_in_yaml_trains_as_the_page_says(pages):
+    """own-model.md's second command: ``model._target_: transformers.GPT2LMHeadModel`` with a
+    ``config`` node, no wrapper, trained on data=text by the real app (2 Gloo ranks)."""
+    project, commands, _, _ = pages["own-model.md"]
+    run_dir = project / "outputs" / "hf" / "transformers"
+    done = run(f"{commands[1]} hydra.run.dir={run_dir}", project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == len(summary["losses"]) == 5 and summary["final_loss"] < summary["losses"][0]
+    assert "zero_lab: final loss" in done.stdout
+    assert (
+        (project / "conf" / "model" / "gpt2_hf.yaml").read_text().startswith("_target_: transformers.GPT2LMHeadModel")
+    )

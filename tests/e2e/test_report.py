@@ -88,6 +88,7 @@ def test_runs_are_labelled_by_their_overrides_with_measured_numbers(sweep_report
     assert rows["optim=adam"]["÷ ideal 1/W"] == "2.00"  # DDP holds W times the ideal share
     assert rows["optim=zero_adam"]["tensors/rank"] == format_bytes(max(zero["tensor_bytes"]))
     assert float(rows["optim=adam"]["final loss"]) == pytest.approx(adam["final_loss"], rel=1e-5)
+    assert f"- **÷ DDP**: {COLUMNS[TITLES.index('÷ DDP')].help}" in (out / "report.md").read_text()  # the legend
 
 
 def test_a_dtype_sweep_gives_one_row_per_run_and_lists_the_failed_one(dtype_report):
@@ -133,6 +134,11 @@ def test_the_page_renders_sorts_and_links_in_headless_chromium(dtype_report, tmp
         images = browser.evaluate(page, "Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
         assert len(images) == len(PLOTS) and min(images) > 500  # every PNG decoded
         assert browser.evaluate(page, f"{rows_js}.length") == 2
+        metrics = {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+        browser.call("Emulation.setDeviceMetricsOverride", metrics, page)  # a laptop window
+        assert (
+            browser.evaluate(page, "document.documentElement.scrollWidth") <= 1400
+        )  # the table fits or scrolls in its box
         align = "getComputedStyle(document.querySelector('#runs td.text')).textAlign"
         assert browser.evaluate(page, align) == "left"
         provenance = browser.evaluate(page, "document.querySelector('#provenance').innerText")

@@ -19,6 +19,7 @@ from zero_lab.app.protocols import (
     forward_problems,
     loss_of,
     protocol_problems,
+    task_of,
 )
 
 
@@ -127,3 +128,18 @@ def test_the_meta_forward_names_the_output_key_and_unused_parameters():
     with torch.device("meta"):
         own = OwnLoss()
     assert forward_problems(own, NoLoss(), 2, "logits") == []
+
+
+def test_a_transformers_class_takes_its_task_from_transformers_tables():
+    """Causal LMs are "lm", image classifiers "image"; a class in neither is refused with the subclass fix."""
+    import transformers
+
+    assert task_of(transformers.GPT2LMHeadModel) == "lm" and task_of(transformers.LlamaForCausalLM) == "lm"
+    assert task_of(transformers.ViTForImageClassification) == "image"
+    assert task_of(transformers.GPT2Model) is None and task_of(DictNet) == "regression"
+    assert protocol_problems(transformers.GPT2LMHeadModel, type("Lm", (Stream,), {"task": "lm"}), "m", "d") == []
+    (problem,) = protocol_problems(transformers.GPT2Model, type("Lm", (Stream,), {"task": "lm"}), "model=g", "data=d")
+    assert problem.startswith(
+        "model=g: GPT2Model has no `task` attribute; it is in none of transformers' tables of causal LMs or image "
+        "classifiers; subclass it with `task = 'lm'` and name the subclass in _target_"
+    )

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from zero_lab.report import write_report
-from zero_lab.report.plots import plot_time
+from zero_lab.report.noise import noise_notes
+from zero_lab.report.plots import IDEAL_STYLE, MEMORY_TITLE, memory_figure, plot_time
 from zero_lab.report.runs import find_runs, parse_overrides, percentile
 from zero_lab.report.table import COLUMNS, format_bytes, format_ms, table_rows
 
@@ -29,6 +30,7 @@ def make_run(
     steps: int = 4,
     losses: list[float] | None = None,
     summary: bool = True,
+    per_step: dict[str, list[float]] | None = None,
     **fields: Any,
 ) -> Path:
     """A run dir as the app writes it: .hydra/, meta.json, metrics.jsonl, summary.json."""
@@ -50,6 +52,7 @@ def make_run(
             "comm/exchange_bytes/max": 4096.0,
             "train/samples_per_s": 1000.0,
         }
+        | {key: values[s] for key, values in (per_step or {}).items()}
         for s, loss in enumerate(losses)
     ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -225,3 +228,84 @@ def test_the_time_plot_gives_every_run_a_row_of_its_own(tmp_path):
         shapes.append(matplotlib.image.imread(tmp_path / f"time{count}.png").shape)
     (low, width), (high, same_width) = (shape[:2] for shape in shapes)
     assert width == same_width and high > low + 8 * 0.5 * 110  # ≥ half an inch per added run, at the report's dpi
+
+
+def test_the_memory_plots_key_names_the_lines_drawn(tmp_path):
+    """Four ZeRO series and a DDP run: the only dotted line is the black ideal DDP / W, so the
+    title's "black dotted: ideal DDP / W" cannot point at a series (the 4th once was red dotted)."""
+    for job, partitioner in enumerate(("sorted_greedy", "flat", "greedy", "round_robin")):
+        for world in (2, 4):
+            overrides = ["optim=zero_adam", f"partitioner={partitioner}", f"dist.world_size={world}"]
+            make_run(tmp_path / f"{job}-{world}", overrides, world=world, state=[1000.0 / world + job] * world)
+    make_run(
+        tmp_path / "ddp", ["optim=adam", "partitioner=flat", "dist.world_size=2"], optim="adam", state=[1000.0] * 2
+    )
+    figure = memory_figure(find_runs(tmp_path)[0])
+    (ax,) = figure.axes
+    assert ax.get_title() == MEMORY_TITLE and "black dotted: ideal DDP / W" in MEMORY_TITLE
+    drawn = [line for line in ax.lines if line.get_xdata().size]  # legend-only entries have no data
+    dotted = [line for line in drawn if line.get_linestyle() == IDEAL_STYLE["linestyle"]]
+    assert [line.get_label() for line in dotted] == ["ideal: DDP / W (DDP = 1e+03 B)"]
+    assert dotted[0].get_color() == "black"
+    series = [line for line in drawn if line not in dotted]
+    assert len(series) == 5 and all(line.get_color() not in ("black", "C7") for line in series)
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend[-1] == "ideal: DDP / W (DDP = 1e+03 B)" and len(legend) == 6
+
+
+def test_report_md_says_what_every_column_means(tmp_path):
+    make_run(tmp_path / "sweep" / "0", ["seed=0"])
+    make_run(tmp_path / "sweep" / "1", ["seed=1"])
+    write_report(tmp_path / "sweep", tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    legend = text.split("### What the columns mean\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert legend == [f"- **{column.title}**: {column.help}" for column in COLUMNS]
+    assert "- **÷ ideal 1/W**: state max / (DDP's state / W); 1.00 is a perfect split" in legend
+
+
+def _ratio_steps(ratios: list[float]) -> dict[str, list[float]]:
+    """Per-step local optimizer step records whose slowest ÷ mean is ``ratios``."""
+    return {"time/optim_step_s/max": [0.01 * r for r in ratios], "time/optim_step_s/mean": [0.01] * len(ratios)}
+
+
+def test_a_comparison_within_step_to_step_noise_is_called_so(tmp_path):
+    """Muon's cost models on a loaded machine: medians 1.20 vs 1.25, but the steps scatter over
+    both; a third run whose steps never reach them is not part of the note."""
+    steps = 6  # the first is left out: five timed steps each
+    flat = [1.0, 1.0, 1.0, 1.01, 1.01, 1.02]
+    make_run(
+        tmp_path / "numel",
+        ["partitioner.cost=numel"],
+        steps=steps,
+        per_step=_ratio_steps([9, 1.1, 1.2, 1.5, 1.15, 1.3]),
+    )
+    make_run(
+        tmp_path / "ns",
+        ["partitioner.cost=newton_schulz"],
+        steps=steps,
+        per_step=_ratio_steps([9, 1.0, 1.25, 1.4, 1.2, 1.3]),
+    )
+    make_run(tmp_path / "flat", ["partitioner.cost=flat"], steps=steps, per_step=_ratio_steps([9, *flat[1:]]))
+    notes = [note for note in noise_notes(find_runs(tmp_path)[0]) if note.startswith("slowest ÷ mean")]
+    assert notes == [
+        "slowest ÷ mean at W=2 is within noise for 2 runs, whose step-to-step ranges overlap: "
+        "partitioner.cost=numel: 1.20 (p10–p90 1.12–1.42); "
+        "partitioner.cost=newton_schulz: 1.25 (p10–p90 1.08–1.36). "
+        "Their order here is not a result; more steps or a quieter machine separate them."
+    ]
+    write_report(tmp_path, tmp_path / "out")
+    assert f"- {notes[0]}" in (tmp_path / "out" / "report.md").read_text()
+    assert '<h2>Within noise</h2><ul id="noise">' in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_the_html_table_wraps_and_scrolls_in_its_own_box(tmp_path):
+    """17 columns do not fit 1400 px unwrapped: headers and labels wrap, the rest scrolls inside
+    the table's box (the page itself never gets wider; the browser test measures it)."""
+    make_run(tmp_path / "sweep" / "0", ["seed=0"])
+    write_report(tmp_path / "sweep", tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert '<div class="scroll"><table class="sortable" id="runs">' in page
+    assert (
+        "div.scroll{max-width:100%;overflow-x:auto}" in page
+        and "th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:6.5em}" in page
+    )

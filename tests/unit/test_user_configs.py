@@ -8,11 +8,14 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from hydra.main import get_args_parser
+from hydra.utils import instantiate
 
 from tests.unit.configs import problems
 from zero_lab.app.entry import user_config_dirs
 from zero_lab.app.preflight import compose_job, preflight
+from zero_lab.app.protocols import call_model, loss_of
 from zero_lab.app.schema import register_configs
 
 register_configs()
@@ -107,3 +110,44 @@ def test_a_foreign_target_on_the_command_line_points_to_a_yaml_of_its_own():
     assert "model.in_dim, model.hidden" in message
     assert "not arguments of torch.nn.Linear" in message
     assert "give it its own YAML (--config-dir DIR with DIR/model/<name>.yaml" in message
+
+
+HF_MODEL = """\
+_target_: transformers.GPT2LMHeadModel
+config:
+  _target_: transformers.GPT2Config
+  vocab_size: 256
+  n_positions: 16
+  n_embd: 32
+  n_layer: 1
+  n_head: 2
+  bos_token_id: null
+  eos_token_id: null
+"""
+
+
+def test_a_transformers_class_named_in_yaml_with_its_config_trains_a_step(tmp_path):
+    """``model._target_: transformers.GPT2LMHeadModel`` with a ``config`` node: checked before start
+    like ours (task "lm" from transformers' tables, a config key overridden from the command
+    line), then built as the ranks build it and stepped once on data=text: logits read from ``.logits``."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "gpt2_hf.yaml").write_text(HF_MODEL)
+    (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 40)
+    register_configs(extra_dirs=[tmp_path / "conf"])
+    overrides = ["model=gpt2_hf", "model.config.n_layer=2", "data=text", f"data.path={tmp_path / 'text.txt'}"]
+    cfg, _ = preflight([*overrides, "data.seq_len=16"], user_dir=tmp_path / "conf")  # the whole pre-start check
+    torch.manual_seed(0)
+    model, data = instantiate(cfg.model), instantiate(cfg.data)
+    assert type(model).__name__ == "GPT2LMHeadModel" and model.config.n_layer == 2
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    inputs, targets = data.shard(0, 0, 1)
+    losses = []
+    for _ in range(2):
+        loss = loss_of(call_model(model, inputs), targets, data, str(cfg.output_key))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert cfg.output_key == "logits" and losses[1] < losses[0]
+    message = problems("model=gpt2_hf", "data=regression", user_dir=tmp_path / "conf")
+    assert "model=gpt2_hf is a 'lm' model and needs data for that task, but this data's task is 'regression'" in message

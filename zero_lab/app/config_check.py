@@ -40,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zero_lab.app.cli import check_external_world, fail, share_run_dir
 from zero_lab.app.hydra_errors import describe_hydra_error
 from zero_lab.app.objective import check_directions
+from zero_lab.app.torch_extras import model_extras_problem
 from zero_lab.app.validate import ConfigError, check
 from zero_lab.runtime import external
 
@@ -96,6 +97,8 @@ def job_config(config: DictConfig) -> DictConfig:
 def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> None:
     """Check one job (``cfg``; ``hydra``: its hydra node) and record it; raises ConfigError naming ``job``."""
     try:
+        if extras := model_extras_problem(str(cfg.model.get("_target_"))):  # torchvision: one line, not N
+            raise ConfigError([extras])
         check(cfg, OmegaConf.to_container(hydra.runtime.choices))  # type: ignore[arg-type]
         directions = hydra.sweeper.get("direction")  # Optuna's; other sweepers have none
         if directions is not None and (problems := check_directions(cfg.objective, directions)):

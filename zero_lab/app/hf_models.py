@@ -22,6 +22,8 @@ from typing import Any
 
 from torch import nn
 
+from zero_lab.app.torch_extras import explain_import_error
+
 __all__ = ["GPT2", "Llama"]
 
 #: What both models set alike: no special tokens, the LM head tied to the token embedding.
@@ -31,9 +33,16 @@ _TIED_LM = {"bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": T
 def _tied_lm(model_class: str, config_class: str, **config: Any) -> nn.Module:
     """``transformers.<model_class>`` built from ``transformers.<config_class>(**config)`` with
     the head tied (:data:`_TIED_LM`); transformers is imported here, on the first build."""
-    import transformers
+    try:
+        import transformers
 
-    return getattr(transformers, model_class)(getattr(transformers, config_class)(**config, **_TIED_LM))
+        model_type, config_type = getattr(transformers, model_class), getattr(transformers, config_class)
+    except Exception as error:  # a broken torchvision breaks every transformers model: say so
+        explained = explain_import_error(error, f"transformers.{model_class}")
+        if explained is None:
+            raise
+        raise explained from error
+    return model_type(config_type(**config, **_TIED_LM))
 
 
 class GPT2(nn.Module):

@@ -3,8 +3,14 @@
 **A model** is a ``torch.nn.Module`` built from ``model._target_`` (its constructor's arguments
 are the ``model.`` keys), with
 
-* ``task: str`` — a class attribute naming the kind of batches it trains on (``"regression"``,
-  ``"lm"``, ``"image"``, or any name of yours); its data must declare the same ``task``;
+* ``task: str`` — a class attribute naming the kind of batches it trains on; its data must
+  declare the same ``task``. The shipped data options declare ``"regression"``
+  (``data=synthetic``: float rows, MSE), ``"lm"`` (``data=tokens``, ``data=text``: token ids,
+  next-token cross-entropy) and ``"image"`` (``data=images``: ``(N, C, H, W)`` floats, class
+  labels, cross-entropy); any other name pairs a model with data of yours. A ``transformers``
+  class has no ``task``: :func:`task_of` takes it from ``transformers``' own task tables
+  (:data:`TRANSFORMERS_TASKS`: a causal LM is ``"lm"``, an image classifier ``"image"``), so
+  ``model._target_: transformers.GPT2LMHeadModel`` with a ``config`` node trains as it is;
 * ``forward(inputs)`` — or ``forward(**inputs)`` when the data's inputs are a mapping of
   tensors (``{"input_ids": ..., "labels": ...}``) — returning either
   - a tensor: the output the data's ``loss`` reads, or
@@ -58,6 +64,7 @@ __all__ = [
     "loss_of",
     "protocol_problems",
     "select_output",
+    "task_of",
     "to_device",
 ]
 
@@ -69,6 +76,30 @@ DOC = "zero_lab/app/protocols.py"
 
 class ProtocolError(TypeError):
     """A model or data source that does not follow the protocol; the message says what to add."""
+
+
+#: ``transformers``' auto-class tables (``modeling_auto.<table>``) whose classes get a ``task``:
+#: the tables of heads whose ``logits`` the shipped data's losses read as they are.
+TRANSFORMERS_TASKS: dict[str, str] = {
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": "lm",  # logits (N, T, vocab): next-token cross-entropy
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image",  # logits (N, classes) from pixel_values
+}
+
+
+def task_of(model_cls: Any) -> str | None:
+    """The model class's ``task``: its attribute, else (a ``transformers`` class) the task of the
+    auto-class table that lists it (:data:`TRANSFORMERS_TASKS`); ``None`` when neither says."""
+    task = getattr(model_cls, "task", None)
+    if task is not None or not str(getattr(model_cls, "__module__", "")).startswith("transformers."):
+        return task
+    from transformers.models.auto import modeling_auto  # already imported with the class
+
+    name = model_cls.__name__
+    for table, table_task in TRANSFORMERS_TASKS.items():
+        for value in getattr(modeling_auto, table, {}).values():
+            if name == value or (isinstance(value, tuple) and name in value):
+                return table_task
+    return None
 
 
 @runtime_checkable
@@ -171,16 +202,22 @@ def protocol_problems(
     """What the classes lack: ``task`` on either side (or a mismatch), and a data method to read
     batches. ``fitting``: the data options a mismatch can pick instead (``data=tokens``)."""
     out = []
-    model_task, data_task = getattr(model_cls, "task", None), getattr(data_cls, "task", None)
+    model_task, data_task = task_of(model_cls), getattr(data_cls, "task", None)
     for name, cls, task, other in (
         (model_name, model_cls, model_task, data_task),
         (data_name, data_cls, data_task, model_task),
     ):
         if not isinstance(task, str):
             example = other if isinstance(other, str) else "regression"
+            how = f"add the class attribute `task = {example!r}`"
+            if str(getattr(cls, "__module__", "")).startswith("transformers."):  # cannot be edited: subclassed
+                how = (
+                    f"it is in none of transformers' tables of causal LMs or image classifiers; subclass it "
+                    f"with `task = {example!r}` and name the subclass in _target_"
+                )
             out.append(
-                f"{name}: {getattr(cls, '__qualname__', cls)} has no `task` attribute; add the class attribute "
-                f"`task = {example!r}` (the same on the model and its data; {DOC})"
+                f"{name}: {getattr(cls, '__qualname__', cls)} has no `task` attribute; {how} (the same on the model "
+                f"and its data; {DOC})"
             )
     if not out and model_task != data_task:
         out.append(

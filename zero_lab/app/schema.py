@@ -29,13 +29,15 @@ enum made from that constant (:func:`_choices`), so its choices too are stated o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
+import logging
 import math
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,11 +308,24 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
                     assert isinstance(node, DictConfig)
                     if node.get("_target_") is None:  # e.g. scheduler=none: nothing to build
                         continue
-                    schema = option_schema(group, name, node)
+                    with _hydra_lookup_quiet():  # the pre-start check says it once, with its cause
+                        schema = option_schema(group, name, node)
                 except Exception:  # no _target_, or one that cannot be imported: validate.py names it
                     continue
                 store.store(group=f"schema/{group}", name=name, node=schema)
                 store.store(group=f"derived/{group}", name=name, node=schema)
+
+
+@contextlib.contextmanager
+def _hydra_lookup_quiet() -> Iterator[None]:
+    """Hydra's ``get_object`` logs "Error getting object at …" before it raises; a YAML whose
+    ``_target_`` cannot be imported is reported by the pre-start check instead."""
+    logger = logging.getLogger("hydra.utils")
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

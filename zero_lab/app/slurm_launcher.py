@@ -26,7 +26,10 @@ from the checkpoint by itself (:func:`zero_lab.app.requeue.continue_requeued_run
 requeued at most ``max_num_timeout`` times for its time limit (pre-emptions do not count).
 
 When the jobs end, the submitting terminal shows each job's closing lines, read from task
-0's log, or, for a job that failed, its error and where its log is.
+0's log, or, for a job that failed, its error and where its log is. A submission that fails
+(``sbatch`` missing, or refusing: an unknown partition, a limit) is one line with sbatch's own
+reason (:func:`submission_failure`), the jobs already submitted named with how to cancel them;
+the command exits 1.
 
 Hydra loads launchers only from classes defined in the ``hydra_plugins`` package:
 ``hydra_plugins/zero_lab_slurm`` defines ``ZeroLabSlurmLauncher``, an empty subclass of
@@ -35,6 +38,8 @@ Hydra loads launchers only from classes defined in the ``hydra_plugins`` package
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import sys
 from collections.abc import Sequence
@@ -57,7 +62,15 @@ from zero_lab.app.validate import ConfigError
 from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
 
-__all__ = ["JOB_BASE_GIB", "RANK_BASE_GIB", "SlurmJobsLauncher", "closing_block", "job_resources"]
+__all__ = [
+    "JOB_BASE_GIB",
+    "RANK_BASE_GIB",
+    "SlurmJobsLauncher",
+    "closing_block",
+    "job_resources",
+    "sbatch_reason",
+    "submission_failure",
+]
 
 #: Resident memory of one rank before its model: interpreter, torch, Gloo (a default-job rank peaks at 0.35 GiB).
 RANK_BASE_GIB = 0.5
@@ -127,6 +140,7 @@ class SlurmJobsLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import submitit
+        from submitit.core.utils import FailedJobError
 
         assert self.config is not None and self.hydra_context is not None
         params = dict(self.params)
@@ -151,7 +165,13 @@ class SlurmJobsLauncher(SlurmLauncher):
         for key, offsets in groups.items():
             merged = {**params, **dict(key)}
             executor.update_parameters(**{k if k in shared else f"slurm_{k}": v for k, v in merged.items()})
-            for offset, job in zip(offsets, executor.map_array(self, *zip(*(arguments[o] for o in offsets)))):
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr, then raises
+                    submitted = executor.map_array(self, *zip(*(arguments[o] for o in offsets)))
+            except (OSError, FailedJobError) as error:
+                done = [job for job in jobs if job is not None]
+                fail(submission_failure(error, [initial_job_idx + o for o in offsets], done), code=1)
+            for offset, job in zip(offsets, submitted):
                 jobs[offset] = job
         return self._collect(jobs, initial_job_idx)
 
@@ -194,6 +214,38 @@ class SlurmJobsLauncher(SlurmLauncher):
         if failed is not None:
             raise failed
         return returns
+
+
+def sbatch_reason(stderr: str) -> str:
+    """sbatch's own reason in one line: its ``fatal:`` line, else its last two ``error:`` lines
+    (``sbatch: error: invalid partition specified: gpu; Batch job submission failed: …``)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    fatal = [line for line in lines if "fatal:" in line]
+    errors = list(dict.fromkeys(line for line in lines if "error:" in line))  # in order, once each
+    if fatal:
+        return fatal[-1]
+    if errors:
+        return "; ".join([errors[-2], errors[-1].split("error:", 1)[1].strip()] if len(errors) > 1 else errors)
+    return lines[-1] if lines else "no reason given"
+
+
+def submission_failure(error: BaseException, indices: Sequence[int], submitted: Sequence[Any]) -> str:
+    """The one line for a failed submission of the jobs ``indices``: sbatch's reason (or that
+    sbatch is missing) and the jobs already ``submitted`` (they run on; scancel stops them)."""
+    numbers = ", ".join(f"#{i}" for i in indices)
+    if isinstance(error, FileNotFoundError):
+        why = "sbatch not found: hydra/launcher=slurm submits with Slurm's sbatch; run on a Slurm login node"
+    elif isinstance(error, OSError):
+        why = f"sbatch could not be run ({error})"
+    else:
+        why = f"sbatch refused it: {sbatch_reason(str(error))}"
+    line = f"job(s) {numbers} not submitted: {why}"
+    if submitted:
+        ids = sorted({str(job.job_id).split("_")[0] for job in submitted})
+        line += (
+            f"; already submitted and still queued or running: Slurm job(s) {', '.join(ids)} (scancel {' '.join(ids)})"
+        )
+    return line
 
 
 def _describe(resources: dict[str, Any]) -> str:

@@ -52,7 +52,7 @@ from zero_lab.app.grad_checks import check_grad_reduce
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
-from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems
+from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.app.run_checkpoints import find_any, step_of_any
 from zero_lab.app.scheduler_check import resumed_scheduler_problems, scheduler_problems
 from zero_lab.app.schema import (
@@ -355,7 +355,7 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPl
     """The model/data protocol (:mod:`zero_lab.app.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
     model_cls, data_cls = get_object(cfg.model._target_), get_object(cfg.data._target_)
-    task = getattr(model_cls, "task", None)
+    task = task_of(model_cls)  # a transformers class's from its task tables
     fitting = []
     if getattr(data_cls, "task", None) != task:  # the shipped data options for this model's task
         fitting = [f"data={name}" for name in _options_where("data", lambda node: _target(node).task == task)]

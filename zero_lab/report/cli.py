@@ -2,7 +2,9 @@
 
 ``write_report(root, out)`` writes into ``out``:
 
-* ``report.md``   — provenance, the table (run names link to the run dirs), failed runs;
+* ``report.md``   — provenance, the table (run names link to the run dirs), what its
+  columns mean, the timing comparisons within noise (:mod:`zero_lab.report.noise`),
+  failed runs;
 * ``memory.png``, ``time.png``, ``loss.png`` — see :mod:`zero_lab.report.plots`;
 * ``report.html`` — all of it on one offline page with a sortable table.
 
@@ -16,15 +18,17 @@ import argparse
 import os
 from pathlib import Path
 
+from zero_lab.report.noise import noise_notes
 from zero_lab.report.page import html_page, provenance
 from zero_lab.report.plots import PLOTS
 from zero_lab.report.runs import Failed, Repeat, Run, find_repeats, find_runs
-from zero_lab.report.table import markdown, table_rows
+from zero_lab.report.table import legend_lines, markdown, table_rows
 
 __all__ = ["CAPTIONS", "main", "write_report"]
 
 CAPTIONS = {
-    "memory.png": "Optimizer state per rank vs world size; the dotted curve is the ideal DDP state / W.",
+    "memory.png": "Optimizer state per rank vs world size: a coloured line per series through its fullest rank; "
+    "the black dotted curve is the ideal DDP state / W.",
     "time.png": "Median step time per run, split into compute and parameter exchange; whiskers p10–p90.",
     "loss.png": "Loss per step of every run; coinciding curves are drawn in different styles.",
 }
@@ -37,6 +41,10 @@ def _markdown_report(runs: list[Run], failed: list[Failed], root: Path, out: Pat
     lines = [f"# zero_lab report: {root}", ""]
     lines += [f"- {what}: {value.replace(chr(10), '; ')}" for what, value in provenance(runs, failed, root)]
     lines += ["", markdown(table_rows(runs), relative)]
+    lines += ["### What the columns mean", "", *legend_lines(), ""]
+    notes = noise_notes(runs)
+    if notes:
+        lines += ["### Within noise", "", *(f"- {note}" for note in notes), ""]
     if repeats := find_repeats(root, runs):
         lines += [f"## Repeats ({len(repeats)}): merged into the run they repeat, not run again", ""]
         lines += [f"- [{r.path.name}]({relative(r.path)}): {repeat_note(r)}" for r in repeats]

@@ -1,5 +1,9 @@
 """One self-contained HTML page: provenance, a sortable table, the runs that failed, the plots.
 
+The table fits a laptop window: headers wrap (≤ 6.5em each), run labels wrap (≤ 20em), and
+whatever is still wider scrolls inside its own box, never the page. Below it: what the
+columns mean and the timing comparisons within noise (:mod:`zero_lab.report.noise`).
+
 Offline by construction: the CSS and the sorting script are inline, the PNGs are embedded
 as base64 ``data:`` URIs, and the only links are relative paths to the run dirs. Sorting:
 a click on a column header sorts by the cells' ``data-sort`` values (numbers numerically,
@@ -16,17 +20,20 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from zero_lab.report.noise import noise_notes
 from zero_lab.report.runs import Failed, Run, run_date
 from zero_lab.report.table import COLUMNS, Cell
 
 __all__ = ["html_page", "provenance"]
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em 1.25em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0 1.5em}
-td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+div.scroll{max-width:100%;overflow-x:auto}
+td,th{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-th{background:#f1f1f1;cursor:pointer;user-select:none;white-space:nowrap}
+td.text{min-width:10em;max-width:20em;overflow-wrap:anywhere}
+th{background:#f1f1f1;cursor:pointer;user-select:none;min-width:3em;max-width:6.5em}
 th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 table.meta th{cursor:default}
 figure{margin:1em 0}figcaption{font-size:13px;color:#555}img{max-width:100%;border:1px solid #eee}
@@ -65,7 +72,8 @@ def _cell(cell: Cell, out: Path) -> str:
 def _table(rows: list[list[Cell]], out: Path) -> str:
     head = "".join(f'<th title="{html.escape(c.help, quote=True)}">{html.escape(c.title)}</th>' for c in COLUMNS)
     body = "".join("<tr>" + "".join(_cell(cell, out) for cell in row) + "</tr>" for row in rows)
-    return f'<table class="sortable" id="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    table = f'<table class="sortable" id="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll">{table}</div>'  # headers and labels wrap; the rest scrolls inside the box
 
 
 def _git(meta: dict) -> str:
@@ -118,6 +126,14 @@ def _repeats(repeats: Sequence[tuple[Path, str]], out: Path) -> str:
     return f"<h2>{title}</h2><ul id='repeats'>{items}</ul>"
 
 
+def _noise(runs: list[Run]) -> str:
+    notes = noise_notes(runs)
+    if not notes:
+        return ""
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    return f'<h2>Within noise</h2><ul id="noise">{items}</ul>'
+
+
 def html_page(
     runs: list[Run],
     failed: list[Failed],
@@ -146,7 +162,7 @@ def html_page(
         f"<title>zero_lab report: {html.escape(root.name)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>zero_lab report</h1><table class='meta' id='provenance'>{meta}</table>"
         f"<h2>Runs (click a column to sort)</h2>{_table(rows, out)}"
-        f"<details><summary>What the columns mean</summary><ul>{legend}</ul></details>"
+        f"<details><summary>What the columns mean</summary><ul>{legend}</ul></details>{_noise(runs)}"
         f"{_repeats(repeats, out)}{_failed(failed, out)}"
         f"<h2>Plots</h2>{images}<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -1,9 +1,10 @@
 """The report's three PNGs, each readable on its own (title, axes with units, legend).
 
-* :func:`plot_memory` — optimizer state per rank vs world size: one line per series (the
-  runs' labels without the world size) through the fullest rank, every rank as a marked
+* :func:`plot_memory` — optimizer state per rank vs world size: one coloured line per series
+  (the runs' labels without the world size) through the fullest rank, every rank as a marked
   point (nudged sideways per series so equal values stay visible), and the ideal
-  ``DDP state / W`` curve for each DDP baseline.
+  ``DDP state / W`` curve for each DDP baseline, black and dotted: no series line is ever
+  black or dotted, so the title's key (:data:`MEMORY_TITLE`) names each line drawn.
 * :func:`plot_time` — one stacked horizontal bar per run: median compute (step − exchange)
   and median parameter exchange, whiskers from the 10th to the 90th percentile of each.
 * :func:`plot_loss` — every run's loss per (integer) step; runs whose curves coincide are
@@ -27,10 +28,18 @@ from zero_lab.app.summary import step_key
 from zero_lab.report.runs import WORLD_KEY, Run, percentile
 from zero_lab.report.table import byte_unit, ddp_baseline
 
-__all__ = ["PLOTS", "plot_loss", "plot_memory", "plot_time"]
+__all__ = ["IDEAL_STYLE", "MEMORY_TITLE", "PLOTS", "memory_figure", "plot_loss", "plot_memory", "plot_time"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 _STYLES = ("-", "--", "-.", ":")
+#: The memory plot's series lines: never dotted, so only the ideal curve is.
+_SERIES_STYLES = ("-", "--", "-.")
+#: The ideal ``DDP / W`` curve: the memory plot's only black line and only dotted one.
+IDEAL_STYLE = {"color": "black", "linestyle": ":"}
+MEMORY_TITLE = (
+    "Optimizer state per rank vs world size\n"
+    "(a marker per rank; coloured line: fullest rank of a series; black dotted: ideal DDP / W)"
+)
 _DPI = 110
 
 
@@ -48,6 +57,11 @@ def _save(fig: plt.Figure, path: Path) -> None:
 
 
 def plot_memory(runs: list[Run], path: Path) -> None:
+    _save(memory_figure(runs), path)
+
+
+def memory_figure(runs: list[Run]) -> plt.Figure:
+    """The memory plot, drawn (:func:`plot_memory` saves it)."""
     states = [run.per_rank("optim_state_bytes") or [0.0] for run in runs]
     div, unit = byte_unit(max(max(s) for s in states))
     worlds = sorted({run.world_size for run in runs})
@@ -62,8 +76,9 @@ def plot_memory(runs: list[Run], path: Path) -> None:
         line = ax.plot(
             [r.world_size + offset for r in group],
             maxima,
-            linestyle=_STYLES[index % len(_STYLES)],
+            linestyle=_SERIES_STYLES[index % len(_SERIES_STYLES)],
             linewidth=1.8,
+            color=_series_color(index),
         )[0]
         style = {"color": line.get_color(), "linestyle": line.get_linestyle(), "markeredgecolor": "black"}
         ax.plot([], [], marker=marker, markersize=8, label=name, **style)  # the legend's entry: line + marker
@@ -84,14 +99,20 @@ def plot_memory(runs: list[Run], path: Path) -> None:
     _ideal_lines(ax, runs, worlds, div, unit)
     ax.set_xlabel("world size W (ranks)")
     ax.set_ylabel(f"optimizer state per rank ({unit})")
-    ax.set_title("Optimizer state per rank vs world size\n(a marker per rank; line: fullest rank; dotted: DDP / W)")
+    ax.set_title(MEMORY_TITLE)
     ax.set_xticks(worlds)
     if len(worlds) == 1:
         ax.set_xlim(worlds[0] - 0.5, worlds[0] + 0.5)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _save(fig, path)
+    return fig
+
+
+def _series_color(index: int) -> str:
+    """The default colour cycle without its grey (C7): black and grey stay the ideal's."""
+    colors = [f"C{k}" for k in range(10) if k != 7]
+    return colors[index % len(colors)]
 
 
 def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float, unit: str) -> None:
@@ -102,8 +123,7 @@ def _ideal_lines(ax: plt.Axes, runs: list[Run], worlds: list[int], div: float, u
         ax.plot(
             worlds,
             [value / div / w for w in worlds],
-            color="black",
-            linestyle=":",
+            **IDEAL_STYLE,
             marker="_",
             markersize=14,
             linewidth=1.3,

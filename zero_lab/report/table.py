@@ -35,6 +35,7 @@ __all__ = [
     "ddp_baseline",
     "format_bytes",
     "format_ms",
+    "legend_lines",
     "markdown",
     "table_rows",
 ]
@@ -254,6 +255,11 @@ COLUMNS: tuple[Column, ...] = (
         "held-out loss at the last validation (eval_every=N)",
     ),
 )
+
+
+def legend_lines() -> list[str]:
+    """What each column means, one ``**title**: help`` line each (report.md's legend)."""
+    return [f"- **{column.title}**: {column.help}" for column in COLUMNS]
 
 
 def table_rows(runs: list[Run]) -> list[list[Cell]]:
