@@ -37,6 +37,8 @@ def test_a_later_job_repeats_a_finished_earlier_one_only(tmp_path: Path):
     assert found == Original(first, ["optim=adam", "partitioner=flat"])
     assert claim(tmp_path, key, first, []) is None  # a requeued job 0 finds its own claim and runs
     assert claim(tmp_path, job_key(CONFIG, ()), second, []) is None  # another digest: its own claim
+    # the claims are files: the sweep dir's folders stay its jobs (scripts and tests list them by is_dir)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
 
 
 def test_a_repeat_is_recorded_and_read_back(tmp_path: Path):

@@ -4,8 +4,9 @@ A plain optimizer ignores ``partitioner`` and ``bucket_view`` (every rank keeps 
 so in ``-m optim=adam,zero_adam partitioner=sorted_greedy,flat`` the ``optim=adam`` jobs that
 differ only in the partitioner train the same thing. Each job of a sweep (Hydra's multirun)
 names its config, as composed and without the keys its optimizer does not use, by a digest
-(:func:`job_key`) and claims that digest in the sweep dir (``<sweep dir>/.zero_lab/jobs/<digest>.json``,
-created exclusively, so jobs launched in parallel agree on who was first).
+(:func:`job_key`) and claims that digest in the sweep dir (``<sweep dir>/.zero_lab_job_<digest>.json``,
+created exclusively, so jobs launched in parallel agree on who was first). The claims are files
+beside Hydra's ``multirun.yaml``, not a folder: the sweep dir's folders are its jobs.
 
 A later job whose digest an earlier job claimed, and whose earlier job finished
 (its ``summary.json`` covers every step), is a *repeat*: it trains nothing, writes :data:`REPEAT_FILE`
@@ -33,8 +34,8 @@ __all__ = ["REPEAT_FILE", "Original", "claim", "job_key", "read_repeat", "write_
 
 #: What a repeat job leaves in its run dir instead of a summary.
 REPEAT_FILE = "repeat_of.json"
-#: Where a sweep's jobs claim their digests, below the sweep dir.
-CLAIMS = Path(".zero_lab") / "jobs"
+#: The name of a job's claim of its digest, in the sweep dir (a file: the sweep dir's folders are its jobs).
+CLAIM_NAME = ".zero_lab_job_{key}.json"
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ def job_key(config: dict[str, Any], unused: tuple[str, ...]) -> str:
 def claim(sweep_dir: Path, key: str, run_dir: Path, overrides: list[str]) -> Original | None:
     """Claim ``key`` for this job; the earlier job that holds it when this one repeats it, else
     ``None`` (this job claimed it, holds it already, or the holder has not finished)."""
-    path = sweep_dir / CLAIMS / f"{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = sweep_dir / CLAIM_NAME.format(key=key)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
     mine = {"run_dir": str(run_dir), "overrides": overrides}
     try:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w", encoding="utf-8") as f:
