@@ -7,14 +7,14 @@
   checksum bit-identical to the single-node run of the same world size; a mismatched
   ``dist.world_size`` under srun is refused once, with the fix;
 - a job reaching its time limit: SIGUSR2 before it, checkpoint, requeue, resume by itself,
-  and the final loss of an uninterrupted run (its first attempt held slow until the test sees
-  the requeue, so the signal finds it training however fast the machine is).
+  and the final loss of an uninterrupted run.
 
 Runs that do not depend on each other are made together (:func:`tests.e2e.runs.together`).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import subprocess
 import sys
@@ -25,22 +25,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
-from tests.slurm.cluster import SlurmCluster
-from tests.slurm.gated_data import GATE, GatedRegression
+from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
 
 SMALL = ("logger=none", "progress=false", "steps=4")
 
 
-def train(
-    slurm: SlurmCluster,
-    *args: str,
-    launcher: tuple[str, ...] = (),
-    timeout: float = 240,
-    env: dict[str, str] | None = None,
-):
-    """``[launcher] python train.py *args`` on the login node, from the repo root (``env``: the
-    environment, the tests' own by default)."""
-    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=env or child_env(), timeout=timeout)
+def train(slurm: SlurmCluster, *args: str, launcher: tuple[str, ...] = (), timeout: float = 240):
+    """``[launcher] python train.py *args`` on the login node, from the repo root."""
+    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=child_env(), timeout=timeout)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -187,75 +179,46 @@ def test_srun_ranks_stop_together_on_sigusr2_checkpoint_and_exit_non_zero(two_no
     assert result.stderr.count("zero_lab: stopped by") == 1  # said once, by rank 0
 
 
-#: The time-limit test's run. In the limited job its data is held (tests/slurm/gated_data.py: 0.5 s a
-#: step) until the test sees the job requeued, so the first attempt lasts at least 400 x 0.5 s = 200 s:
-#: it is always still training when the signal comes; the reference and the requeued attempt run at
-#: full speed.
-STEPS = 400
-HELD = f"data._target_={GatedRegression.__module__}.{GatedRegression.__qualname__}"
-LONG = ("logger=none", "progress=false", f"steps={STEPS}", "log_every=1", HELD)
-#: The limited job's signal lead: slurmctld tests time limits every LIMIT_CHECK_S and sends SIGUSR2 at the
-#: first test at which the job's end is less than SIGNAL_DELAY_S + LIMIT_CHECK_S away.
-SIGNAL_DELAY_S = 90
+#: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
+LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500")
+#: Seconds the submitting command may take to get the job queued (interpreter, config check, sbatch).
+SUBMIT_SLACK_S = 15
+#: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
+SIGNAL_AFTER_S = 15
+#: The signal's lead before the 60 s limit: slurmctld tests time limits every 30 s and signals a job at
+#: the first test at which its end is less than signal_delay_s + 30 s away, so the job that starts at
+#: `test - SIGNAL_AFTER_S` is signalled at that test (3 s of slack for a late start).
+SIGNAL_DELAY_S = LIMIT_CHECK_S - SIGNAL_AFTER_S + 3
 
 
-def _job_line(slurm: SlurmCluster) -> str | None:
-    """``scontrol show job -o`` of the one job in the cluster, or ``None``."""
-    lines = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout.splitlines()
-    return next((line for line in lines if line.startswith("JobId=")), None)
+def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
+    """When the job should start: SIGNAL_AFTER_S before a time-limit test that is at least
+    SUBMIT_SLACK_S + SIGNAL_AFTER_S from now (so the submitting command has time to queue it)."""
+    ahead = slurm.next_time_limit_check()
+    while ahead < SUBMIT_SLACK_S + SIGNAL_AFTER_S:
+        ahead += LIMIT_CHECK_S
+    return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
 
 
-def _field(line: str, key: str) -> str:
-    return next(word.split("=", 1)[1] for word in line.split() if word.startswith(f"{key}="))
-
-
-def _seconds(run_time: str) -> int:
-    """``[days-]HH:MM:SS`` in seconds."""
-    days, _, clock = run_time.rpartition("-")
-    hours, minutes, seconds = (int(x) for x in clock.split(":"))
-    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-
-
-def _time_limit_after_events(slurm: SlurmCluster, run_dir: Path, gate: Path, timeout_s: float = 400) -> str:
-    """Drive the job's time limit by what it has done, not by how fast it does it:
-
-    1. once its first attempt has trained a step (a line in ``metrics.jsonl``), bring its limit
-       to the whole minute that leaves between SIGNAL_DELAY_S + 10 and + 70 s: the next
-       time-limit test, or the one after, signals it (while its held data keeps it training),
-       and it has at least SIGNAL_DELAY_S - 20 s to checkpoint and requeue before the limit;
-    2. once it has been requeued, give it 10 minutes (each attempt of a short job would be cut
-       short, however little it has left) and open its data's ``gate``: it runs at full speed.
-
-    Returns what happened, for the test's message."""
-    deadline = time.monotonic() + timeout_s
-    metrics, limited, seen = run_dir / "metrics.jsonl", False, False
+def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
+    """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
+    (each attempt of a 1-minute job would be, however little it has left)."""
+    deadline, seen = time.monotonic() + timeout_s, False
     while time.monotonic() < deadline:
-        line = _job_line(slurm)
-        if line is None:
-            if seen:  # it ended without a requeue: the test says why
-                return "the job ended" + (" after its limit was brought near" if limited else " before a step")
-            time.sleep(0.5)  # not queued yet: the submitting command is still starting
-            continue
-        seen = True
-        job = _field(line, "JobId")
-        if "Restarts=1" in line:
-            slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
-            gate.touch()
-            return "requeued"
-        if not limited and metrics.is_file() and metrics.read_text().strip():
-            minutes = -(-(_seconds(_field(line, "RunTime")) + SIGNAL_DELAY_S + 10) // 60)
-            slurm.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], timeout=30)
-            limited = True
+        out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
+        for line in out.splitlines():
+            if "Restarts=1" in line:
+                job = line.split()[0].split("=", 1)[1]
+                slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+                return
+        if seen and not slurm.jobs():  # it ended without a requeue: the test says why
+            return
+        seen = seen or bool(slurm.jobs())
         time.sleep(0.5)
-    return "timed out waiting"
 
 
-# Slurm's limits are whole minutes and its time-limit check runs periodically: the job's limit is
-# brought near once it has trained (1-2 min), then it checkpoints, requeues and finishes (about 5 min
-# in all on 2 cores), within _time_limit_after_events' own 400 s bound, not pytest's default 300 s.
-@pytest.mark.timeout(600)
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
-    sweep, plain, gate = tmp_path / "limited", tmp_path / "plain", tmp_path / "released"
+    sweep, plain = tmp_path / "limited", tmp_path / "plain"
     reference = subprocess.Popen(
         [sys.executable, "train.py", *LONG, f"hydra.run.dir={plain}"],
         cwd=REPO,
@@ -264,28 +227,28 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         stderr=subprocess.PIPE,
         text=True,
     )
+    begin = _pinned_start(slurm).strftime("%Y-%m-%dT%H:%M:%S")
     submit = functools.partial(
         train,
         slurm,
         "-m",
         "hydra/launcher=slurm",
         "hydra.launcher.partition=debug",
-        "hydra.launcher.timeout_min=10",  # far away until the job has trained a step (_time_limit_after_events)
+        "hydra.launcher.timeout_min=1",
         f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
+        f"+hydra.launcher.additional_parameters.begin='{begin}'",
         *LONG,
         f"hydra.sweep.dir={sweep}",
-        timeout=600,
-        env={**child_env(), GATE: str(gate)},
+        timeout=400,
     )
-    limited, happened = together(submit, functools.partial(_time_limit_after_events, slurm, sweep / "0", gate))
-    assert happened == "requeued", (happened, limited.stderr[-3000:])
+    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
     ok(limited)
     run = summary(sweep / "0")
     assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
     first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
-    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < STEPS
+    assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 2000
     assert run["requeued"]["from_step"] == run["start_step"] == len(first["losses"])  # its checkpoint
     assert run["resumed_from"] == str(sweep / "0") and run["stopped_by"] is None
     assert run["final_loss"] == summary(plain)["final_loss"]
