@@ -26,13 +26,21 @@ import pytest
 
 from tests.e2e.runs import REPO, TORCHRUN, assert_no_leftover_processes, child_env, summary, together
 from tests.slurm.cluster import LIMIT_CHECK_S, SlurmCluster
+from tests.slurm.gated_data import GATE, GatedRegression
 
 SMALL = ("logger=none", "progress=false", "steps=4")
 
 
-def train(slurm: SlurmCluster, *args: str, launcher: tuple[str, ...] = (), timeout: float = 240):
-    """``[launcher] python train.py *args`` on the login node, from the repo root."""
-    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=child_env(), timeout=timeout)
+def train(
+    slurm: SlurmCluster,
+    *args: str,
+    launcher: tuple[str, ...] = (),
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+):
+    """``[launcher] python train.py *args`` on the login node, from the repo root (``env``: the
+    environment, the tests' own by default)."""
+    return slurm.run([*launcher, sys.executable, "train.py", *args], cwd=REPO, env=env or child_env(), timeout=timeout)
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -179,8 +187,11 @@ def test_srun_ranks_stop_together_on_sigusr2_checkpoint_and_exit_non_zero(two_no
     assert result.stderr.count("zero_lab: stopped by") == 1  # said once, by rank 0
 
 
-#: A run still running when its time limit's signal comes (20-45 s of steps on 2 cores, idle to loaded).
-LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500")
+#: A run still running when its time limit's signal comes, whatever the machine's speed: the limited
+#: job's data is held (tests/slurm/gated_data.py, 0.5 s a step: 2000 steps would take 1000 s) until
+#: the test sees the requeue and opens the gate; the reference run is not held. The batches are the same.
+HELD = f"data._target_={GatedRegression.__module__}.{GatedRegression.__qualname__}"
+LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500", HELD)
 #: Seconds the submitting command may take to get the job queued (interpreter, config check, sbatch).
 SUBMIT_SLACK_S = 15
 #: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
@@ -200,9 +211,10 @@ def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
     return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
 
 
-def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300) -> None:
-    """Once the job has been requeued, give it 10 minutes: the next attempt is not cut short too
-    (each attempt of a 1-minute job would be, however little it has left)."""
+def _extend_after_the_first_requeue(slurm: SlurmCluster, gate: Path, timeout_s: float = 300) -> None:
+    """Once the job has been requeued, give it 10 minutes (the next attempt is not cut short too:
+    each attempt of a 1-minute job would be, however little it has left) and open its data's
+    ``gate``, so it trains at full speed."""
     deadline, seen = time.monotonic() + timeout_s, False
     while time.monotonic() < deadline:
         out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
@@ -210,6 +222,7 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300)
             if "Restarts=1" in line:
                 job = line.split()[0].split("=", 1)[1]
                 slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+                gate.touch()
                 return
         if seen and not slurm.jobs():  # it ended without a requeue: the test says why
             return
@@ -218,7 +231,7 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, timeout_s: float = 300)
 
 
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
-    sweep, plain = tmp_path / "limited", tmp_path / "plain"
+    sweep, plain, gate = tmp_path / "limited", tmp_path / "plain", tmp_path / "released"
     reference = subprocess.Popen(
         [sys.executable, "train.py", *LONG, f"hydra.run.dir={plain}"],
         cwd=REPO,
@@ -240,8 +253,9 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         *LONG,
         f"hydra.sweep.dir={sweep}",
         timeout=400,
+        env={**child_env(), GATE: str(gate)},
     )
-    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm))
+    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm, gate))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
     ok(limited)
