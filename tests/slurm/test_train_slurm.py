@@ -230,6 +230,7 @@ def _extend_after_the_first_requeue(slurm: SlurmCluster, gate: Path, timeout_s: 
         time.sleep(0.5)
 
 
+@pytest.mark.timeout(600)  # about 3 min alone (start pinned up to a minute ahead, a 1-min limit, requeue, resume)
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
     sweep, plain, gate = tmp_path / "limited", tmp_path / "plain", tmp_path / "released"
     reference = subprocess.Popen(
