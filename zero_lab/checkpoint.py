@@ -557,14 +557,29 @@ def check_saved_states(
                 f"{cls.__name__} steps whole parameters; it was not saved by this optimizer"
             )
         hyper = manifest["param_groups"][group] if group < len(manifest["param_groups"]) else {}
-        expected = expected_state(cls, hyper, shape if whole else (stop - start,), params[index].dtype)
-        problem = None if expected is None else state_problem(state, expected, cls.__name__)
-        if problem is not None:
-            raise CheckpointError(
-                f"checkpoint {directory}: {file}: the saved state of parameter {name} {problem}; the file was "
-                "not written for this optimizer or was altered. Restore it from a good copy, or load the "
-                "model weights only and start the optimizer state fresh"
-            )
+        shard_shape = shape if whole else (stop - start,)
+        _check_param_state(f"checkpoint {directory}: {file}", name, state, cls, hyper, shard_shape, params[index].dtype)
+
+
+def _check_param_state(
+    where: str,
+    name: str,
+    state: dict[str, Any],
+    cls: type[torch.optim.Optimizer],
+    hyper: dict[str, Any],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> None:
+    """Raise :class:`CheckpointError` when one parameter's saved ``state`` lacks a key, or holds a
+    tensor of another shape or dtype kind, than ``cls`` makes for ``shape``/``dtype`` under ``hyper``."""
+    expected = expected_state(cls, hyper, shape, dtype)
+    problem = None if expected is None else state_problem(state, expected, cls.__name__)
+    if problem is not None:
+        raise CheckpointError(
+            f"{where}: the saved state of parameter {name} {problem}; the file was not written for this "
+            "optimizer or was altered. Restore it from a good copy, or load the model weights only and start "
+            "the optimizer state fresh"
+        )
 
 
 def check_state_dict(
@@ -593,14 +608,7 @@ def check_state_dict(
             position += 1
             if not isinstance(state, dict):
                 continue  # no state: never stepped
-            expected = expected_state(cls, saved, tuple(param.shape), param.dtype)
-            problem = None if expected is None else state_problem(state, expected, cls.__name__)
-            if problem is not None:
-                raise CheckpointError(
-                    f"{where}: the saved state of parameter {name} {problem}; the file was not written for this "
-                    "optimizer or was altered. Restore it from a good copy, or load the model weights only and "
-                    "start the optimizer state fresh"
-                )
+            _check_param_state(str(where), name, state, cls, saved, tuple(param.shape), param.dtype)
 
 
 def _optimizer_files(manifest: dict[str, Any]) -> Iterator[tuple[str, list[tuple[int, int, int]]]]:
