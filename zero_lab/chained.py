@@ -40,7 +40,9 @@ from torch.optim import Optimizer
 
 __all__ = [
     "GROUP_CLASS_KEY",
+    "NOT_HYPERPARAMETERS",
     "ChainedOptimizer",
+    "canonical_class_path",
     "class_defaults",
     "class_path",
     "group_class",
@@ -54,11 +56,27 @@ GROUP_CLASS_KEY = "optimizer_class"
 
 
 def class_path(cls: type) -> str:
-    """``torch.optim.adamw.AdamW`` → ``"torch.optim.AdamW"`` where the short path resolves to it."""
+    """The one spelling of an optimizer class in files (state dicts, manifests, app checkpoints):
+    ``torch.optim.adamw.AdamW`` → ``"torch.optim.AdamW"`` where the short path resolves to it,
+    else ``module.QualName``."""
     short = f"{cls.__module__.split('.')[0]}.optim.{cls.__name__}" if cls.__module__.startswith("torch.optim") else ""
     if short and getattr(torch.optim, cls.__name__, None) is cls:
         return short
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def canonical_class_path(value: Any) -> Any:
+    """A class or its saved dotted path in :func:`class_path`'s spelling; what was written another way
+    (manifests before this spelling was the only one held ``torch.optim.adam.Adam``) reads the same.
+    A path that no longer imports, or any other value, is returned as it is."""
+    if isinstance(value, type):
+        return class_path(value)
+    if not isinstance(value, str):
+        return value
+    try:
+        return class_path(resolve_class(value))
+    except (TypeError, ValueError):
+        return value
 
 
 def resolve_class(value: Any, where: str = GROUP_CLASS_KEY) -> type[Optimizer]:

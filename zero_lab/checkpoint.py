@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zero_lab.chained import GROUP_CLASS_KEY
+from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, canonical_class_path, class_path
 from zero_lab.elementwise import is_elementwise
 from zero_lab.files import fsync_dir, write_atomic, write_json
 from zero_lab.optimizer import ZeroRedundancyOptimizer
@@ -129,7 +129,7 @@ def _digest(path: Path) -> dict[str, Any]:
 #: A manifest or a size/sha256 record larger than this is not one zero_lab wrote.
 MANIFEST_LIMIT_BYTES = 64 << 20
 #: Keys every manifest has (:func:`save_checkpoint` writes them all).
-MANIFEST_KEYS = ("format", "world_size", "optimizer_class", "partitioner", "params", "param_groups", "files", "extra")
+MANIFEST_KEYS = ("format", "world_size", GROUP_CLASS_KEY, "partitioner", "params", "param_groups", "files", "extra")
 
 
 def regular_file_size(path: Path) -> int:
@@ -368,11 +368,6 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- save
-def class_path(cls: type) -> str:
-    """``torch.optim.adam.Adam`` for the class ``torch.optim.Adam``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def _agreed_token(optimizer: ZeroRedundancyOptimizer) -> str:
     """A random hex token drawn on rank 0 and broadcast, the same on every rank."""
     word = torch.tensor([int.from_bytes(os.urandom(7), "little") if optimizer.rank == 0 else 0], dtype=torch.int64)
@@ -390,12 +385,17 @@ def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
     return table
 
 
+#: What a manifest leaves out of a param group: all but its hyper-parameters and the class stepping it.
+_NOT_RECORDED = tuple(key for key in NOT_HYPERPARAMETERS if key != GROUP_CLASS_KEY)
+
+
 def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each param group without its parameters: the hyper-parameters a manifest records
-    (a group's ``optimizer_class`` as its dotted path)."""
+    """Each param group without its parameters: the hyper-parameters a manifest records (a group's
+    ``optimizer_class`` as :func:`~zero_lab.chained.class_path` spells it, whichever way it was given
+    or saved)."""
     return [
-        {k: class_path(v) if k == GROUP_CLASS_KEY and isinstance(v, type) else v for k, v in g.items()}
-        for g in ({k: v for k, v in g.items() if k not in ("params", "param_names")} for g in groups)
+        {k: canonical_class_path(v) if k == GROUP_CLASS_KEY else v for k, v in g.items() if k not in _NOT_RECORDED}
+        for g in groups
     ]
 
 
@@ -433,7 +433,7 @@ def save_checkpoint(
         manifest = {
             "format": FORMAT,
             "world_size": optimizer.world_size,
-            "optimizer_class": class_path(type(optimizer.optim)),
+            GROUP_CLASS_KEY: class_path(type(optimizer.optim)),
             "partitioner": repr(optimizer.partitioner),
             "params": _param_table(optimizer),
             "param_groups": hyperparameters(optimizer.param_groups),

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from zero_lab.chained import NOT_HYPERPARAMETERS
+
 __all__ = ["Expected", "expected_state", "state_problem"]
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 #: Param-group keys that pick a code path, not what state is kept; left out of the probe.
 PATH_KEYS = ("foreach", "fused", "capturable", "differentiable")
 #: Keys of a param group that are not the class's arguments.
-NOT_ARGUMENTS = ("params", "param_names", "optimizer_class", "initial_lr")
+NOT_ARGUMENTS = (*NOT_HYPERPARAMETERS, "initial_lr")
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31)
 
 

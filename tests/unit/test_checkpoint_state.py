@@ -170,7 +170,7 @@ def test_resuming_zero_muon_into_zero_adam_names_muon_not_the_chain(tmp_path, si
         run_checkpoints.restore(adam, saved, steps=5)
     assert str(error.value).startswith(
         f"{saved} holds the state of torch.optim.Muon + the default class (a zero_lab.chained.ChainedOptimizer); "
-        "this run builds torch.optim.adam.Adam. Pick the optim it was saved with"
+        "this run builds torch.optim.Adam. Pick the optim it was saved with"
     )
 
 
@@ -213,3 +213,41 @@ def test_a_sharded_checkpoint_resumes_a_plain_optimizer_with_its_state_checked(t
     with pytest.raises(CheckpointError, match=rf"the saved state of parameter 'head.weight' \(#{index}\) holds "
                        r"'exp_avg_sq' of shape \(96, 2\), where Adam keeps \(2, 96\)"):  # fmt: skip
         run_checkpoints.restore(_training(other, torch.optim.Adam(other.parameters(), lr=1e-3), zero=False), path, 5)
+
+
+def test_files_that_spell_the_class_by_its_module_keep_resuming(tmp_path, single_rank_group):
+    """A class is written one way, ``torch.optim.AdamW`` (:func:`zero_lab.chained.class_path`); files
+    that spelled it by its module (``torch.optim.adamw.AdamW``: manifests, app checkpoints and group
+    classes written before) resume without a false class or hyper-parameter mismatch."""
+
+    def routed(model: nn.Module) -> ZeroRedundancyOptimizer:
+        groups = [{"params": [model.hidden.weight], "optimizer_class": torch.optim.AdamW, "lr": 1e-3}]
+        others = [p for n, p in model.named_parameters() if n != "hidden.weight"]
+        return ZeroRedundancyOptimizer([*groups, {"params": others}], torch.optim.Adam, lr=1e-3)
+
+    model = Net()
+    opt = routed(model)
+    model(torch.ones(3, 4)).square().mean().backward()
+    opt.step()
+    sharded = run_checkpoints.save(_training(model, opt, zero=True), tmp_path / "zero", 1, [1.0])
+    manifest = json.loads((sharded / "manifest.json").read_text())
+    assert manifest["optimizer_class"] == "zero_lab.chained.ChainedOptimizer"
+    assert [g.get("optimizer_class") for g in manifest["param_groups"]] == ["torch.optim.AdamW", None]
+    manifest["param_groups"][0]["optimizer_class"] = "torch.optim.adamw.AdamW"
+    (sharded / "manifest.json").write_text(json.dumps(manifest))
+    fresh = Net()
+    assert run_checkpoints.restore(_training(fresh, routed(fresh), zero=True), sharded, steps=5).step == 1
+
+    plain = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = run_checkpoints.save(_training(model, plain, zero=False), tmp_path / "plain", 1, [1.0])
+    state = load_checked_file(path)
+    assert state["optimizer_class"] == "torch.optim.Adam"
+    save_file({**state, "optimizer_class": "torch.optim.adam.Adam"}, path)
+    other = Net()
+    resumed = _training(other, torch.optim.Adam(other.parameters(), lr=1e-3), zero=False)
+    assert run_checkpoints.restore(resumed, path, 5).step == 1
+    sgd = Net()
+    with pytest.raises(
+        ResumeMismatch, match=r"holds the state of torch\.optim\.Adam; this run builds torch\.optim\.SGD\."
+    ):
+        run_checkpoints.restore(_training(sgd, torch.optim.SGD(sgd.parameters(), lr=1e-3), zero=False), path, 5)

@@ -18,7 +18,7 @@ from typing import Any
 
 from hydra.utils import get_object
 
-from zero_lab.chained import group_class
+from zero_lab.chained import GROUP_CLASS_KEY, group_class
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = ["OptimPlan"]
@@ -46,7 +46,7 @@ class OptimPlan:
         ``ValueError`` naming the key when a class cannot be looked up."""
         target = get_object(str(optim.get("_target_")))
         zero = isinstance(target, type) and issubclass(target, ZeroRedundancyOptimizer)
-        inner = optim.get("optimizer_class")
+        inner = optim.get(GROUP_CLASS_KEY)
         stepping = target if inner is None else _looked_up(inner, "optim.optimizer_class")
         return cls(target, stepping, zero, routed=optim.get("param_groups") is not None)
 

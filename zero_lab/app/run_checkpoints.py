@@ -41,8 +41,8 @@ import torch
 from zero_lab import checkpoint as sharded
 from zero_lab.app import dcp_checkpoints
 from zero_lab.app.training import Training
-from zero_lab.chained import GROUP_CLASS_KEY, resolve_class
-from zero_lab.checkpoint import CheckpointError, checkpoint_step, class_path, find_checkpoint, load_file
+from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
+from zero_lab.checkpoint import CheckpointError, checkpoint_step, find_checkpoint, load_file
 
 __all__ = [
     "FORMATS",
@@ -108,7 +108,7 @@ def save(
             "step": next_step,
             "model": {k: v.detach().cpu().clone() for k, v in training.model.state_dict().items()},
             "optimizer": training.optimizer.state_dict(),
-            "optimizer_class": optimizer_class(training),
+            GROUP_CLASS_KEY: optimizer_class(training),
             "losses": list(losses),
             "rng": torch.get_rng_state(),
             "world_size": world,
@@ -130,7 +130,7 @@ def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: l
         "losses": list(losses),
         "world_size": torch.distributed.get_world_size(),
         "zero": training.zero,
-        "optimizer_class": optimizer_class(training),
+        GROUP_CLASS_KEY: optimizer_class(training),
         "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
         **_loop_state(training),
     }
@@ -194,13 +194,13 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
     if found.is_dir():
         manifest = sharded.read_manifest(found)
         step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
-        saved_class, saved_groups = manifest.get("optimizer_class"), manifest["param_groups"]
+        saved_class, saved_groups = manifest.get(GROUP_CLASS_KEY), manifest["param_groups"]
     else:
         state = sharded.load_checked_file(found)
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
         step, losses = state["step"], state["losses"]
-        saved_class, saved_groups = state.get("optimizer_class"), state["optimizer"]["param_groups"]
+        saved_class, saved_groups = state.get(GROUP_CLASS_KEY), state["optimizer"]["param_groups"]
     _check_step(found, step, steps)
     mine = _hyperparameters(training.optimizer.param_groups)
     if policy != "reset":
@@ -230,7 +230,7 @@ def _restore_dcp(training: Training, found: Path, steps: int, policy: str) -> Re
     _check_step(found, step, steps)
     mine = _hyperparameters(training.optimizer.param_groups)
     if policy != "reset":
-        saved_class, saved_groups = extra["optimizer_class"], extra["param_groups"]
+        saved_class, saved_groups = extra[GROUP_CLASS_KEY], extra["param_groups"]
         _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
     dcp_checkpoints.load(training, found, load_optimizer=policy != "reset")
     if policy != "reset":
@@ -301,7 +301,7 @@ def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dic
     out = {}
     for index, (old, new) in enumerate(zip(_hyperparameters(saved), mine)):
         for key in sorted(set(old) | set(new)):
-            if key == "optimizer_class" and not (key in old and key in new):
+            if key == GROUP_CLASS_KEY and not (key in old and key in new):
                 continue  # a chain's state dict names its groups' classes, its live groups do not (load checks them)
             if old.get(key, "missing") != new.get(key, "missing"):
                 out[f"group{index}.{key}"] = [old.get(key, "missing"), new.get(key, "missing")]
@@ -312,6 +312,7 @@ def _check_optimizer(
     found: Path, saved_class: str | None, saved: list[dict[str, Any]], mine_class: str, mine: list[dict[str, Any]],
     policy: str, training: Training,
 ) -> None:  # fmt: skip
+    saved_class = canonical_class_path(saved_class)  # a file written as torch.optim.adam.Adam reads the same
     if saved_class is not None and saved_class != mine_class:
         theirs = describe_class(saved_class, saved)
         ours = describe_class(mine_class, training.optimizer.param_groups)

@@ -68,7 +68,7 @@ from zero_lab.app.schema import (
     forwarded_classes,
 )
 from zero_lab.app.targets import build, check_targets, refusal
-from zero_lab.chained import group_class
+from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
@@ -432,7 +432,7 @@ def _has_var_keyword(target: Any) -> bool:
 
 def _optimizer_kwargs(cfg: DictConfig, plan: OptimPlan) -> dict[str, Any]:
     """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
-    own = inspect.signature(plan.target).parameters if "optimizer_class" in cfg.optim else {}
+    own = inspect.signature(plan.target).parameters if GROUP_CLASS_KEY in cfg.optim else {}
     optim = to_container(cfg)["optim"]
     return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
 
@@ -485,7 +485,7 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
         own = group_class(group, cls)
         named = [p if isinstance(p, tuple) else (None, p) for p in group["params"]]
         params = [torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True) for _, p in named]
-        hyper = {k: v for k, v in group.items() if k not in ("params", "optimizer_class", "param_names")}
+        hyper = {k: v for k, v in group.items() if k not in NOT_HYPERPARAMETERS}
         accepted = inspect.signature(own).parameters  # a group's own values get the constructor's checks too
         arguments = (kwargs if own is cls else {}) | {k: v for k, v in hyper.items() if k in accepted}
         try:

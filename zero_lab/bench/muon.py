@@ -56,6 +56,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups, reduce_gradients
 from zero_lab.app.models import TinyLM
+from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec, newton_schulz_cost
 from zero_lab.runtime.launch import run_world
@@ -194,7 +195,7 @@ def partition_costs(model_args: dict[str, Any], world_size: int, order: str) -> 
         model = lm(model_args)
     groups = _ordered(*muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False), order)
     specs = [
-        ParamSpec.of(p, group=g, elementwise="optimizer_class" not in group)
+        ParamSpec.of(p, group=g, elementwise=GROUP_CLASS_KEY not in group)
         for g, group in enumerate(groups)
         for p in group["params"]
     ]
