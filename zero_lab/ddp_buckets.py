@@ -25,10 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DDP_BUCKET_CAP_BYTES", "DDP_FIRST_BUCKET_CAP_BYTES", "DdpBuckets", "ddp_bucket_map"]
+__all__ = ["DDP_BUCKET_CAP_BYTES", "DDP_BUCKET_CAP_MB", "DDP_FIRST_BUCKET_CAP_BYTES", "DdpBuckets", "ddp_bucket_map"]
 
-#: DDP's default bucket cap (``bucket_cap_mb=25``).
-DDP_BUCKET_CAP_BYTES = 25 * 2**20
+#: DDP's default bucket cap in MiB (``DistributedDataParallel(bucket_cap_mb=25)``).
+DDP_BUCKET_CAP_MB = 25
+#: DDP's default bucket cap in bytes.
+DDP_BUCKET_CAP_BYTES = DDP_BUCKET_CAP_MB * 2**20
 #: DDP's default cap of the first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``).
 DDP_FIRST_BUCKET_CAP_BYTES = 2**20
 
@@ -62,7 +64,7 @@ class DdpBuckets:
 
         capacity = getattr(distributed, "_BucketCapacityConfig", None)
         if capacity is None:  # torch before the config object: the first cap was always 1 MiB
-            mb = 25 if bucket_cap_mb is None else bucket_cap_mb
+            mb = DDP_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
             return cls(int(mb * 2**20), DDP_FIRST_BUCKET_CAP_BYTES)
         config = capacity.create(bucket_cap_mb=bucket_cap_mb, bucket_cap_mb_list=None, use_python_reducer=False)
         return cls(int(config.bucket_bytes_cap), int(config.first_bucket_bytes_cap))

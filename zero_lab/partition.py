@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from zero_lab.ddp_buckets import DdpBuckets
-
 __all__ = [
     "COSTS",
     "BucketLayout",
@@ -53,7 +51,6 @@ __all__ = [
     "Shard",
     "SortedGreedy",
     "WithoutGradients",
-    "approximate_ddp_buckets",
     "bucket_use",
     "contiguous_split",
     "newton_schulz_cost",
@@ -710,12 +707,6 @@ def _cut(index: int, offset: int, numel: int, chunk: int, world_size: int) -> li
         if hi > lo:
             shards.append(Shard(index, rank, lo, hi))
     return shards
-
-
-def approximate_ddp_buckets(nbytes: Sequence[int], cap_bytes: int, first_cap_bytes: int = 1024 * 1024) -> list[int]:
-    """DDP's gradient bucket of each parameter (given in registration order): the same as
-    ``DdpBuckets(cap_bytes, first_cap_bytes).assign(nbytes)`` (:mod:`zero_lab.ddp_buckets`)."""
-    return DdpBuckets(cap_bytes, first_cap_bytes).assign(nbytes)
 
 
 class DdpBucket:

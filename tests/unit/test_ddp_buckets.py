@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.ddp_buckets import DdpBuckets, ddp_bucket_map
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved
-from zero_lab.partition import DdpBucket, ParamSpec, Partition, approximate_ddp_buckets
+from zero_lab.partition import DdpBucket, ParamSpec, Partition
 
 MIB = 2**20
 
@@ -31,7 +31,7 @@ def test_assign_closes_buckets_at_the_caps_and_numbers_last_layers_first():
     assert DdpBuckets(bucket_cap_bytes=8, first_bucket_cap_bytes=100).assign([4] * 4) == [1, 1, 0, 0]  # min(first, cap)
     assert DdpBuckets().assign([100]) == [0]
     assert (DdpBuckets().bucket_cap_bytes, DdpBuckets().first_bucket_cap_bytes) == (25 * MIB, MIB)
-    assert approximate_ddp_buckets([4] * 7, cap_bytes=12, first_cap_bytes=8) == [2, 2, 1, 1, 1, 0, 0]  # the alias
+    assert DdpBuckets(bucket_cap_bytes=12, first_bucket_cap_bytes=8).assign([100]) == [0]  # too big: a bucket alone
     with pytest.raises(ValueError, match="bucket_cap_bytes must be a non-negative int"):
         DdpBuckets(bucket_cap_bytes=-1)
 

@@ -16,7 +16,6 @@ from zero_lab.partition import (
     Partition,
     Shard,
     SortedGreedy,
-    approximate_ddp_buckets,
 )
 
 
@@ -221,12 +220,6 @@ def test_world_size_must_be_positive():
 
 
 # ---------------------------------------------------------------- ddp buckets
-def test_approximate_ddp_buckets_numbers_last_layers_first():
-    # 4-byte params: a 8-byte first bucket, then 12-byte buckets, numbered in reverse.
-    assert approximate_ddp_buckets([4, 4, 4, 4, 4, 4, 4], cap_bytes=12, first_cap_bytes=8) == [2, 2, 1, 1, 1, 0, 0]
-    assert approximate_ddp_buckets([100], cap_bytes=12, first_cap_bytes=8) == [0]
-
-
 def bucketed_specs(buckets_sizes):
     return [ParamSpec(numel=n, bucket=b) for b, sizes in enumerate(buckets_sizes) for n in sizes]
 

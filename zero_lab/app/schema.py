@@ -49,6 +49,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.run_checkpoints import FORMATS, POLICIES
+from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
 from zero_lab.exchange import EXCHANGES
 from zero_lab.grad_reduce import GRAD_REDUCES
 
@@ -175,7 +176,8 @@ class DistConfig:
     # a rank with no progress this long past the slowest step stops the world, named (null: only timeout_s)
     stall_timeout_s: float | None = 30.0
     threads_per_rank: int = 1  # torch.set_num_threads of each rank
-    bucket_cap_mb: float = 25.0  # DDP's gradient bucket size (partitioner=ddp_bucket follows the buckets)
+    # DDP's gradient bucket size (partitioner=ddp_bucket follows the buckets)
+    bucket_cap_mb: float = float(DDP_BUCKET_CAP_MB)
     # more ranks than CPU cores x this is refused before any start; raise it to oversubscribe
     max_ranks_per_core: int = 2
     master_port: int | None = None  # under srun: the rendezvous port (null: derived from the job id)
