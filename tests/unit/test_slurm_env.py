@@ -76,3 +76,67 @@ def test_torchrun_wins_over_the_srun_that_started_it():
 def test_requeue_count():
     assert requeue_count({}) == 0
     assert requeue_count({"SLURM_RESTART_COUNT": "2"}) == 2
+
+
+class CountingLauncher:
+    """A launcher of its own: ``FAKE_RANK``/``FAKE_SIZE`` mark its ranks; it counts its detections."""
+
+    name = "fake"
+    calls = 0
+
+    def detect(self, environ, port):
+        CountingLauncher.calls += 1
+        if "FAKE_RANK" not in environ:
+            return None
+        return external.ExternalWorld(self.name, int(environ["FAKE_RANK"]), int(environ["FAKE_SIZE"]), 0, {}, "job7")
+
+    def world_size_fix(self, wanted):
+        return f"start {wanted} fake ranks"
+
+
+@pytest.fixture
+def launchers(monkeypatch):
+    """The launcher registry and the process's detected world, restored after the test."""
+    monkeypatch.setattr(external, "_LAUNCHERS", dict(external._LAUNCHERS))
+    monkeypatch.setattr(external, "_DETECTED", {})
+    CountingLauncher.calls = 0
+
+
+def test_a_registered_launcher_is_asked_first_and_named_in_its_world(launchers):
+    assert external.registered_launchers() == ("torchrun", "srun")
+    assert external.register_launcher(CountingLauncher) is CountingLauncher
+    external.register_launcher(CountingLauncher)  # again: a no-op
+    assert external.registered_launchers() == ("fake", "torchrun", "srun")
+    world = external.detect({**STEP, "FAKE_RANK": "1", "FAKE_SIZE": "3"})
+    assert (world.launcher, world.rank, world.world_size, world.run_id) == ("fake", 1, 3, "job7")
+    assert external.launcher_named(world.launcher).world_size_fix(4) == "start 4 fake ranks"
+    assert external.detect(STEP).launcher == "srun" and external.detect(STEP).run_id == "417"
+    with pytest.raises(ValueError, match="no launcher 'mpirun'; registered: \\['fake', 'torchrun', 'srun'\\]"):
+        external.launcher_named("mpirun")
+
+
+def test_what_is_not_a_launcher_or_takes_a_known_name_is_refused(launchers):
+    class Nameless:
+        def detect(self, environ, port):
+            return None
+
+    class Torchrun2(CountingLauncher):
+        name = "torchrun"
+
+    with pytest.raises(TypeError, match="Nameless is not an ExternalLauncher: it needs name, detect"):
+        external.register_launcher(Nameless)
+    with pytest.raises(ValueError, match="launcher 'torchrun' is already Torchrun; give Torchrun2 another name"):
+        external.register_launcher(Torchrun2)
+    assert external.registered_launchers() == ("torchrun", "srun")
+
+
+def test_this_process_s_world_is_detected_once(launchers, monkeypatch):
+    """``fail``, the run-dir callback and the job each ask; the environment is read once."""
+    external.register_launcher(CountingLauncher)
+    monkeypatch.setenv("FAKE_RANK", "2")
+    monkeypatch.setenv("FAKE_SIZE", "4")
+    assert (external.rank(), external.active(), external.detect().world_size) == (2, True, 4)
+    assert CountingLauncher.calls == 1
+    monkeypatch.delenv("FAKE_RANK")  # a running rank's launcher variables do not change; the answer is kept
+    assert external.rank() == 2 and CountingLauncher.calls == 1
+    assert external.detect({}) is None and CountingLauncher.calls == 2  # a given environment is always read

@@ -51,13 +51,7 @@ def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, 
             ]
         )
     if world_size_given(overrides) and cfg.dist.world_size != world.world_size:
-        fix = {
-            "torchrun": "drop dist.world_size or change --nproc_per_node/--nnodes",
-            "srun": (
-                "under srun every task is one rank: drop dist.world_size, or start one task (srun -n1) "
-                f"to spawn {cfg.dist.world_size} ranks inside it"
-            ),
-        }[world.launcher]
+        fix = external.launcher_named(world.launcher).world_size_fix(cfg.dist.world_size)
         raise ConfigError(
             [
                 f"dist.world_size={cfg.dist.world_size}: under {world.launcher} the world size is "
@@ -74,7 +68,11 @@ def share_run_dir(config: DictConfig, world: external.ExternalWorld) -> None:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     run_dir = external.shared_run_dir(
-        _rank0_run_dir(config), enum_str(config.dist.backend), config.dist.timeout_s, device, config.dist.master_port
+        _rank0_run_dir(config, world),
+        enum_str(config.dist.backend),
+        config.dist.timeout_s,
+        device,
+        config.dist.master_port,
     )
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.run.dir = run_dir
@@ -83,13 +81,12 @@ def share_run_dir(config: DictConfig, world: external.ExternalWorld) -> None:
             config.hydra.job_logging = _hydra_option("job_logging", "disabled")
 
 
-def _rank0_run_dir(config: DictConfig) -> str:
+def _rank0_run_dir(config: DictConfig, world: external.ExternalWorld) -> str:
     """The run dir Hydra would pick (resolved here, on this clock); rank 0's is broadcast."""
     try:
         return str(config.hydra.run.dir)
     except Exception:  # an interpolation only Hydra's job context can resolve
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID", "run")
-        return os.path.join("outputs", "external", run_id)
+        return os.path.join("outputs", "external", world.run_id)
 
 
 def _hydra_option(group: str, name: str) -> DictConfig:

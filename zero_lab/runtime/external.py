@@ -15,14 +15,24 @@ the run dir (a Hydra callback: :func:`zero_lab.app.cli.share_run_dir`), :func:`s
 
     torchrun --nproc_per_node 2 train.py optim=zero_adam
     srun -N2 --ntasks-per-node=2 python train.py optim=zero_adam
+
+Which launcher started this process is one question with one answer per process: each launcher
+is an :class:`ExternalLauncher` (``torchrun``: :class:`Torchrun`, ``srun``: :class:`Srun`) in one
+registry, and :func:`detect` asks them in turn, once (its answer is kept for the process: the
+variables a launcher sets do not change under a running rank). A new launcher is one class with
+``name``, ``detect(environ, port)`` and ``world_size_fix(wanted)``, registered with
+:func:`register_launcher` (docs/core.md, "Extending zero_lab", runs one)::
+
+    world = detect()   # ExternalWorld(launcher="torchrun", rank=1, world_size=2, ...) or None
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -30,48 +40,155 @@ import torch.distributed as dist
 from zero_lab.comm import Communicator
 from zero_lab.runtime.slurm import slurm_world
 
-__all__ = ["FOLLOWER_OVERRIDES", "ExternalWorld", "active", "detect", "join", "rank", "shared_run_dir"]
+__all__ = [
+    "FOLLOWER_OVERRIDES",
+    "ExternalLauncher",
+    "ExternalWorld",
+    "Srun",
+    "Torchrun",
+    "active",
+    "detect",
+    "join",
+    "launcher_named",
+    "rank",
+    "register_launcher",
+    "registered_launchers",
+    "shared_run_dir",
+]
 
 _PATH_BYTES = 4096
 #: What a rank > 0 adds to its Hydra overrides: no ``.hydra/``, no job log (rank 0 writes those).
 FOLLOWER_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled")
+L = TypeVar("L", bound=type)
 
 
 @dataclass(frozen=True)
 class ExternalWorld:
-    """This process's rank in a world an external launcher started (``launcher``: torchrun or srun)."""
+    """This process's rank in a world an external launcher started (``launcher``: its registered name)."""
 
     launcher: str
     rank: int
     world_size: int
     local_rank: int
-    env: dict[str, str]  # what torch's env:// rendezvous reads (RANK, WORLD_SIZE, MASTER_ADDR, ...)
+    env: dict[str, str]  # what torch's env:// rendezvous reads (RANK, WORLD_SIZE, MASTER_ADDR, ...) if not set
+    run_id: str = field(default="run")  # the launcher's id of this job: names the run dir Hydra cannot
+
+
+@runtime_checkable
+class ExternalLauncher(Protocol):
+    """A launcher that starts every rank as a process of its own and tells each its place in
+    the environment: ``detect`` reads it (pure: the mapping and the configured
+    ``dist.master_port`` in, an :class:`ExternalWorld` or ``None`` out); ``world_size_fix`` is
+    what to do when the command line asks for ``dist.world_size=wanted`` ranks but the
+    launcher started another number."""
+
+    name: str
+
+    def detect(self, environ: Mapping[str, str], port: int | None) -> ExternalWorld | None: ...
+
+    def world_size_fix(self, wanted: int) -> str: ...
+
+
+class Torchrun:
+    """``torchrun``: it sets torch's ``env://`` variables itself (``TORCHELASTIC_RUN_ID`` marks it)."""
+
+    name = "torchrun"
+
+    def detect(self, environ: Mapping[str, str], port: int | None) -> ExternalWorld | None:
+        if "TORCHELASTIC_RUN_ID" not in environ or "RANK" not in environ or "WORLD_SIZE" not in environ:
+            return None
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local = int(environ.get("LOCAL_RANK", "0"))
+        return ExternalWorld(self.name, rank, world, local, {}, run_id=environ["TORCHELASTIC_RUN_ID"])
+
+    def world_size_fix(self, wanted: int) -> str:
+        return "drop dist.world_size or change --nproc_per_node/--nnodes"
+
+
+class Srun:
+    """Slurm's ``srun`` with several tasks: the ``env://`` variables derived from ``SLURM_*``
+    (:func:`zero_lab.runtime.slurm.slurm_world`; ``port`` overrides the one derived from the job id)."""
+
+    name = "srun"
+
+    def detect(self, environ: Mapping[str, str], port: int | None) -> ExternalWorld | None:
+        slurm = slurm_world(environ, port)
+        if slurm is None:
+            return None
+        variables = {
+            "RANK": str(slurm.rank),
+            "WORLD_SIZE": str(slurm.world_size),
+            "LOCAL_RANK": str(slurm.local_rank),
+            "MASTER_ADDR": slurm.master_addr,
+            "MASTER_PORT": str(slurm.master_port),
+        }
+        return ExternalWorld(self.name, slurm.rank, slurm.world_size, slurm.local_rank, variables, slurm.job_id)
+
+    def world_size_fix(self, wanted: int) -> str:
+        return (
+            "under srun every task is one rank: drop dist.world_size, or start one task (srun -n1) "
+            f"to spawn {wanted} ranks inside it"
+        )
+
+
+#: The launchers :func:`detect` asks, in order: torchrun first (it may run inside an srun task).
+_LAUNCHERS: dict[str, ExternalLauncher] = {c.name: c() for c in (Torchrun, Srun)}
+#: :func:`detect`'s answer for this process, per ``port`` (cleared when a launcher is registered).
+_DETECTED: dict[int | None, ExternalWorld | None] = {}
+
+
+def register_launcher(cls: L) -> L:
+    """Make ``cls()`` a launcher :func:`detect` asks, before those registered earlier (a launcher
+    is started inside an outer one, as torchrun inside an srun task, and the innermost is the
+    world); returns ``cls``, so it works as a decorator. Registering the same class again is a no-op."""
+    launcher = cls()
+    if not isinstance(launcher, ExternalLauncher):
+        raise TypeError(f"{cls.__name__} is not an ExternalLauncher: it needs name, detect() and world_size_fix()")
+    known = _LAUNCHERS.get(launcher.name)
+    if known is not None:
+        if type(known) is cls:
+            return cls
+        raise ValueError(
+            f"launcher {launcher.name!r} is already {type(known).__name__}; give {cls.__name__} another name"
+        )
+    reordered = {launcher.name: launcher, **{k: v for k, v in _LAUNCHERS.items() if k != launcher.name}}
+    _LAUNCHERS.clear()
+    _LAUNCHERS.update(reordered)
+    _DETECTED.clear()
+    return cls
+
+
+def registered_launchers() -> tuple[str, ...]:
+    """Every registered launcher's name, in the order :func:`detect` asks them."""
+    return tuple(_LAUNCHERS)
+
+
+def launcher_named(name: str) -> ExternalLauncher:
+    """The launcher registered as ``name`` (an :class:`ExternalWorld`'s ``launcher``)."""
+    try:
+        return _LAUNCHERS[name]
+    except KeyError:
+        raise ValueError(f"no launcher {name!r}; registered: {list(_LAUNCHERS)}") from None
 
 
 def detect(environ: Mapping[str, str] | None = None, port: int | None = None) -> ExternalWorld | None:
-    """The world torchrun (first) or srun (several tasks) started this process in, or ``None``.
+    """The world a registered launcher started this process in (the first that recognises its
+    environment), or ``None``. Without ``environ`` it reads ``os.environ`` once per process (and
+    ``port``): every later call gets the same answer.
 
-    ``port`` overrides the rendezvous port srun's world derives from the job id (``dist.master_port``).
+    ``port`` overrides the rendezvous port a launcher derives (srun: from the job id; ``dist.master_port``).
     """
+    if environ is None and port in _DETECTED:
+        return _DETECTED[port]
     env = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        return ExternalWorld("torchrun", rank, world, int(env.get("LOCAL_RANK", "0")), {})
-    slurm = slurm_world(env, port)
-    if slurm is None:
-        return None
-    variables = {
-        "RANK": str(slurm.rank),
-        "WORLD_SIZE": str(slurm.world_size),
-        "LOCAL_RANK": str(slurm.local_rank),
-        "MASTER_ADDR": slurm.master_addr,
-        "MASTER_PORT": str(slurm.master_port),
-    }
-    return ExternalWorld("srun", slurm.rank, slurm.world_size, slurm.local_rank, variables)
+    world = next((w for w in (launcher.detect(env, port) for launcher in _LAUNCHERS.values()) if w), None)
+    if environ is None:
+        _DETECTED[port] = world
+    return world
 
 
 def active(environ: Mapping[str, str] | None = None) -> bool:
-    """True when this process is one rank of a world torchrun or srun started."""
+    """True when this process is one rank of a world an external launcher started."""
     return detect(environ) is not None
 
 
