@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.preflight import compose_job
 from zero_lab.app.schema import HYDRA_KEYS, register_configs
+from zero_lab.app.sinks import MetricSink, make_logger_sink
+from zero_lab.app.validate import check
 from zero_lab.app.wandb_run import identity, run_config
 
 register_configs()
@@ -47,3 +50,35 @@ def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_over
     assert run["optim.optimizer_class"] == "torch.optim.Adam"
     assert not [k for k in run if k.rsplit(".", 1)[-1] in HYDRA_KEYS]
     assert run["logger.group"] == "sweep-a" and "logger.entity" not in run  # unset keys left out, not <nil>
+
+
+class OwnSink:
+    """A metric sink of the user's: it takes the run dir and a key of its own, nothing of W&B's."""
+
+    def __init__(self, run_dir: str, prefix: str = "step"):
+        self.run_dir, self.prefix, self.lines = run_dir, prefix, []
+
+    def log(self, record):
+        self.lines.append(f"{self.prefix} {record['step']}")
+
+    def summary(self, summary):
+        pass
+
+    def close(self, failed=False):
+        pass
+
+
+def test_a_sink_of_your_own_is_handed_only_what_its_constructor_takes(tmp_path):
+    """W&B's group, name and tags, and the run config, go to a sink that takes them; a sink
+    without ``**kwargs`` used to fail at start with "unexpected keyword argument 'group'"."""
+    overrides = ["logger=none", f"logger._target_={__name__}.OwnSink", "+logger.prefix=at"]
+    cfg, choices, _ = compose_job(overrides)
+    check(cfg, choices)
+    meta = {"choices": choices, "overrides": overrides, "group": "sweep-a", "name": "j"}
+    sink = make_logger_sink(cfg, tmp_path, {}, meta, OptimPlan.of(cfg.optim))
+    assert isinstance(sink, OwnSink) and isinstance(sink, MetricSink)
+    sink.log({"step": 3})
+    assert (sink.run_dir, sink.lines) == (str(tmp_path), ["at 3"])
+    wandb, _, _ = _logger_and_config([])
+    assert identity(wandb, meta, 2, True)["group"] == "sweep-a"  # W&B's node has the key: filled in
+    assert "group" not in identity({"_target_": f"{__name__}.OwnSink", "prefix": "at"}, meta, 2, True)

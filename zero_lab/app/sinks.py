@@ -4,7 +4,8 @@ A sink is anything with ``log(record)``, ``summary(summary)`` (the run's
 :class:`~zero_lab.app.summary.RunSummary`) and ``close(failed)`` (:class:`MetricSink`).
 ``cfg.logger`` is a ``_partial_`` target completed at the call site (:func:`make_logger_sink`)
 with the run dir and what the W&B run shows (its config, group, name, tags and summary keys:
-:mod:`zero_lab.app.wandb_run`).
+:mod:`zero_lab.app.wandb_run`), each only if the sink's constructor takes it: a sink of your own
+(``logger._target_=my_project.PrintSink``) declares what it wants, ``__init__(self)`` included.
 
 Who runs the logger: with ranks started inside the Hydra job, the job process follows
 rank 0's ``metrics.jsonl`` (:class:`JsonlFollower`), which keeps W&B's per-call cost off
@@ -20,12 +21,13 @@ where the run is (offline: its directory and the ``wandb sync`` command; online:
 from __future__ import annotations
 
 import enum
+import inspect
 import json
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -39,7 +41,12 @@ from zero_lab.files import finite_json
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
 
 
+@runtime_checkable
 class MetricSink(Protocol):
+    """Where rank 0's per-step records go: ``log`` each record (``{"step": 3, "loss": ...}``),
+    ``summary`` the run's :class:`RunSummary` once at the end, ``close`` always (``failed``: the
+    run did not finish)."""
+
     def log(self, record: dict[str, Any]) -> None: ...
 
     def summary(self, summary: RunSummary) -> None: ...
@@ -183,7 +190,15 @@ def make_logger_sink(
     assert isinstance(logger_cfg, dict)
     logger_cfg = identity(logger_cfg, meta, cfg.dist.world_size, plan.zero)
     used = {k: v for k, v in logger_cfg.items() if k not in HYDRA_KEYS}
-    return instantiate(logger_cfg)(run_dir=str(run_dir), config=run_config(config, meta.get("choices", {}), used))
+    make = instantiate(logger_cfg)
+    supplied = {"run_dir": lambda: str(run_dir), "config": lambda: run_config(config, meta.get("choices", {}), used)}
+    return make(**{key: value() for key, value in supplied.items() if _takes(make, key)})
+
+
+def _takes(make: Any, key: str) -> bool:
+    """Whether the sink's constructor takes ``key`` (named, or through ``**kwargs``)."""
+    parameters = inspect.signature(make).parameters
+    return key in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 class JsonlFollower:

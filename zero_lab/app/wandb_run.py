@@ -55,11 +55,14 @@ def run_config(config: dict[str, Any], choices: dict[str, Any], logger: dict[str
 
 
 def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero: bool) -> dict[str, Any]:
-    """``logger`` with ``group``/``name`` from the sweep unless set, and tags added (when the
-    logger takes tags): the strategy's group options, the world size and the job's overrides."""
+    """``logger`` with ``group``/``name`` from the sweep unless set, and tags added: each only
+    when the logger's node has that key (the schema derives the node from the sink's constructor,
+    so a sink is never handed an argument it does not take): the strategy's group options, the
+    world size and the job's overrides."""
     out = dict(logger)
-    out["group"] = out.get("group") or meta.get("group")
-    out["name"] = out.get("name") or meta.get("name")
+    for key in ("group", "name"):
+        if key in out:
+            out[key] = out[key] or meta.get(key)
     if "tags" in out:
         choices = meta.get("choices") or {}
         groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
