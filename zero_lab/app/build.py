@@ -44,6 +44,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.optim_plan import OptimPlan
+from zero_lab.app.registered import exchange_name, grad_reduce_name
 from zero_lab.app.schema import APP_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
@@ -91,7 +92,7 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         partitioner=instantiate(cfg.partitioner),
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
-        exchange=enum_str(cfg.exchange),
+        exchange=exchange_name(cfg.exchange),
         ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
     )
     reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
@@ -188,12 +189,12 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
 
 def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle | None:
     """``grad_reduce=``: install :func:`zero_lab.grad_reduce.reduce_gradients` (``None`` when unset)."""
-    name = cfg.get("grad_reduce")
+    name = grad_reduce_name(cfg.get("grad_reduce"))
     if name is None:
         return None
     interleaved = enum_str(cfg.overlap_hook) == "interleaved"
     wrap = overlap.hook_with_zero_step_interleaved if interleaved else overlap.hook_with_zero_step
-    return reduce_gradients(ddp, optimizer, enum_str(name), bool(cfg.get("shard_grads", False)), wrap)
+    return reduce_gradients(ddp, optimizer, name, bool(cfg.get("shard_grads", False)), wrap)
 
 
 def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:

@@ -23,8 +23,10 @@ To add a plain top-level key: one field in :class:`Config` (or :class:`DistConfi
 type, its default and a comment on what it does. That field is the one place of all three:
 ``conf/config.yaml`` picks group options only (tests/unit/test_config.py holds it so). A key
 with a range also gets a rule in :mod:`zero_lab.app.validate`. A key whose values are a
-constant of the code (``exchange``, ``resume_optimizer``, ``param_dtype``) is typed by an
-enum made from that constant (:func:`_choices`), so its choices too are stated once.
+constant of the code (``resume_optimizer``, ``param_dtype``) is typed by an enum made from
+that constant (:func:`_choices`), so its choices too are stated once; ``exchange`` and
+``grad_reduce`` name registries that grow after import, so they are strings checked against
+the registry when the job runs (:mod:`zero_lab.app.registered`).
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.run_checkpoints import FORMATS, POLICIES
 from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
-from zero_lab.exchange import EXCHANGES
-from zero_lab.grad_reduce import GRAD_REDUCES
 
 __all__ = [
     "APP_KEYS",
@@ -64,8 +64,6 @@ __all__ = [
     "Config",
     "Device",
     "DistConfig",
-    "Exchange",
-    "GradReduce",
     "OverlapHook",
     "ParamDtype",
     "ResumeOptimizer",
@@ -141,10 +139,6 @@ def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
     return made
 
 
-#: ``exchange=``: the collective of ZeRO's parameter exchange, or ``auto`` (times each at step 1).
-Exchange = _choices("Exchange", EXCHANGES, "``exchange=``: zero_lab.exchange.EXCHANGES")
-#: ``grad_reduce=``: how gradients reach the ranks that step them (zero_lab.grad_reduce), or ``auto``.
-GradReduce = _choices("GradReduce", GRAD_REDUCES, "``grad_reduce=``: zero_lab.grad_reduce.GRAD_REDUCES")
 #: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
 ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.run_checkpoints.POLICIES")
 #: ``checkpoint_format=``: how checkpoint_every saves (native sharded/.pt, or torch's DCP).
@@ -205,12 +199,13 @@ class Config:
     # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
     overlap_hook: OverlapHook = OverlapHook.zero_step
     bucket_view: bool = False  # parameters_as_bucket_view: one collective per buffer, not per tensor
-    # zero_*: the parameter exchange's collective (zero_lab.exchange.EXCHANGES; auto times each at step 1)
-    exchange: Exchange = Exchange["auto"]
+    # zero_*: the parameter exchange's collective, a registered name or a class's dotted path (app/registered.py;
+    # auto times each at step 1)
+    exchange: str = "auto"
     prefetch: bool = False  # zero_*: step() only issues the exchange; the next forward waits per module
     # zero_*: reduce gradients to their owners only (null: DDP's all-reduce, untouched); all_reduce is DDP's
     # traffic through zero_lab's meter; reduce_scatter halves it; auto times each once (zero_lab.grad_reduce)
-    grad_reduce: GradReduce | None = None
+    grad_reduce: str | None = None  # a registered name or a class's dotted path (app/registered.py)
     # zero_* with grad_reduce: after backward keep only the gradients this rank owns (ZeRO-2 gradient memory)
     shard_grads: bool = False
     # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards

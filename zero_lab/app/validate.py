@@ -53,6 +53,7 @@ from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems, task_of
+from zero_lab.app.registered import EXCHANGE, name_or_value, registry_problems
 from zero_lab.app.run_checkpoints import find_any, step_of_any
 from zero_lab.app.scheduler_check import resumed_scheduler_problems, scheduler_problems
 from zero_lab.app.schema import (
@@ -456,7 +457,7 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | 
         out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
-    if cfg.overlap and (exchange := enum_str(cfg.exchange)) not in OVERLAP_EXCHANGES:
+    if cfg.overlap and (exchange := name_or_value(EXCHANGE, cfg.exchange)) not in OVERLAP_EXCHANGES:
         out.append(
             f"exchange={exchange}: with overlap=true the exchange is per DDP bucket by broadcast; "
             f"use {' or '.join(f'exchange={e}' for e in reversed(OVERLAP_EXCHANGES))}"
@@ -869,6 +870,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[st
     _check_ddp_options,
     _check_loop_features,
     _check_scheduler,
+    registry_problems,
     _check_arguments,
     _check_optim,
     _check_clipping,
