@@ -34,7 +34,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from zero_lab.app.protocols import batch_stream, call_model, loss_of, to_device
+from zero_lab.app.protocols import OUTPUT_KEY, batch_stream, call_model, loss_of, to_device
 from zero_lab.app.training import Training
 from zero_lab.partition import WithoutGradients
 
@@ -52,7 +52,7 @@ def params_without_grad(cfg: DictConfig, data: Any, world_size: int) -> list[str
         inputs, targets = next(batch_stream(data, 0, world_size, 0))
         output = call_model(model, to_device(inputs, torch.device("meta")))
         meta_targets = targets.to("meta") if torch.is_tensor(targets) else targets
-        loss_of(output, meta_targets, data, str(cfg.get("output_key", "logits"))).backward()
+        loss_of(output, meta_targets, data, str(cfg.get("output_key", OUTPUT_KEY))).backward()
     except Exception as error:  # an op without a meta kernel, data-dependent control flow...
         log.info("the parameters without gradients could not be found on meta tensors (%s)", error)
         return None

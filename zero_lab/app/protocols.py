@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "OUTPUT_KEY",
     "Batch",
     "GlobalBatchData",
     "Inputs",
@@ -72,6 +73,8 @@ Inputs = torch.Tensor | Mapping[str, torch.Tensor]
 Batch = tuple[Inputs, torch.Tensor | None]
 
 DOC = "zero_lab/app/protocols.py"
+#: The default ``output_key``: the entry of a mapping or ``transformers`` ``ModelOutput`` the loss reads.
+OUTPUT_KEY = "logits"
 
 
 class ProtocolError(TypeError):
@@ -155,7 +158,7 @@ def select_output(output: Any, key: str) -> torch.Tensor:
     )
 
 
-def loss_of(output: Any, targets: torch.Tensor | None, data: Any, output_key: str = "logits") -> torch.Tensor:
+def loss_of(output: Any, targets: torch.Tensor | None, data: Any, output_key: str = OUTPUT_KEY) -> torch.Tensor:
     """The step's loss in fp32: ``data.loss(output[output_key], targets)``, or the model's own
     ``output["loss"]`` when the data has no ``loss``."""
     if callable(getattr(data, "loss", None)):

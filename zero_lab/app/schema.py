@@ -50,6 +50,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from zero_lab.app.paths import CONF_DIR, group_options
+from zero_lab.app.protocols import OUTPUT_KEY
 from zero_lab.app.run_checkpoints import FORMATS, POLICIES
 from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
 
@@ -217,7 +218,7 @@ class Config:
     eval_every: int = 0  # N > 0: validation loss on held-out batches every N steps and at the end (val/loss)
     eval_batches: int = 2  # held-out batches per validation (data.val_shard)
     # a model whose forward returns a dict / ModelOutput: the entry data.loss reads (app/protocols.py)
-    output_key: str = "logits"
+    output_key: str = OUTPUT_KEY
     seed: int = 0  # model init; each step's draws come from (seed, rank, step)
     steps: int = 20  # optimizer steps
     log_every: int = 1  # write metrics every N steps (the last step is always written)

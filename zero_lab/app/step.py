@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from zero_lab.app.build import clip_gradients
-from zero_lab.app.protocols import Batch, Inputs, call_model, loss_of, to_device
+from zero_lab.app.protocols import OUTPUT_KEY, Batch, Inputs, call_model, loss_of, to_device
 from zero_lab.app.schema import enum_str
 from zero_lab.app.training import Training
 from zero_lab.comm import Communicator
@@ -50,7 +50,7 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class StepOptions:
     """The loop's keys that shape a step: ``output_key``, ``accumulate``, ``autocast``."""
 
-    output_key: str = "logits"
+    output_key: str = OUTPUT_KEY
     accumulate: int = 1
     autocast: str | None = None
 
@@ -58,7 +58,7 @@ class StepOptions:
     def of(cls, cfg: Any) -> StepOptions:
         autocast = cfg.get("autocast")
         return cls(
-            output_key=str(cfg.get("output_key", "logits")),
+            output_key=str(cfg.get("output_key", OUTPUT_KEY)),
             accumulate=int(cfg.get("accumulate", 1)),
             autocast=enum_str(autocast) if autocast is not None else None,
         )

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from zero_lab.app.models import MLP, ResNet, TinyLM
+from zero_lab.app.protocols import OUTPUT_KEY
 
 __all__ = ["MODELS", "PLAN_ONLY", "ModelPreset", "blocks_of", "tied_lm"]
 
@@ -84,7 +85,7 @@ def _lm_batch(batch: int, seq_len: int, vocab: int) -> Callable[[int, int], Batc
 
 
 def _lm_loss(logits: Any, targets: torch.Tensor) -> torch.Tensor:
-    logits = logits["logits"] if isinstance(logits, Mapping) else logits  # a transformers ModelOutput
+    logits = logits[OUTPUT_KEY] if isinstance(logits, Mapping) else logits  # a transformers ModelOutput
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
