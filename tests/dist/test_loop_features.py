@@ -20,7 +20,7 @@ from zero_lab.app.build import build_training
 from zero_lab.app.preflight import compose_job
 from zero_lab.app.protocols import batch_stream
 from zero_lab.app.schema import register_configs
-from zero_lab.app.step import StepOptions, forward_backward, optimizer_step, validation_loss
+from zero_lab.app.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.validate import to_container
 from zero_lab.comm import Communicator
 
@@ -34,7 +34,8 @@ def config(overrides: list[str]) -> dict[str, Any]:
 
 
 def app_run(container: dict[str, Any]) -> dict[str, Any]:
-    """The app's own path: build_training, then forward_backward + optimizer_step per step."""
+    """The app's own path (the rank loop's calls): build_training, then forward_backward,
+    unscale_and_clip and apply_step per step."""
     cfg = OmegaConf.create(container)
     training = build_training(cfg, torch.device("cpu"))
     data = instantiate(cfg.data)
@@ -45,7 +46,8 @@ def app_run(container: dict[str, Any]) -> dict[str, Any]:
     for _ in range(STEPS):
         training.optimizer.zero_grad(set_to_none=True)
         forward_backward(training, data, next(batches), options, torch.device("cpu"))
-        optimizer_step(training)
+        unscale_and_clip(training)
+        apply_step(training)
         lrs.append(training.optimizer.param_groups[0]["lr"])
     if training.zero:
         training.optimizer.wait_for_exchange()

@@ -9,12 +9,15 @@ the world-size-invariant trajectory are kept (``accumulate`` must divide the row
 With ``autocast`` the forward and the loss run under ``torch.autocast`` (bf16, or fp16 with
 torch's ``GradScaler`` scaling the loss).
 
-:func:`optimizer_step` then unscales (fp16), clips (``optim.max_grad_norm``), steps through the
-scaler or directly, and steps the LR scheduler once. :func:`validation_loss` averages the loss
-of ``eval_batches`` held-out batches (``data.val_shard``) over every rank, without gradients.
+:func:`unscale_and_clip` then unscales (fp16) and clips (``optim.max_grad_norm``), and
+:func:`apply_step` steps through the scaler or directly and steps the LR scheduler once; the
+rank loop (:mod:`zero_lab.app.runner`) calls the three in that order, timing between them.
+:func:`validation_loss` averages the loss of ``eval_batches`` held-out batches
+(``data.val_shard``) over every rank, without gradients.
 
-    loss = forward_backward(training, data, batch, StepOptions(accumulate=4, autocast="bf16"))
-    grad_norm = optimizer_step(training)
+    loss = forward_backward(training, data, batch, StepOptions(accumulate=4, autocast="bf16"), device)
+    grad_norm = unscale_and_clip(training)
+    apply_step(training)
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ __all__ = [
     "apply_step",
     "forward_backward",
     "micro_batches",
-    "optimizer_step",
     "unscale_and_clip",
     "validation_loss",
 ]
@@ -113,13 +115,6 @@ def forward_backward(
             (training.scaler.scale(loss) if training.scaler is not None else loss).backward()
         total += loss.detach()
     return total
-
-
-def optimizer_step(training: Training) -> float | None:
-    """:func:`unscale_and_clip`, then :func:`apply_step`; returns the pre-clip gradient norm (or None)."""
-    grad_norm = unscale_and_clip(training)
-    apply_step(training)
-    return grad_norm
 
 
 def unscale_and_clip(training: Training) -> float | None:
