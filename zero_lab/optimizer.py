@@ -78,7 +78,6 @@ from zero_lab.comm import CommStats, Communicator
 from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
-from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy, bucket_use
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.state_server import ShardStateServer, default_store, fetch_shard_states
@@ -768,11 +767,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         if grads:
             torch._foreach_mul_(grads, scale.to(grads[0].device))
         return total
-
-    def local_state_bytes(self) -> int:
-        """Bytes of this rank's optimizer state, from the real state tensors
-        (:func:`zero_lab.measure.optimizer_state_bytes`)."""
-        return optimizer_state_bytes(self._optim)
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""

@@ -26,8 +26,8 @@ steps the real optimizer class once on 2- and 3-element tensors and records whic
 state entries grow with the tensor (``exp_avg``) and which are fixed (Adam's
 ``step`` scalar). zero_lab steps one tensor per shard (a whole parameter, or a slice
 of it for element-granular partitioners), so a rank's state is the sum of that rule
-over its shards — exactly what ``ZeroRedundancyOptimizer.local_state_bytes()``
-reports after the first step, provided every trainable parameter received a gradient.
+over its shards — exactly what :func:`zero_lab.measure.optimizer_state_bytes` counts
+on a ``ZeroRedundancyOptimizer`` after the first step, provided every trainable parameter received a gradient.
 
 A *whole* parameter is priced at its real shape (:func:`whole_state_bytes`): the class
 is built and stepped once on a ``meta`` tensor of that shape (no memory), falling back
