@@ -76,8 +76,9 @@ def make_run(
 
 
 def test_overrides_parse_into_keys_without_hydras_own():
-    parsed = parse_overrides(["optim=adam", "+x.y=1", "~z", "hydra.run.dir=/tmp/a", "a=b=c"])
-    assert parsed == {"optim": "adam", "x.y": "1", "z": "<deleted>", "a": "b=c"}
+    parsed = parse_overrides(["optim=adam", "+x.y=1", "~z", "hydra.run.dir=/tmp/a", "a='b=c'", "hydra/launcher=slurm"])
+    assert parsed == {"optim": "adam", "x.y": "1", "z": "<deleted>", "a": "'b=c'"}  # read by Hydra's parser
+    assert parse_overrides(["a=b=c"]) == {"a=b=c": "<unparsed>"}  # Hydra refuses it: the line is its label
 
 
 def test_every_run_is_labelled_by_the_overrides_that_differ_and_none_merge(tmp_path):

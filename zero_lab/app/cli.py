@@ -19,6 +19,7 @@ from typing import NoReturn
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from zero_lab.app.overrides import given
 from zero_lab.app.schema import enum_str
 from zero_lab.app.validate import ConfigError
 from zero_lab.runtime import external
@@ -37,7 +38,7 @@ def fail(error: BaseException | str, code: int = EXIT_CONFIG) -> NoReturn:
 
 def world_size_given(overrides: list[str]) -> bool:
     """Whether the command line sets ``dist.world_size`` (``+dist.world_size=`` too)."""
-    return any(o.lstrip("+").startswith("dist.world_size=") for o in overrides)
+    return given(overrides, "dist.world_size")
 
 
 def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld) -> None:

@@ -22,6 +22,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from zero_lab.app.overrides import read
 from zero_lab.app.schema import HYDRA_KEYS
 
 __all__ = ["describe_hydra_error"]
@@ -41,8 +42,7 @@ def describe_hydra_error(error: BaseException) -> str:
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         return _unknown_key(cause, override)
     if isinstance(cause, ConfigTypeError) and "deletion" in str(cause) and override:
-        key = override.lstrip("~").split("=", 1)[0]
-        group = key.split(".", 1)[0]
+        key, group = (parsed := read([override])[0]).key, parsed.root
         return (
             f"{override}: the keys of {group} are its _target_'s arguments and cannot be removed; set the value "
             f"instead ({key}=<value>, or null where the argument is optional); for a class with other arguments "
@@ -51,7 +51,8 @@ def describe_hydra_error(error: BaseException) -> str:
         )
     if isinstance(cause, ValidationError):
         key = getattr(cause, "full_key", None) or override
-        value = f"={override.split('=', 1)[1]}" if override and "=" in override else ""
+        given_value = read([override])[0].value if override else None
+        value = "" if given_value is None else f"={given_value}"
         message = _first_line(getattr(cause, "msg", str(cause)))
         hint = next((h for word, h in _TYPE_HINTS.items() if word in message), "")
         return f"{key}{value}: {message}{hint}"

@@ -57,6 +57,7 @@ from zero_lab.app.config_check import check_unless_checked
 from zero_lab.app.failure_text import describe_failure, resume_hint
 from zero_lab.app.objective import objective_value
 from zero_lab.app.optim_plan import OptimPlan
+from zero_lab.app.overrides import read
 from zero_lab.app.provenance import run_meta
 from zero_lab.app.requeue import continue_requeued_run
 from zero_lab.app.runner import RankResult, RunSpec, train_rank
@@ -161,7 +162,7 @@ def _repeat(
     original: repeats.Original, cfg: DictConfig, plan: OptimPlan, overrides: list[str], run_dir: Path
 ) -> Objective:
     """This job repeats ``original``: say so in one line, record it, return the earlier job's objective."""
-    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in _unused_by(plan)]
+    unused = [o.text for o in read(overrides) if o.root in _unused_by(plan)]
     differing = [o for o in overrides if o not in original.overrides]
     why = (
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer, so"

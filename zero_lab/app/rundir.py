@@ -49,6 +49,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from zero_lab.app.cli import fail
+from zero_lab.app.overrides import given
 from zero_lab.runtime import external
 
 __all__ = [
@@ -201,7 +202,7 @@ def claim(path: str | Path, explicit: bool) -> Path:
 
 def _given(config: DictConfig, key: str) -> bool:
     """True when the command line set ``key`` (e.g. ``hydra.run.dir=...``)."""
-    return any(str(o).split("=", 1)[0].lstrip("+~") == key for o in config.hydra.overrides.hydra)
+    return given(config.hydra.overrides.hydra, key)
 
 
 class ClaimRunDir(Callback):

@@ -51,6 +51,7 @@ from zero_lab.app.config_problems import exclusive_key_problems, unresolved_prob
 from zero_lab.app.grad_checks import check_grad_reduce
 from zero_lab.app.objective import check_objective
 from zero_lab.app.optim_plan import OptimPlan
+from zero_lab.app.overrides import read
 from zero_lab.app.paths import CONF_DIR, group_options
 from zero_lab.app.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.app.registered import EXCHANGE, name_or_value, registry_problems
@@ -144,7 +145,7 @@ def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = 
     plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
     if plan.zero:
         return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
-    unused = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0] in UNUSED_BY_PLAIN]
+    unused = [o.text for o in read(overrides) if o.root in UNUSED_BY_PLAIN]
     if not unused:
         return _muon_glob_notice(cfg)
     return [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zero_lab.app.overrides import read
 from zero_lab.app.schema import HYDRA_KEYS
 from zero_lab.app.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
 
@@ -68,10 +69,9 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
         groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
         own = out["tags"] or []  # null unless the user set logger.tags
         tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
-        for override in meta.get("overrides", []):
-            key, _, value = str(override).lstrip("+~").partition("=")
-            if not key.startswith("hydra"):
-                tags.append(f"{key}:{value}"[:MAX_TAG])
+        for override in read(meta.get("overrides", [])):
+            if override.root != "hydra":
+                tags.append(f"{override.key}:{override.value or ''}"[:MAX_TAG])
         out["tags"] = list(dict.fromkeys(tags))  # in order, once each
     return out
 

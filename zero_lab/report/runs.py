@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.errors import OverrideParseException
 
+from zero_lab.app.overrides import read
 from zero_lab.app.repeats import read_repeat
 from zero_lab.app.summary import SUMMARY_FILE, RunSummary
 
@@ -122,11 +124,13 @@ def parse_overrides(lines: list[str]) -> dict[str, str]:
     Hydra's own keys (``hydra.*``) are left out: they place a run, they don't configure it."""
     out: dict[str, str] = {}
     for line in lines:
-        key, sep, value = str(line).partition("=")
-        key = key.lstrip("+~")
-        if key.startswith("hydra.") or key == "hydra" or key.startswith("hydra/"):
+        try:
+            (override,) = read([line])
+        except OverrideParseException:  # a hand-edited file: the line is its own label
+            out[str(line)] = "<unparsed>"
             continue
-        out[key] = value if sep else "<deleted>"
+        if override.root != "hydra":
+            out[override.key] = "<deleted>" if override.value is None else override.value
     return out
 
 

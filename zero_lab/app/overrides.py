@@ -1,0 +1,53 @@
+"""Command-line overrides read one way: with Hydra's own parser, as Hydra reads them.
+
+``+dist.world_size=2``, ``~model.x``, ``++x.y=[1,2]``, ``hydra/launcher=slurm``,
+``key='a,b'`` and sweeps (``optim=adam,zero_adam``) all mean what they mean to Hydra;
+:func:`read` gives each as an :class:`Override` (its key without the ``+``/``~``/``++``
+prefix, its value as written, ``None`` for a deletion without one). Every place of the app
+that asks "which key does this override set" asks here (Hydra's parser costs a few
+milliseconds per override, so each distinct string is parsed once per process).
+
+    [o.key for o in read(["+dist.world_size=2", "~model.x"])]   # ["dist.world_size", "model.x"]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+__all__ = ["Override", "given", "read"]
+
+
+@dataclass(frozen=True)
+class Override:
+    """One override as Hydra parsed it."""
+
+    key: str  # the key or group, without its +, ++ or ~ (``dist.world_size``, ``hydra/launcher``)
+    value: str | None  # as written (``1e-3``, ``'a,b'``, ``adam,zero_adam``); None: a deletion without a value
+    text: str  # the override as given
+
+    @property
+    def root(self) -> str:
+        """The top-level key or group it sets (``dist`` for ``dist.world_size``, ``hydra`` for ``hydra/launcher``)."""
+        return self.key.split(".", 1)[0].split("/", 1)[0]
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> Override:
+    (parsed,) = OverridesParser.create().parse_overrides([text])
+    written = None if parsed.is_delete() and parsed.value() is None else text.split("=", 1)[1]  # a key has no "="
+    return Override(parsed.key_or_group, written, text)
+
+
+def read(overrides: Iterable[str]) -> list[Override]:
+    """Each override parsed by Hydra (raises Hydra's ``OverrideParseException`` for one it cannot
+    read, as the command line would)."""
+    return [_parsed(str(text)) for text in overrides]
+
+
+def given(overrides: Iterable[str], key: str) -> bool:
+    """Whether ``overrides`` set ``key`` (``+key=``, ``++key=`` and ``~key`` included)."""
+    return any(o.key == key for o in read(overrides))
