@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q torch==2.13.0 -e ".[dev]"
-	$(BIN)/python -m zero_lab.app.torch_extras
+	$(BIN)/python -m zero_lab.app.workloads.torch_extras
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -10,7 +10,7 @@ The same job is ``zero-lab-train`` once the package is installed. The loop lives
 inside the Hydra job (one run dir per job); under torchrun each process is one rank.
 """
 
-from zero_lab.app.entry import main
+from zero_lab.app.launch.entry import main
 
 if __name__ == "__main__":
     main()

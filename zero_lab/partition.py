@@ -780,7 +780,7 @@ class WithoutGradients:
     their owner with nothing and the owners balance the parameters that get state.
 
     For parameters known before the first step never to be used (the app finds them with a
-    forward and backward on ``meta`` tensors, :mod:`zero_lab.app.grad_reach`): pricing them as if
+    forward and backward on ``meta`` tensors, :mod:`zero_lab.app.run.grad_reach`): pricing them as if
     they got state left one rank of the own-model example holding all of it. Give it to an
     optimizer before its first step: ``opt.repartition(WithoutGradients(opt.partitioner, names))``.
     DDP-bucket use (``needs_ddp_buckets``, ``shard_buckets``) is ``inner``'s; ``repr`` is ``inner``'s

@@ -15,12 +15,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-from zero_lab.app.build import build_training
-from zero_lab.app.grad_reach import balance_over_gradients
-from zero_lab.app.preflight import compose_job
-from zero_lab.app.protocols import batch_stream, call_model, loss_of
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import to_container
+from zero_lab.app.run.build import build_training
+from zero_lab.app.run.grad_reach import balance_over_gradients
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.check.rules import to_container
 
 register_configs()
 
@@ -67,7 +67,7 @@ def train(container: dict[str, Any], steps: int = 4) -> list[torch.Tensor]:
     cfg = OmegaConf.create(container)
     training = build_training(cfg, torch.device("cpu"))
     data = instantiate(cfg.data)
-    unused = balance_over_gradients(training, cfg, data)  # as the app's loop does (runner.py)
+    unused = balance_over_gradients(training, cfg, data)  # as the app's loop does (run/rank_loop.py)
     if training.zero and not cfg.overlap:  # owners balanced over the parameters that get gradients
         assert unused == ["aux.weight", "aux.bias"]
         assert [s.gets_grad for s in training.optimizer.partition.specs if s.name.startswith("aux")] == [False] * 2

@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-from zero_lab.app.data import RegressionData
-from zero_lab.app.failure_text import describe_failure
-from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.preflight import compose_job
-from zero_lab.app.runner import RunSpec, train_rank
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import to_container
+from zero_lab.app.workloads.data import RegressionData
+from zero_lab.app.record.failure_text import describe_failure
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.run.rank_loop import RunSpec, train_rank
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.check.rules import to_container
 from zero_lab.runtime.launch import RankFailure
 
 register_configs()

@@ -21,7 +21,7 @@ def made(tmp_path_factory) -> dict[str, tuple[CompletedProcess[str], Path]]:
     YAML of the user's own ``--config-dir``; Hydra's ``--cfg`` mode (nothing runs, nothing checked)."""
     base = tmp_path_factory.mktemp("config_cli")
     (base / "mine" / "model").mkdir(parents=True)
-    (base / "mine" / "model" / "wide.yaml").write_text("_target_: zero_lab.app.models.MLP\nhidden: 1024\n")
+    (base / "mine" / "model" / "wide.yaml").write_text("_target_: zero_lab.app.workloads.models.MLP\nhidden: 1024\n")
     commands = {
         "comma": ("optim=adam,zero_adam", f"hydra.run.dir={base / 'comma'}"),
         "manual": ("-m", "partitioner=manual", "dist.world_size=2,4", "steps=2", "logger=none",

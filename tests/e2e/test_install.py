@@ -15,7 +15,10 @@ import zipfile
 from tests.e2e.runs import REPO, child_env
 
 LOCAL_ONLY = (".venv", ".git", "outputs", "build", "*.egg-info", "__pycache__", ".*_cache", "multirun", "wandb")
-ENTRY = "import zero_lab; print('package:', zero_lab.__file__, flush=True); from zero_lab.app.entry import main; main()"
+ENTRY = (
+    "import zero_lab; print('package:', zero_lab.__file__, flush=True); "
+    "from zero_lab.app.launch.entry import main; main()"
+)
 
 
 def test_conf_is_top_level_and_the_wheel_carries_it_and_trains(tmp_path):

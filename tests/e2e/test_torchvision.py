@@ -51,7 +51,7 @@ def test_a_cuda_torchvision_beside_cpu_torch_is_refused_in_one_line_before_start
         functools.partial(train, "model=gpt2", "data=text", "logger=none", f"hydra.run.dir={run_dir}", env=env),
         functools.partial(
             subprocess.run,
-            [sys.executable, "-m", "zero_lab.app.torch_extras"],
+            [sys.executable, "-m", "zero_lab.app.workloads.torch_extras"],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -60,7 +60,8 @@ def test_a_cuda_torchvision_beside_cpu_torch_is_refused_in_one_line_before_start
         ),
     )
     problem = (
-        "model._target_=zero_lab.app.hf_models.GPT2: torchvision 0.28.0 is installed beside torch 2.13.0+cpu: only "
+        "model._target_=zero_lab.app.workloads.hf_models.GPT2: "
+        "torchvision 0.28.0 is installed beside torch 2.13.0+cpu: only "
         "torch is a CPU build (+cpu), so torchvision's ops fail (operator torchvision::nms does not exist), and "
         f"transformers imports it; fix: {FIX} (or pip uninstall torchvision: zero_lab does not need it)"
     )

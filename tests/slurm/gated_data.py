@@ -3,7 +3,7 @@ must still be training when Slurm's signal comes, whatever the machine's speed.
 
 ``ZERO_LAB_TEST_GATE=<path>`` in the environment: while ``<path>`` does not exist, every batch waits
 :data:`HELD_S` first (so ``steps`` steps take at least ``steps * HELD_S`` seconds); once it exists,
-batches come at full speed. Without the variable it is :class:`~zero_lab.app.data.RegressionData`
+batches come at full speed. Without the variable it is :class:`~zero_lab.app.workloads.data.RegressionData`
 itself. The batches are the same either way: the wait changes no number.
 """
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from zero_lab.app.data import RegressionData
+from zero_lab.app.workloads.data import RegressionData
 
 GATE = "ZERO_LAB_TEST_GATE"
 HELD_S = 0.5

@@ -211,23 +211,59 @@ def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
     return datetime.datetime.now() + datetime.timedelta(seconds=ahead - SIGNAL_AFTER_S)
 
 
-def _extend_after_the_first_requeue(slurm: SlurmCluster, gate: Path, timeout_s: float = 300) -> None:
+def _extend_after_the_first_requeue(slurm: SlurmCluster, gate: Path, timeout_s: float = 300) -> list[str]:
     """Once the job has been requeued, give it 10 minutes (the next attempt is not cut short too:
     each attempt of a 1-minute job would be, however little it has left) and open its data's
-    ``gate``, so it trains at full speed."""
-    deadline, seen = time.monotonic() + timeout_s, False
+    ``gate``, so it trains at full speed. Returns what it saw, for the test's failure message.
+
+    Slurm's commands can fail or stall for a moment while slurmctld requeues a job (a busy
+    controller answers "Socket timed out"): a failed or timed-out query is asked again, never read
+    as "no job" (which once made this helper give up early, so every attempt was cut at its limit);
+    the job counts as ended only when ``squeue`` answers, twice in a row, that no job is left."""
+    deadline, seen, empty, events = time.monotonic() + timeout_s, False, 0, []
+
+    def ask(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+        try:
+            result = slurm.run(argv, timeout=30)
+        except subprocess.TimeoutExpired:
+            events.append(f"{argv[0]} {argv[1]}: timed out")
+            return None
+        if result.returncode != 0:
+            events.append(f"{argv[0]} {argv[1]}: exit {result.returncode}: {result.stderr.strip()[-200:]}")
+            return None
+        return result
+
     while time.monotonic() < deadline:
-        out = slurm.run(["scontrol", "show", "job", "-o"], timeout=30).stdout
-        for line in out.splitlines():
-            if "Restarts=1" in line:
-                job = line.split()[0].split("=", 1)[1]
-                slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"], timeout=30)
+        shown = ask(["scontrol", "show", "job", "-o"])
+        for line in shown.stdout.splitlines() if shown else ():
+            fields = dict(field.split("=", 1) for field in line.split() if "=" in field)
+            if int(fields.get("Restarts", "0")) >= 1:
+                job = fields["JobId"]
+                events.append(f"job {job} requeued (Restarts={fields['Restarts']}, {fields.get('JobState')})")
+                while ask(["scontrol", "update", f"JobId={job}", "TimeLimit=10"]) is None:
+                    if time.monotonic() > deadline:
+                        return events
+                    time.sleep(0.5)
+                events.append(f"job {job}: time limit now 10 min; gate open")
                 gate.touch()
-                return
-        if seen and not slurm.jobs():  # it ended without a requeue: the test says why
-            return
-        seen = seen or bool(slurm.jobs())
+                return events
+        queued = ask(["squeue", "-h", "-o", "%i"])
+        if queued is not None:
+            left = queued.stdout.split()
+            empty = 0 if left else empty + 1
+            if seen and empty >= 2:  # it ended without a requeue: the test says why
+                events.append("the job ended without a requeue")
+                return events
+            seen = seen or bool(left)
         time.sleep(0.5)
+    events.append(f"no requeue seen in {timeout_s:g} s")
+    return events
+
+
+def _job_logs(sweep: Path, tail: int = 1500) -> str:
+    """The end of each Slurm attempt's log under ``sweep`` (for a failure message)."""
+    logs = sorted((sweep / ".submitit").glob("*/*_log.*"))
+    return "\n".join(f"--- {log}:\n{log.read_text(errors='replace')[-tail:]}" for log in logs)
 
 
 @pytest.mark.timeout(600)  # about 3 min alone (start pinned up to a minute ahead, a 1-min limit, requeue, resume)
@@ -256,10 +292,10 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         timeout=400,
         env={**child_env(), GATE: str(gate)},
     )
-    limited, _ = together(submit, functools.partial(_extend_after_the_first_requeue, slurm, gate))
+    limited, seen = together(submit, functools.partial(_extend_after_the_first_requeue, slurm, gate))
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-3000:]
-    ok(limited)
+    assert limited.returncode == 0, "\n".join(["the helper saw:", *seen, _job_logs(sweep)]) + limited.stderr[-3000:]
     run = summary(sweep / "0")
     assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
     first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from zero_lab.app.preflight import preflight
-from zero_lab.app.validate import ConfigError
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.check.rules import ConfigError
 
 
 def problems(*overrides: str, **preflight_kwargs: Any) -> str:

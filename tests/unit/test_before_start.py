@@ -15,13 +15,13 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.unit.configs import problems
-from zero_lab.app import run_checkpoints
-from zero_lab.app.build import build_training
-from zero_lab.app.data import TextData
-from zero_lab.app.preflight import compose_job, preflight
-from zero_lab.app.rundir import ClaimRunDir, claim, system_dir
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import notices
+from zero_lab.app.check.preflight import compose_job, preflight
+from zero_lab.app.check.rules import notices
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.launch.run_dir import ClaimRunDir, claim, system_dir
+from zero_lab.app.run import checkpoints as run_checkpoints
+from zero_lab.app.run.build import build_training
+from zero_lab.app.workloads.data import TextData
 
 register_configs()
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.failure_text import describe_failure, resume_hint
-from zero_lab.app.rundir import claim, set_aside_earlier_run
+from zero_lab.app.launch.run_dir import claim, set_aside_earlier_run
+from zero_lab.app.record.failure_text import describe_failure, resume_hint
 from zero_lab.checkpoint import (
     CheckpointError,
     checkpoints,

@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import ZeroRedundancyOptimizer, muon_param_groups
-from zero_lab.app import run_checkpoints
-from zero_lab.app.run_checkpoints import ResumeMismatch
-from zero_lab.app.training import Training
+from zero_lab.app.run import checkpoints as run_checkpoints
+from zero_lab.app.run.checkpoints import ResumeMismatch
+from zero_lab.app.run.training import Training
 from zero_lab.checkpoint import CheckpointError, load_checked_file, load_checkpoint, save_checkpoint, save_file
 from zero_lab.state_probe import Expected, expected_state, state_problem
 

@@ -1,7 +1,7 @@
-"""The closing lines (zero_lab/app/closing.py) from a RunSummary: what ran is said (validation,
+"""The closing lines (zero_lab/app/record/closing.py) from a RunSummary: what ran is said (validation,
 resume, accumulation, the local step that Muon and cost models change), the baseline is named
 plainly, and a saving above the world size cannot be printed; the baseline itself
-(zero_lab/app/memory.py) prices only the parameters that get state, as DDP + the optimizer would."""
+(zero_lab/app/run/memory.py) prices only the parameters that get state, as DDP + the optimizer would."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
-from zero_lab.app.closing import closing_lines
-from zero_lab.app.memory import ddp_state_bytes, optimizer_classes, params_with_state
-from zero_lab.app.summary import RunSummary
+from zero_lab.app.record.closing import closing_lines
+from zero_lab.app.record.summary import RunSummary
+from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes, params_with_state
 from zero_lab.measure import optimizer_state_bytes
 
 KIB = 1024

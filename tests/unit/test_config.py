@@ -16,17 +16,17 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.build import make_scheduler, optimizer_factory
-from zero_lab.app.data import RegressionData, TokenData, stream_seed
-from zero_lab.app.objective import OBJECTIVES
-from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.paths import CONF_DIR, group_options
-from zero_lab.app.preflight import compose_job, preflight
-from zero_lab.app.protocols import call_model, loss_of
-from zero_lab.app.run_checkpoints import FORMATS, POLICIES
-from zero_lab.app.schema import Config, DistConfig, ResumeOptimizer, register_configs
-from zero_lab.app.slurm_launcher import job_resources
-from zero_lab.app.validate import ConfigError, check
+from zero_lab.app.check.preflight import compose_job, preflight
+from zero_lab.app.check.rules import ConfigError, check
+from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.config.schema import Config, DistConfig, ResumeOptimizer, register_configs
+from zero_lab.app.launch.slurm import job_resources
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.record.objective import OBJECTIVES
+from zero_lab.app.run.build import make_scheduler, optimizer_factory
+from zero_lab.app.run.checkpoints import FORMATS, POLICIES
+from zero_lab.app.workloads.data import RegressionData, TokenData, stream_seed
+from zero_lab.app.workloads.protocols import call_model, loss_of
 from zero_lab.partition import ParamSpec
 
 register_configs()

@@ -20,12 +20,12 @@ from omegaconf.errors import ValidationError
 
 import zero_lab.app
 from tests.unit.configs import problems
-from zero_lab.app import build
-from zero_lab.app.config_check import was_checked
-from zero_lab.app.paths import CONF_DIR
-from zero_lab.app.preflight import compose_job, preflight, sweep_jobs
-from zero_lab.app.schema import SUPPLIED_BY_APP, register_configs
-from zero_lab.app.validate import ConfigError, check, notices, to_container
+from zero_lab.app.check.callback import was_checked
+from zero_lab.app.check.preflight import compose_job, preflight, sweep_jobs
+from zero_lab.app.check.rules import ConfigError, check, notices, to_container
+from zero_lab.app.config.paths import CONF_DIR
+from zero_lab.app.config.schema import SUPPLIED_BY_APP, register_configs
+from zero_lab.app.run import build
 from zero_lab.partition import ParamSpec, Partition, Shard
 
 register_configs()

@@ -1,4 +1,4 @@
-"""One problem, one line (zero_lab/app/config_problems.py, hydra_errors.py): an interpolation that
+"""One problem, one line (zero_lab/app/config/problems.py, hydra_errors.py): an interpolation that
 fails in every check is one line, or none when the model/data mismatch behind it is reported;
 ``partitioner=manual`` takes exactly one of ``order`` and ``params_per_rank``; an argument Hydra
 cannot parse is named, and several overrides in one argument are said to be that."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.configs import problems
-from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import register_configs
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.config.schema import register_configs
 
 register_configs()
 
@@ -24,7 +24,7 @@ def test_a_model_data_mismatch_is_one_problem_not_its_failed_interpolations():
     assert message.startswith("invalid config (1 problem):")
     assert lines(message) == [
         "data=tokens: model=mlp is a 'regression' model and needs data for that task, but this data's task is 'lm' "
-        "(pick data=regression; zero_lab/app/protocols.py)"
+        "(pick data=regression; zero_lab/app/workloads/protocols.py)"
     ]
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.app.preflight import compose_job, preflight
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import ConfigError, notices
+from zero_lab.app.check.preflight import compose_job, preflight
+from zero_lab.app.check.rules import ConfigError, notices
+from zero_lab.app.config.schema import register_configs
 
 register_configs()
 

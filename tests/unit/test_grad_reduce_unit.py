@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.unit.configs import problems
-from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import register_configs
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.config.schema import register_configs
 from zero_lab.grad_reduce import (
     GRAD_REDUCES,
     BucketRoute,
@@ -138,8 +138,8 @@ def test_config_checks_accept_the_modes(overrides):
 
 
 def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
-    from zero_lab.app.closing import grad_reduce_lines
-    from zero_lab.app.summary import RunSummary
+    from zero_lab.app.record.closing import grad_reduce_lines
+    from zero_lab.app.record.summary import RunSummary
 
     summary = RunSummary(
         final_loss=1.0,

@@ -1,5 +1,8 @@
 """The package's layers: core <- runtime <- app <- report <- bench, no cycles, and a core that needs torch alone.
 
+Inside the app, folders by concern in the same way: workloads <- config <- plan <- record <- run
+<- check <- launch (:data:`APP_FOLDERS`); every app module lives in one of them.
+
 Read from the source with ``ast`` (every import, at any depth), so a cycle cannot hide in a
 function-level import; what the core imports when it loads is followed the same way, from
 module to module, so no interpreter is started.
@@ -40,6 +43,9 @@ CORE_MODULES = (
     "zero_lab.runtime.slurm",
 )
 APP_LIBRARIES = ("hydra", "omegaconf", "wandb", "matplotlib")
+#: The app's folders, bottom up: each may import only from itself and the folders before it
+#: (``zero_lab.app`` itself holds only the table of moved names and imports none of them).
+APP_FOLDERS = ("workloads", "config", "plan", "record", "run", "check", "launch")
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +91,7 @@ def import_graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         targets = set()
         for name, _ in imports_of(path):
-            while name not in modules and "." in name:  # ``from zero_lab.app import cli`` names a module
+            while name not in modules and "." in name:  # ``from zero_lab.app.run import build`` names a module
                 name = name.rsplit(".", 1)[0]
             if name != module:
                 targets.add(name)
@@ -110,14 +116,62 @@ def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
 def test_an_upward_import_is_caught_between_any_two_layers() -> None:
     upward = {
         "zero_lab.optimizer": {"zero_lab.runtime.launch"},
-        "zero_lab.runtime.launch": {"zero_lab.app.cli"},
-        "zero_lab.app.cli": {"zero_lab.report.cli"},
+        "zero_lab.runtime.launch": {"zero_lab.app.check.before_start"},
+        "zero_lab.app.check.before_start": {"zero_lab.report.cli"},
         "zero_lab.conf": {"zero_lab.bench.cli"},
         "zero_lab.report.cli": {"zero_lab.bench.cli"},
     }
     assert len(upward_imports(upward)) == len(upward)
-    downward = {"zero_lab.bench.cli": {"zero_lab.report.cli", "zero_lab.app.cli", "zero_lab"}}
+    downward = {"zero_lab.bench.cli": {"zero_lab.report.cli", "zero_lab.app.check.before_start", "zero_lab"}}
     assert upward_imports(downward) == []
+
+
+def app_folder_of(module: str) -> str | None:
+    """The app folder ``module`` lives in (``zero_lab.app.run.step`` -> ``run``), or None outside one."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["zero_lab", "app"] and len(parts) > 2 else None
+
+
+def upward_app_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    """Each import from an app folder into a later one (or from the ``zero_lab.app`` package into any)."""
+
+    def rank(module: str) -> int:
+        folder = app_folder_of(module)
+        return APP_FOLDERS.index(folder) if folder in APP_FOLDERS else -1
+
+    return [
+        f"{module} ({app_folder_of(module)}) imports {target} ({app_folder_of(target)})"
+        for module, targets in graph.items()
+        if module.startswith("zero_lab.app")
+        for target in sorted(targets)
+        if app_folder_of(target) is not None and (module == "zero_lab.app" or rank(target) > rank(module))
+    ]
+
+
+def test_every_app_module_lives_in_a_folder_by_concern() -> None:
+    loose = [m for m in import_graph() if app_folder_of(m) is not None and app_folder_of(m) not in APP_FOLDERS]
+    assert not loose, f"app modules outside {APP_FOLDERS}: {loose}"
+    assert {app_folder_of(m) for m in import_graph()} - {None} == set(APP_FOLDERS)
+
+
+def test_each_app_folder_imports_only_itself_and_the_folders_below() -> None:
+    wrong = upward_app_imports(import_graph())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_an_upward_import_is_caught_between_any_two_app_folders() -> None:
+    pairs = [(low, high) for i, low in enumerate(APP_FOLDERS) for high in APP_FOLDERS[i + 1 :]]
+    assert len(pairs) == 21
+    for low, high in pairs:
+        assert upward_app_imports({f"zero_lab.app.{low}.a": {f"zero_lab.app.{high}.b"}}) == [
+            f"zero_lab.app.{low}.a ({low}) imports zero_lab.app.{high}.b ({high})"
+        ]
+    downward = {f"zero_lab.app.{high}.b": {f"zero_lab.app.{low}.a", "zero_lab.app", "zero_lab.optimizer"}
+                for i, low in enumerate(APP_FOLDERS) for high in APP_FOLDERS[i:]}  # fmt: skip
+    assert upward_app_imports(downward) == []
+    assert upward_app_imports({"zero_lab.app": {"zero_lab.app.run.step"}}) == [
+        "zero_lab.app (None) imports zero_lab.app.run.step (run)"
+    ]
 
 
 def test_the_import_graph_has_no_cycle() -> None:

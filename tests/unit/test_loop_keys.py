@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.unit.configs import problems
-from zero_lab.app.build import make_scheduler
-from zero_lab.app.preflight import compose_job
-from zero_lab.app.schema import register_configs
-from zero_lab.app.step import micro_batches
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.run.build import make_scheduler
+from zero_lab.app.run.step import micro_batches
 
 register_configs()
 

@@ -19,11 +19,11 @@ from zero_lab import (
     register_elementwise,
     split_state_dict,
 )
-from zero_lab.app import run_checkpoints as app_checkpoint
-from zero_lab.app.models import TinyLM
-from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import ConfigError
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.check.rules import ConfigError
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.run import checkpoints as app_checkpoint
+from zero_lab.app.workloads.models import TinyLM
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.planner import plan_memory, whole_state_bytes
 

@@ -12,10 +12,10 @@ import termios
 import pytest
 import torch
 
-from zero_lab.app.memory import ddp_state_bytes, training_tensor_bytes
-from zero_lab.app.metrics import RankStep, step_record
-from zero_lab.app.progress import Progress
-from zero_lab.app.training import Training
+from zero_lab.app.record.metrics import RankStep, step_record
+from zero_lab.app.record.progress import Progress
+from zero_lab.app.run.memory import ddp_state_bytes, training_tensor_bytes
+from zero_lab.app.run.training import Training
 from zero_lab.measure import optimizer_state_bytes
 
 #: The per-rank metric prefixes users chart; each has /rank{r}, /max and /mean.

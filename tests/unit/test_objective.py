@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.app.objective import OBJECTIVES, check_directions, check_objective, objective_value
-from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import ConfigError
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.check.rules import ConfigError
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.record.objective import OBJECTIVES, check_directions, check_objective, objective_value
 
 register_configs()
 

@@ -1,4 +1,4 @@
-"""The model/data protocol (zero_lab/app/protocols.py), no processes: what forward may return,
+"""The model/data protocol (zero_lab/app/workloads/protocols.py), no processes: what forward may return,
 where the loss comes from, the two ways data is read, and the pre-start check's messages."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from zero_lab.app.data import RegressionData
-from zero_lab.app.protocols import (
+from zero_lab.app.workloads.data import RegressionData
+from zero_lab.app.workloads.protocols import (
     GlobalBatchData,
     RankStreamData,
     batch_stream,

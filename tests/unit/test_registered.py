@@ -9,10 +9,10 @@ import pytest
 
 from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import collectives, grad_reduce
-from zero_lab.app.preflight import compose_job
-from zero_lab.app.registered import exchange_name, grad_reduce_name
-from zero_lab.app.schema import register_configs
-from zero_lab.app.validate import ConfigError, check
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.check.rules import ConfigError, check
+from zero_lab.app.config.registered import exchange_name, grad_reduce_name
+from zero_lab.app.config.schema import register_configs
 from zero_lab.collectives import register_collective, registered_collectives
 
 register_configs()
@@ -43,7 +43,7 @@ def test_a_collective_registered_after_import_is_chosen_by_name(registries):
         "zero_lab.collectives.Collective class of yours (exchange=my_project.MyClass), or register it before the "
         "job starts"
     )
-    register_collective(PaddedAllReduce)  # after zero_lab.app.schema was imported
+    register_collective(PaddedAllReduce)  # after zero_lab.app.config.schema was imported
     assert problems("exchange=all_reduce") == []
     assert exchange_name("all_reduce") == "all_reduce"
 

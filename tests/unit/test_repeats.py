@@ -1,5 +1,5 @@
 """A sweep job that would train what an earlier one trained is found by its claim in the sweep
-dir (zero_lab/app/repeats.py): only once the earlier job finished, never its own (requeued)
+dir (zero_lab/app/launch/repeats.py): only once the earlier job finished, never its own (requeued)
 claim, and the keys a plain optimizer ignores make no difference to the digest."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zero_lab.app.repeats import REPEAT_FILE, Original, claim, job_key, read_repeat, write_repeat
-from zero_lab.app.summary import SUMMARY_FILE
+from zero_lab.app.launch.repeats import REPEAT_FILE, Original, claim, job_key, read_repeat, write_repeat
+from zero_lab.app.record.summary import SUMMARY_FILE
 
 CONFIG = {"optim": {"_target_": "torch.optim.Adam", "lr": 1e-3}, "partitioner": {"_target_": "Flat"}, "steps": 2}
 

@@ -1,4 +1,4 @@
-"""A Slurm submission that fails, said in one line (zero_lab/app/slurm_launcher.py), without
+"""A Slurm submission that fails, said in one line (zero_lab/app/launch/slurm.py), without
 Slurm: sbatch's stderr as submitit hands it over, a missing sbatch, jobs already queued.
 The same line from a real sbatch is asserted in tests/slurm/test_sbatch_scripts.py."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from submitit.core.utils import FailedJobError
 
-from zero_lab.app.slurm_launcher import sbatch_reason, submission_failure
+from zero_lab.app.launch.slurm import sbatch_reason, submission_failure
 
 PARTITION = (
     "sbatch: error: invalid partition specified: nope\n"

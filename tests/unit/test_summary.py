@@ -1,4 +1,4 @@
-"""The run summary and the step keys are stated once (zero_lab/app/summary.py): summary.json
+"""The run summary and the step keys are stated once (zero_lab/app/record/summary.py): summary.json
 round-trips through RunSummary key for key, older summaries still read, and every reader
 (objective, W&B, closing lines, report) names keys that exist."""
 
@@ -8,11 +8,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from zero_lab.app.closing import closing_lines
-from zero_lab.app.metrics import FIELDS
-from zero_lab.app.objective import OBJECTIVES, objective_value
-from zero_lab.app.summary import MEDIAN_OF, NAMESPACED, PER_RANK, PROVENANCE, STEP_KEYS, RunSummary
-from zero_lab.app.wandb_run import run_summary
+from zero_lab.app.record.closing import closing_lines
+from zero_lab.app.record.metrics import FIELDS
+from zero_lab.app.record.objective import OBJECTIVES, objective_value
+from zero_lab.app.record.summary import MEDIAN_OF, NAMESPACED, PER_RANK, PROVENANCE, STEP_KEYS, RunSummary
+from zero_lab.app.record.wandb_run import run_summary
 
 FIELD_NAMES = [f.name for f in dataclasses.fields(RunSummary)]
 

@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.unit.configs import problems
-from zero_lab.app.preflight import preflight
-from zero_lab.app.schema import GROUPS, register_configs
-from zero_lab.app.targets import RULES, check_targets, refusal, target_problem
+from zero_lab.app.check.preflight import preflight
+from zero_lab.app.config.schema import GROUPS, register_configs
+from zero_lab.app.config.targets import RULES, check_targets, refusal, target_problem
 
 register_configs()
 
@@ -59,7 +59,7 @@ def test_logging_basic_config_as_logger_is_refused(tmp_path, victim):
         """)  # fmt: skip
     message = problems("logger=evil", user_dir=conf)
     assert "logger._target_=logging.basicConfig: must be a class with log, summary and close" in message
-    assert "(zero_lab.app.sinks.MetricSink)" in message
+    assert "(zero_lab.app.record.sinks.MetricSink)" in message
 
 
 def test_a_scheduler_target_that_is_no_scheduler_is_refused(tmp_path, victim):
@@ -97,13 +97,13 @@ def test_standard_library_and_torch_machinery_are_never_targets(override, expect
 
 def test_a_target_nested_in_a_group_is_checked_too(victim):
     node = OmegaConf.create(
-        {"_target_": "zero_lab.app.models.MLP", "extra": {"_target_": "builtins.open", "file": str(victim)}}
+        {"_target_": "zero_lab.app.workloads.models.MLP", "extra": {"_target_": "builtins.open", "file": str(victim)}}
     )
     assert target_problem("model.extra", node.extra) == (
         "model.extra._target_=builtins.open: must be a lookup, a class or a function of yours; it names a function "
         "of the standard library, and was not called"
     )
-    cfg = OmegaConf.create({"model": node, "data": {"_target_": "zero_lab.app.data.RegressionData"}})
+    cfg = OmegaConf.create({"model": node, "data": {"_target_": "zero_lab.app.workloads.data.RegressionData"}})
     assert check_targets(cfg) == [target_problem("model.extra", node.extra)]
     lookup = OmegaConf.create({"_target_": "hydra.utils.get_method", "path": "os.system"})
     expected = "model.cost.path=os.system: must be a lookup, a class or a function of yours"

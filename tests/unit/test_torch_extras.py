@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.app.torch_extras import explain_import_error, torchvision_fix, torchvision_mismatch
+from zero_lab.app.workloads.torch_extras import explain_import_error, torchvision_fix, torchvision_mismatch
 
 FIX = (
     "pip install torch==2.13.0 torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu "

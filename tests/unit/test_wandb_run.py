@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from zero_lab.app.optim_plan import OptimPlan
-from zero_lab.app.preflight import compose_job
-from zero_lab.app.schema import HYDRA_KEYS, register_configs
-from zero_lab.app.sinks import MetricSink, make_logger_sink
-from zero_lab.app.validate import check
-from zero_lab.app.wandb_run import identity, run_config
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.check.rules import check
+from zero_lab.app.config.schema import HYDRA_KEYS, register_configs
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.record.sinks import MetricSink, make_logger_sink
+from zero_lab.app.record.wandb_run import identity, run_config
 
 register_configs()
 

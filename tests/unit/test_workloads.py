@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from zero_lab.app.data import ImageData, TextData, stdlib_source
-from zero_lab.app.hf_models import GPT2, Llama
-from zero_lab.app.models import ResNet
-from zero_lab.app.protocols import call_model, forward_problems, loss_of
+from zero_lab.app.workloads.data import ImageData, TextData, stdlib_source
+from zero_lab.app.workloads.hf_models import GPT2, Llama
+from zero_lab.app.workloads.models import ResNet
+from zero_lab.app.workloads.protocols import call_model, forward_problems, loss_of
 
 
 @pytest.mark.parametrize("cls", [GPT2, Llama])

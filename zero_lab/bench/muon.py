@@ -1,7 +1,7 @@
 """The Muon benchmark: DDP + chained Muon/AdamW against torch's and zero_lab's ZeRO-1.
 
 One world of W Gloo ranks (one thread each) trains four copies of one transformer LM
-(:class:`~zero_lab.app.models.TinyLM` with grouped-query K/V and narrow experts: mixed
+(:class:`~zero_lab.app.workloads.models.TinyLM` with grouped-query K/V and narrow experts: mixed
 aspect ratios; the LM head tied to a 4096 × 128 token embedding) from the same initial
 weights on the same batches, one iteration of each strategy in turn per step, so load on
 the machine hits them alike. The param groups are in the model's order (``--order
@@ -55,7 +55,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups, reduce_gradients
-from zero_lab.app.models import TinyLM
+from zero_lab.app.workloads.models import TinyLM
 from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec, newton_schulz_cost

@@ -2,8 +2,8 @@
 
 A :class:`ModelPreset` couples a model builder with a deterministic batch function:
 ``batch(step, rank)`` is the same for every strategy, so all of them see the same data.
-The models are the app's :class:`~zero_lab.app.models.MLP` and
-:class:`~zero_lab.app.models.TinyLM` (the LM with its head tied to the token embedding,
+The models are the app's :class:`~zero_lab.app.workloads.models.MLP` and
+:class:`~zero_lab.app.workloads.models.TinyLM` (the LM with its head tied to the token embedding,
 as GPT-2 does)::
 
     preset = MODELS["tutorial"]
@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from zero_lab.app.models import MLP, ResNet, TinyLM
-from zero_lab.app.protocols import OUTPUT_KEY
+from zero_lab.app.workloads.models import MLP, ResNet, TinyLM
+from zero_lab.app.workloads.protocols import OUTPUT_KEY
 
 __all__ = ["MODELS", "PLAN_ONLY", "ModelPreset", "blocks_of", "tied_lm"]
 
@@ -98,10 +98,10 @@ def _image_batch(batch: int, classes: int) -> Callable[[int, int], Batch]:
 
 
 def _hf(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
-    """A ``zero_lab.app.hf_models`` class (the [models] extra), imported when the preset is built."""
+    """A ``zero_lab.app.workloads.hf_models`` class (the [models] extra), imported when the preset is built."""
 
     def build() -> nn.Module:
-        return getattr(importlib.import_module("zero_lab.app.hf_models"), name)(**kwargs)
+        return getattr(importlib.import_module("zero_lab.app.workloads.hf_models"), name)(**kwargs)
 
     return build
 

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zero_lab.app.summary import step_key
+from zero_lab.app.record.summary import step_key
 from zero_lab.report.runs import Run, percentile
 from zero_lab.report.table import format_ms
 

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from zero_lab.app.summary import step_key
+from zero_lab.app.record.summary import step_key
 from zero_lab.report.runs import WORLD_KEY, Run, percentile
 from zero_lab.report.table import byte_unit, ddp_baseline
 

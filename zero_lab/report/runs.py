@@ -12,7 +12,7 @@ run form the label, e.g. ``optim.master_weights=true param_dtype=bfloat16``. A r
 did not override such a key shows its own value (its group choice or resolved config).
 Runs with identical overrides get their run dir appended, so no two runs share a label
 and none is ever merged with another. A sweep job that repeated an earlier one was not run
-(:mod:`zero_lab.app.repeats`: its run dir holds ``repeat_of.json``): it is no run of its own,
+(:mod:`zero_lab.app.launch.repeats`: its run dir holds ``repeat_of.json``): it is no run of its own,
 and :func:`find_repeats` names it beside the run it repeats.
 
     runs, failed = find_runs(Path("outputs/multirun/2026-11-23/10-00-00"))
@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 from hydra.errors import OverrideParseException
 
-from zero_lab.app.overrides import read
-from zero_lab.app.repeats import read_repeat
-from zero_lab.app.summary import SUMMARY_FILE, RunSummary
+from zero_lab.app.config.overrides import read
+from zero_lab.app.launch.repeats import read_repeat
+from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
 
 __all__ = [
     "WORLD_KEY",
@@ -73,7 +73,7 @@ class Run:
         return [float(x) for x in self.summary.losses]
 
     def per_rank(self, key: str) -> list[float] | None:
-        """A per-rank list of the summary (:data:`~zero_lab.app.summary.PER_RANK`); ``None`` when absent."""
+        """A per-rank list of the summary (:data:`~zero_lab.app.record.summary.PER_RANK`); ``None`` when absent."""
         values = getattr(self.summary, key)
         return [float(v) for v in values] if values else None
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zero_lab.app.summary import MEDIAN_OF
+from zero_lab.app.record.summary import MEDIAN_OF
 from zero_lab.report.runs import Run
 
 __all__ = [

@@ -3,7 +3,7 @@
 Under torchrun or ``srun -n N`` (N > 1) every process is one rank and executes ``@hydra.main``
 itself. Left alone, each would resolve ``${now:...}`` on its own clock (a skew of one second
 gives two run dirs) and all would write ``.hydra/`` and the job log. So before Hydra creates
-the run dir (a Hydra callback: :func:`zero_lab.app.cli.share_run_dir`), :func:`shared_run_dir`:
+the run dir (a Hydra callback: :func:`zero_lab.app.check.before_start.share_run_dir`), :func:`shared_run_dir`:
 
 1. joins the process group the launcher describes (:func:`join`: torchrun's ``env://``
    variables, or, under srun, the ones :mod:`zero_lab.runtime.slurm` derives from

@@ -1,0 +1,187 @@
+"""Each job's config checked once, as Hydra composed it, before Hydra creates anything: a callback.
+
+:class:`CheckConfig` is the first of ``hydra.callbacks`` in ``conf/config.yaml``; Hydra calls
+it after composing the command's config and before it creates a run or sweep dir:
+
+* ``on_run_start``: the one job (:func:`check_run`). Under torchrun or ``srun`` with several
+  tasks, the launcher's world is checked first (:func:`zero_lab.app.check.before_start.check_external_world`,
+  ``dist.world_size`` becomes the launcher's), then the ranks join and take rank 0's run dir
+  (:func:`zero_lab.app.check.before_start.share_run_dir`), set on the config Hydra is about to run;
+* ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded as the
+  configured sweeper will (:func:`expand_sweep`: the basic sweeper's own ``split_arguments``) and
+  composed by Hydra's config loader as its launcher will (``load_sweep_config``). A sweep the
+  sweeper draws itself (Optuna's ``interval(...)``) is checked with its fixed overrides here,
+  and each trial's config as the trial starts.
+
+Each job that passes is recorded in this process (:func:`was_checked`): the task
+(:func:`zero_lab.app.launch.task.run`) checks only a config no callback of this process checked
+(:func:`check_unless_checked`: a sweeper's trial, a job a launcher runs in another process).
+Whatever fails ends the job before anything exists: one ``zero_lab: ...`` message, exit code 2.
+
+    python train.py -m optim=adam,zero_adam dist.world_size=2,0   # job 4 named, nothing started
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+from zero_lab.app.check.before_start import check_external_world, fail, share_run_dir
+from zero_lab.app.check.rules import ConfigError, check
+from zero_lab.app.config.hydra_errors import describe_hydra_error
+from zero_lab.app.record.objective import check_directions
+from zero_lab.app.workloads.torch_extras import model_extras_problem
+from zero_lab.runtime import external
+
+__all__ = [
+    "MAX_JOBS",
+    "CheckConfig",
+    "check_run",
+    "check_sweep",
+    "check_unless_checked",
+    "composed",
+    "expand_sweep",
+    "job_config",
+    "was_checked",
+]
+
+#: The jobs of a sweep checked before it starts (the rest as each starts).
+MAX_JOBS = 64
+
+
+@dataclass
+class _Record:
+    """What this process's callbacks saw: that Hydra composed the command, which job configs passed."""
+
+    composed: bool = False
+    checked: set[str] = field(default_factory=set)
+
+
+_SEEN = _Record()
+
+
+def _fingerprint(cfg: DictConfig) -> str:
+    """A short digest of the job config as composed (unresolved), to recognise it in the task."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()[:16]
+
+
+def was_checked(cfg: DictConfig) -> bool:
+    """True when a check of this process passed this job config (``cfg``: without its hydra node)."""
+    return _fingerprint(cfg) in _SEEN.checked
+
+
+def composed() -> bool:
+    """True once Hydra composed this process's command (the check callback ran)."""
+    return _SEEN.composed
+
+
+def job_config(config: DictConfig) -> DictConfig:
+    """``config`` without its hydra node: what the task receives (as Hydra's ``run_job`` makes it)."""
+    cfg = copy.deepcopy(config)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> None:
+    """Check one job (``cfg``; ``hydra``: its hydra node) and record it; raises ConfigError naming ``job``."""
+    try:
+        if extras := model_extras_problem(str(cfg.model.get("_target_"))):  # torchvision: one line, not N
+            raise ConfigError([extras])
+        check(cfg, OmegaConf.to_container(hydra.runtime.choices))  # type: ignore[arg-type]
+        directions = hydra.sweeper.get("direction")  # Optuna's; other sweepers have none
+        if directions is not None and (problems := check_directions(cfg.objective, directions)):
+            raise ConfigError(problems)
+    except ConfigError as error:
+        raise ConfigError(error.problems, job=job) from None
+    _SEEN.checked.add(_fingerprint(cfg))
+
+
+def check_run(config: DictConfig) -> None:
+    """Check the one job Hydra composed (``config``, with its hydra node); raises ConfigError."""
+    _check_job(job_config(config), config.hydra)
+
+
+def expand_sweep(config: DictConfig) -> list[list[str]]:
+    """The override list of every job the configured sweeper will launch for ``config`` (a
+    ``-m`` command as Hydra composed it): ``hydra.sweeper.params`` and the command's overrides,
+    split by the sweeper's own ``split_arguments`` (the basic sweeper's cartesian product). A
+    sweeper that draws its jobs itself (Optuna) has none: the one job of the fixed overrides."""
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
+    overrides = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(arguments)
+    split = getattr(get_class(config.hydra.sweeper._target_), "split_arguments", None)
+    if split is None:
+        return [[o.input_line for o in overrides if not o.is_sweep_override()]]
+    return [job for batch in split(overrides, None) for job in batch]
+
+
+def check_sweep(config: DictConfig) -> list[DictConfig]:
+    """Compose and check every job of a sweep (up to :data:`MAX_JOBS`) as its launcher will;
+    return the jobs' configs. Raises ConfigError naming the job (its overrides)."""
+    try:
+        jobs = expand_sweep(config)
+    except HydraException as error:  # e.g. interval(...) without a sweeper that draws from it
+        raise ConfigError([describe_hydra_error(error)]) from None
+    loader = GlobalHydra.instance().config_loader()
+    configs = []
+    for overrides in jobs[:MAX_JOBS]:
+        name = " ".join(overrides) if len(jobs) > 1 else None
+        try:
+            job = loader.load_sweep_config(config, list(overrides))
+        except (HydraException, OmegaConfBaseException) as error:
+            raise ConfigError([describe_hydra_error(error)], job=name) from None
+        _check_job(job_config(job), job.hydra, name)
+        configs.append(job)
+    return configs
+
+
+def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.ExternalWorld | None) -> None:
+    """The task's check (``cfg``, ``hydra``: HydraConfig's node): only a job no callback of this
+    process checked; under the Slurm launcher's multi-node mode also its world. Exits on a problem."""
+    if was_checked(cfg):
+        return
+    try:
+        if world is not None:
+            check_external_world(cfg, list(hydra.overrides.task), False, world)
+        _check_job(cfg, hydra)
+    except ConfigError as error:
+        fail(error)
+
+
+class CheckConfig(Callback):
+    """Hydra callback: check the composed config before Hydra creates anything (module docstring)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SEEN.composed = True
+        world = external.detect(port=config.dist.master_port)
+        try:
+            if world is not None:
+                os.environ.setdefault("LOCAL_RANK", str(world.local_rank))  # srun's: the check counts no ranks per core
+                check_external_world(config, list(config.hydra.overrides.task), False, world)
+                config.dist.world_size = world.world_size
+            check_run(config)
+        except ConfigError as error:
+            fail(error)
+        if world is not None:
+            share_run_dir(config, world)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SEEN.composed = True
+        try:
+            if (world := external.detect(port=config.dist.master_port)) is not None:
+                check_external_world(config, list(config.hydra.overrides.task), True, world)
+            check_sweep(config)
+        except ConfigError as error:
+            fail(error)

@@ -1,0 +1,886 @@
+"""Check a composed config before any process starts; report every problem at once.
+
+The constructors are the truth. Keys and types of the group options come from their
+``_target_``'s signature (:mod:`zero_lab.app.config.schema`, enforced while Hydra composes);
+here the real objects are built and run, without a process group and without memory:
+
+* first, every ``_target_`` is looked up without being called and fitted to its key
+  (:func:`zero_lab.app.config.targets.check_targets`); a refused one stops the check there, so no
+  rule below builds what was not checked;
+* every group node is bound to its target's signature (``inspect.signature(...).bind``):
+  a key the constructor does not take, or a required one missing, is named;
+* the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
+  configured arguments on a one-element tensor, so torch's own range checks run
+  (``optim.lr=-1``, ``optim.betas=[1.5,0.9]``); non-finite numbers anywhere are refused;
+* the model is built on the ``meta`` device, its parameter specs made by the planner's
+  :func:`~zero_lab.planner.specs_from_module` (the same :meth:`ParamSpec.of` the optimizer
+  uses), and the real partitioner partitions them at ``dist.world_size``; the core's
+  :func:`~zero_lab.optimizer.check_partition_fits` says whether the optimizer can step it;
+* the data source is built (a missing or empty corpus) and its vocabulary fitted to the model's
+  embedding; the scheduler is built and stepped on a meta-tensor optimizer
+  (:mod:`zero_lab.app.check.scheduler`);
+* what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
+  plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
+
+One :class:`ConfigError` lists each problem as ``key=value: what is allowed``.
+
+    check(cfg, choices={"optim": "zero_adam", ...})   # raises ConfigError
+
+Adding a plain key with a range: one line in :func:`_check_ranges` (``bounds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from zero_lab.app.check.grad_modes import check_grad_reduce
+from zero_lab.app.check.scheduler import resumed_scheduler_problems, scheduler_problems
+from zero_lab.app.config.overrides import read
+from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.config.problems import exclusive_key_problems, unresolved_problems
+from zero_lab.app.config.registered import EXCHANGE, name_or_value, registry_problems
+from zero_lab.app.config.schema import (
+    APP_KEYS,
+    GROUPS,
+    HYDRA_KEYS,
+    PARAM_DTYPES,
+    SUPPLIED_BY_APP,
+    Config,
+    DistConfig,
+    constructor_arguments,
+    enum_str,
+    forwarded_classes,
+)
+from zero_lab.app.config.targets import build, check_targets, refusal
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.record.objective import check_objective
+from zero_lab.app.run.build import param_groups
+from zero_lab.app.run.checkpoints import find_any, step_of_any
+from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
+from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
+from zero_lab.ddp_buckets import DdpBuckets
+from zero_lab.elementwise import is_elementwise
+from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
+from zero_lab.partition import ParamSpec, Partitioner, bucket_use
+from zero_lab.planner import plan_memory, specs_from_module
+from zero_lab.routing import muon_param_groups, never_to_muon
+
+__all__ = [
+    "UNUSED_BY_PLAIN",
+    "ConfigError",
+    "check",
+    "notices",
+    "to_container",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; ``problems`` holds one line per problem, ``job`` names the
+    sweep job they belong to (its overrides), if any."""
+
+    def __init__(self, problems: list[str], job: str | None = None):
+        self.problems = problems
+        self.job = job
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        where = f" in the job `{job}`" if job else ""
+        super().__init__(f"invalid config ({count}){where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ConfigError` listing every problem in ``cfg``; return if none."""
+    choices = dict(choices or {})
+    problems = check_targets(cfg)  # before anything is built: a _target_ that does not fit its key is never called
+    if problems:
+        raise ConfigError(problems)
+    plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
+    unresolved: list[InterpolationResolutionError] = []
+    for rule in _RULES:
+        try:
+            problems.extend(rule(cfg, choices, plan))
+        except InterpolationResolutionError as error:  # every rule that resolves meets it: one line per key
+            unresolved.append(error)
+        except Exception as error:  # a broken node is itself a problem to report
+            problems.append(f"{rule.__name__.removeprefix('_check_')}: {error}")
+    problems += unresolved_problems(unresolved, problems, choices)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
+    """What ``cfg.optim`` builds (:class:`~zero_lab.app.plan.optim_plan.OptimPlan`); ``None``, with the
+    problem added, when it cannot be looked up (an unimportable ``_target_`` is _check_arguments')."""
+    try:
+        get_object(str(cfg.optim.get("_target_")))
+    except Exception:
+        return None
+    try:
+        return OptimPlan.of(cfg.optim)
+    except Exception as error:
+        problems.append(f"optim: {error}")
+        return None
+
+
+#: The top-level keys a plain optimizer does not use (every rank keeps the full state).
+UNUSED_BY_PLAIN = ("partitioner", "bucket_view")
+
+
+def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
+    """Lines printed when a job starts: the overrides a plain optimizer will not use (a
+    partitioner or a bucket view: every rank keeps the full state); ranks that
+    ``partitioner=ddp_bucket`` leaves without state; ``to_muon`` globs that match parameters
+    Muon never takes."""
+    plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
+    if plan.zero:
+        return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
+    unused = [o.text for o in read(overrides) if o.root in UNUSED_BY_PLAIN]
+    if not unused:
+        return _muon_glob_notice(cfg)
+    return [
+        *_muon_glob_notice(cfg),
+        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
+        "full state); pick optim=zero_* to shard",
+    ]
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python (enums as strings), safe to pickle to ranks."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- rules
+def _choice(choices: Mapping[str, Any], group: str, cfg: DictConfig) -> str:
+    return str(choices.get(group) or cfg[group].get("_target_", "?"))
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, f"{prefix}{index}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Top-level and ``dist.`` keys are :class:`~zero_lab.app.config.schema.Config`'s fields: one added
+    with ``+`` (``+warmup_steps=10``) would be accepted and ignored, so it is refused as a typo is."""
+    out = []
+    for prefix, node, schema in (("", cfg, Config), ("dist.", cfg.get("dist"), DistConfig)):
+        if not isinstance(node, DictConfig):
+            continue
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        for key in (str(k) for k in node if k not in allowed):
+            close = difflib.get_close_matches(key, allowed, n=1)
+            guess = f"did you mean {prefix}{close[0]}? " if close else ""
+            where = prefix.rstrip(".") or "the top level"
+            out.append(f"{prefix}{key}: no such key; {guess}{where} takes: {', '.join(allowed)}")
+    return out
+
+
+def _check_finite(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0)."""
+    out = []
+    for key, value in _leaves(to_container(cfg)):
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"{key}={value}: must be a finite number")
+    return out
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+_WIDER = {"seed": (0, 2**64 - 1)}  # torch.manual_seed takes any unsigned 64-bit seed
+
+
+def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Every integer fits 64 bits (torch, JSON readers and W&B take no wider ones):
+    ``seed=18446744073709551616`` is refused here, not by a rank's ``manual_seed``."""
+    out = []
+    for key, value in _leaves(to_container(cfg)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            low, high = _WIDER.get(key.rsplit(".", 1)[-1], _INT64)  # data.seed: ${seed}
+            if not low <= value <= high:
+                out.append(f"{key}={value}: must fit in 64 bits ({low} … {high})")
+    return out
+
+
+def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """``dist.stall_timeout_s``: seconds past the slowest step, or null (off)."""
+    value = cfg.dist.get("stall_timeout_s")
+    if value is not None and value <= 0:
+        return [f"dist.stall_timeout_s={value}: must be > 0 (seconds past the slowest step), or null to turn it off"]
+    return []
+
+
+def _buildable(node: DictConfig, key: str, base: type) -> None:
+    """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
+    else is called while checking: ``model._target_=builtins.open`` must not run)."""
+    target = get_object(str(node.get("_target_")))
+    if not (isinstance(target, type) and _is_kind_of(target, base)):
+        raise ValueError(
+            f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
+            "it was not called"
+        )
+
+
+def _is_kind_of(target: type, base: type) -> bool:
+    """``issubclass``, except for a Protocol with data members (``Partitioner``: a class whose
+    instances are callable is enough; its attributes are read with defaults)."""
+    if getattr(base, "_is_protocol", False):
+        return any("__call__" in vars(klass) for klass in target.__mro__[:-1])
+    return issubclass(target, base)
+
+
+def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    out = []
+    bounds: list[tuple[str, Any, float, str]] = [
+        ("dist.world_size", cfg.dist.world_size, 1, "a positive number of ranks"),
+        ("dist.threads_per_rank", cfg.dist.threads_per_rank, 1, "at least 1 thread"),
+        ("dist.max_ranks_per_core", cfg.dist.max_ranks_per_core, 1, "at least 1 rank per core"),
+        ("steps", cfg.steps, 1, "at least 1 step"),
+        ("log_every", cfg.log_every, 1, "at least 1 (log every N steps)"),
+        ("checkpoint_every", cfg.checkpoint_every, 0, "0 (never) or K > 0 (every K steps)"),
+        ("seed", cfg.seed, 0, "a non-negative int"),
+    ]
+    for key, value, low, allowed in bounds:
+        if value < low:
+            out.append(f"{key}={value}: must be >= {low} ({allowed})")
+    for key, value in (
+        ("dist.timeout_s", cfg.dist.timeout_s),
+        ("dist.stop_grace_s", cfg.dist.stop_grace_s),
+        ("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb),
+    ):
+        if value <= 0:
+            out.append(f"{key}={value}: must be > 0")
+    return out
+
+
+def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    device, backend = enum_str(cfg.dist.device), enum_str(cfg.dist.backend)
+    world = cfg.dist.world_size
+    out = []
+    if backend == "nccl" and device != "cuda":
+        out.append("dist.backend=nccl: needs dist.device=cuda; on CPU use dist.backend=gloo")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            out.append(
+                f"dist.device=cuda: no CUDA device is visible here; use {_either('dist', _on_device('cpu'))} "
+                "(dist.device=cpu)"
+            )
+        elif "LOCAL_RANK" not in os.environ and world > torch.cuda.device_count():
+            out.append(
+                f"dist.world_size={world}: only {torch.cuda.device_count()} CUDA devices here (one rank per device)"
+            )
+    elif "LOCAL_RANK" not in os.environ:  # under torchrun the ranks are torchrun's, maybe on many nodes
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        per_core = cfg.dist.max_ranks_per_core
+        if per_core >= 1 and world > cores * per_core:
+            out.append(
+                f"dist.world_size={world}: {world} ranks on {cores} CPU cores is more than "
+                f"dist.max_ranks_per_core={per_core} per core ({cores * per_core} ranks); lower dist.world_size, "
+                f"or run oversubscribed with dist.max_ranks_per_core={math.ceil(world / cores)}"
+            )
+    return out
+
+
+def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """DDP's options against what they cannot work with. ``find_unused_parameters``,
+    ``static_graph`` and ``broadcast_buffers`` train to DDP + the plain optimizer's parameters with
+    every ZeRO mode (partitioners, bucket views, both overlap hooks, prefetch:
+    tests/dist/test_ddp_options.py); ``sync_batchnorm`` needs CUDA (torch's SyncBatchNorm has
+    no CPU kernel)."""
+    out = []
+    dist_cfg = cfg.dist
+    if dist_cfg.get("sync_batchnorm") and enum_str(dist_cfg.device) != "cuda":
+        out.append(
+            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use "
+            f"{_either('dist', _on_device('cuda'))}, or keep "
+            "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
+            "default, gives every rank rank 0's running statistics)"
+        )
+    return out
+
+
+def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """``accumulate``, ``autocast``, ``eval_every``/``eval_batches``, ``scheduler.warmup_steps``, ``compile``."""
+    out = []
+    accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
+    if accumulate < 1:
+        out.append(f"accumulate={accumulate}: must be >= 1 (micro-batches per optimizer step)")
+    elif isinstance(batch, int) and world >= 1 and batch % world == 0 and (batch // world) % accumulate:
+        out.append(
+            f"accumulate={accumulate}: each rank's {batch // world} rows per step (data.global_batch={batch} over "
+            f"dist.world_size={world}) do not split into {accumulate} equal micro-batches; make data.global_batch "
+            f"a multiple of {world * accumulate}"
+        )
+    autocast = enum_str(cfg.autocast) if cfg.autocast is not None else None
+    if autocast and enum_str(cfg.param_dtype) != "float32":
+        out.append(
+            f"autocast={autocast} with param_dtype={enum_str(cfg.param_dtype)}: autocast computes in {autocast} from "
+            "fp32 parameters; with low-precision parameters drop autocast (or set param_dtype=float32)"
+        )
+    if autocast == "fp16" and cfg.overlap:
+        out.append(
+            "autocast=fp16 with overlap=true: the GradScaler must unscale and skip the step, which overlap runs "
+            "inside backward; use autocast=bf16 (no scaler), or overlap=false"
+        )
+    if cfg.eval_every < 0 or cfg.eval_batches < 1:
+        out.append(
+            f"eval_every={cfg.eval_every} eval_batches={cfg.eval_batches}: eval_every must be >= 0 (0: never) and "
+            "eval_batches >= 1"
+        )
+    elif cfg.eval_every and not callable(getattr(get_object(cfg.data._target_), "val_shard", None)):
+        out.append(
+            f"eval_every={cfg.eval_every}: data={_choice(choices, 'data', cfg)} has no held-out batches; add "
+            "val_shard(index, rank, world_size) to it (zero_lab/app/workloads/protocols.py), or eval_every=0"
+        )
+    warmup = cfg.scheduler.get("warmup_steps", 0) if cfg.get("scheduler") is not None else 0
+    if warmup < 0:
+        out.append(f"scheduler.warmup_steps={warmup}: must be >= 0")
+    return out
+
+
+def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """The model/data protocol (:mod:`zero_lab.app.workloads.protocols`): ``task`` on both, a way to read batches."""
+    model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
+    model_cls, data_cls = get_object(cfg.model._target_), get_object(cfg.data._target_)
+    task = task_of(model_cls)  # a transformers class's from its task tables
+    fitting = []
+    if getattr(data_cls, "task", None) != task:  # the shipped data options for this model's task
+        fitting = [f"data={name}" for name in _options_where("data", lambda node: _target(node).task == task)]
+    out = protocol_problems(model_cls, data_cls, model_name, data_name, fitting)
+    batch = cfg.data.get("global_batch")
+    world = cfg.dist.world_size
+    if not isinstance(batch, int):
+        out.append(f"data.global_batch: required (rows per step over all ranks); add global_batch: <int> ({data_name})")
+    elif batch < 1 or (world >= 1 and batch % world):
+        out.append(f"data.global_batch={batch}: must be a positive multiple of dist.world_size={world}")
+    return out
+
+
+def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Rank 0's first batch through the model built on ``meta``, then the loss (protocols.forward_problems)."""
+    try:
+        model = _meta_model(cfg)
+        data = instantiate(cfg.data)
+    except Exception:  # reported by _check_model / _check_model_data
+        return []
+    if _check_model_data(cfg, choices, plan):
+        return []
+    dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
+    unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
+    problems = forward_problems(model, data, max(cfg.dist.world_size, 1), str(cfg.output_key), dtype, unused_ok)
+    return [f"model={_choice(choices, 'model', cfg)} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
+
+
+def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Bind every group node to its ``_target_``'s signature: unknown and missing keys named."""
+    out = []
+    for group in GROUPS:
+        node = cfg[group]
+        if node.get("_target_") is None and group == "scheduler":  # scheduler=none
+            continue
+        target_name = str(node.get("_target_"))
+        try:
+            target = get_object(target_name)
+        except Exception as error:
+            out.append(f"{group}._target_={target_name}: cannot be imported ({error})")
+            continue
+        given = SUPPLIED_BY_APP.get(group, frozenset())
+        arguments = constructor_arguments(target, node, given)
+        keys = [str(k) for k in node if k not in HYDRA_KEYS and k not in APP_KEYS.get(group, {})]
+        takes_any = _has_var_keyword(target) and not forwarded_classes(node)
+        supplied = [key for key in keys if key in given]
+        unknown = [key for key in keys if key not in arguments and key not in given and not takes_any]
+        if supplied:
+            names = ", ".join(f"{group}.{key}" for key in supplied)
+            out.append(f"{names}: given by the app at the call site, not by the config; remove it")
+        if unknown:
+            names = ", ".join(f"{group}.{key}" for key in unknown)
+            wraps = "".join(f" around {c.__name__}" for c in forwarded_classes(node))
+            own = (
+                f"; to train a class of your own, give it its own YAML (--config-dir DIR with DIR/{group}/<name>.yaml "
+                f"naming its _target_, then {group}=<name>): its keys are then that class's arguments"
+                if group in ("model", "data")
+                else ""
+            )
+            out.append(
+                f"{names}: not {'an argument' if len(unknown) == 1 else 'arguments'} of {target_name}{wraps}; "
+                f"it takes: {', '.join(arguments)}{own}"
+            )
+        for key, parameter in arguments.items():
+            if parameter.default is inspect.Parameter.empty and key not in node:
+                out.append(f"{group}.{key}: required by {target_name}; add {group}.{key}=<value>")
+    return out
+
+
+def _has_var_keyword(target: Any) -> bool:
+    parameters = inspect.signature(target).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _optimizer_kwargs(cfg: DictConfig, plan: OptimPlan) -> dict[str, Any]:
+    """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
+    own = inspect.signature(plan.target).parameters if GROUP_CLASS_KEY in cfg.optim else {}
+    optim = to_container(cfg)["optim"]
+    return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
+
+
+def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Build the real optimizer class with the configured arguments (torch's own checks)."""
+    if plan is None:  # reported by check() or _check_arguments
+        return []
+    zero, cls = plan.zero, plan.optimizer_class
+    optim = _choice(choices, "optim", cfg)
+    out = []
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
+    if cfg.get("prefetch") and not zero:
+        out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
+    kwargs = _optimizer_kwargs(cfg, plan)
+    finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
+    if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
+        out += _check_on_real_shapes(cfg, optim, cls, kwargs)
+    if cfg.overlap and not zero:
+        out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
+    if cfg.overlap and cfg.bucket_view:
+        out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
+    if cfg.overlap and (exchange := name_or_value(EXCHANGE, cfg.exchange)) not in OVERLAP_EXCHANGES:
+        out.append(
+            f"exchange={exchange}: with overlap=true the exchange is per DDP bucket by broadcast; "
+            f"use {' or '.join(f'exchange={e}' for e in reversed(OVERLAP_EXCHANGES))}"
+        )
+    return out
+
+
+def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[str, Any]) -> list[str]:
+    """Build each param group's optimizer class on ``meta`` tensors of the model's real shapes
+    (``optim.param_groups`` applied, so Muon sees the matrices it will step): a class that
+    checks shapes or arguments refuses for the real reason. Without a buildable model (that is
+    _check_model's to report) the class is built on one 1-element tensor."""
+    try:
+        model = _meta_model(cfg)
+    except Exception:
+        model = None
+    try:
+        groups = param_groups(cfg.optim, model) if model is not None else None
+    except Exception as error:
+        return [f"optim.param_groups: cannot be applied to the model: {error}"]
+    if model is None:
+        groups = [{"params": [torch.zeros(1, device="meta", requires_grad=True)]}]
+    elif groups is None:
+        groups = [{"params": list(model.parameters())}]
+    for index, group in enumerate(groups):
+        own = group_class(group, cls)
+        named = [p if isinstance(p, tuple) else (None, p) for p in group["params"]]
+        params = [torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True) for _, p in named]
+        hyper = {k: v for k, v in group.items() if k not in NOT_HYPERPARAMETERS}
+        accepted = inspect.signature(own).parameters  # a group's own values get the constructor's checks too
+        arguments = (kwargs if own is cls else {}) | {k: v for k, v in hyper.items() if k in accepted}
+        try:
+            own(params, **arguments)
+        except (TypeError, ValueError, RuntimeError) as error:
+            if own is cls:
+                mentioned = [f"optim.{k}={v}" for k, v in kwargs.items() if _mentions(str(error), v)]
+                where = f" ({', '.join(mentioned)})" if mentioned else ""
+                return [f"optim={optim}: {cls.__name__} refuses these arguments{where}: {error}"]
+            first = named[0][0] if named and named[0][0] else "?"
+            return [
+                f"optim={optim}: param group {index} ({len(params)} parameter(s), first {first!r}) is refused by "
+                f"{own.__name__}: {error}; route only what it can step (optim.param_groups, e.g. "
+                "zero_lab.muon_param_groups with to_adamw=[<name globs>])"
+            ]
+    return []
+
+
+def _routed_specs(
+    cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan
+) -> tuple[list[ParamSpec], list[type] | None]:
+    """The specs the optimizer will partition: with ``optim.param_groups``, one group per
+    routed group, each marked elementwise or not by the class that steps it."""
+    device = enum_str(cfg.dist.device)
+    try:
+        groups = param_groups(cfg.optim, model)
+    except Exception:  # reported by _check_optim
+        groups = None
+    if groups is None:
+        return specs_from_module(model, device=device), None
+    classes = plan.group_classes(groups)
+    specs = [
+        ParamSpec.of(
+            param,
+            name=name,
+            group=index,
+            device=torch.device(device),
+            elementwise=is_elementwise(classes[index]),
+            stepper=classes[index].__name__,
+        )
+        for index, group in enumerate(groups)
+        for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
+    ]
+    return specs, classes
+
+
+def _binds(cls: type, kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(cls).bind_partial(**kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _mentions(message: str, value: Any) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and str(v) in message for v in values)
+
+
+def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """``optim.max_grad_norm``: positive, and every gradient must exist before the step."""
+    out = []
+    max_norm = cfg.optim.get("max_grad_norm")
+    if max_norm is not None and max_norm <= 0:
+        out.append(f"optim.max_grad_norm={max_norm}: must be > 0, or null to not clip")
+    elif max_norm is not None and cfg.overlap:
+        out.append(
+            "optim.max_grad_norm: clipping needs the global norm of every gradient before the step, but "
+            "overlap=true steps each bucket inside backward; use overlap=false or optim.max_grad_norm=null"
+        )
+    return out
+
+
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
+    _buildable(cfg.model, "model", torch.nn.Module)
+    with torch.device("meta"):
+        return build(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
+
+
+def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    try:
+        _meta_model(cfg)
+    except Exception as error:  # any constructor error is the user's to fix
+        return [f"model={_choice(choices, 'model', cfg)}: cannot be built: {refusal('model', cfg.model, error)}"]
+    return []
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` (what can be allocated without swapping), or ``None``."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """CPU ranks started here: refuse a model whose planned memory (parameters, gradients,
+    DDP buffers, optimizer state, masters; activations not counted) exceeds what this host
+    has available, with the numbers, instead of a rank dying of it while building."""
+    available = available_memory_bytes()
+    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ or plan is None:
+        return []  # GPU memory and torchrun's hosts are not priced here
+    try:
+        model = _meta_model(cfg)
+        cls = plan.optimizer_class
+        partitioner = None
+        if plan.zero:
+            _buildable(cfg.partitioner, "partitioner", Partitioner)  # nothing else is called
+            partitioner = instantiate(cfg.partitioner)
+        master = bool(cfg.optim.get("master_weights", False))
+        memory = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
+    except Exception:  # an unbuildable model or partitioner is reported by its own check
+        return []
+    needed = sum(rank.total_bytes for rank in memory.ranks)
+    if needed <= available:
+        return []
+    worst = max(memory.ranks, key=lambda r: r.total_bytes)
+    gib = 2**30
+    return [
+        f"model={_choice(choices, 'model', cfg)}: the planner prices {cfg.dist.world_size} rank(s) at "
+        f"{needed / gib:.1f} GiB before activations (the fullest rank: parameters {worst.param_bytes / gib:.1f}, "
+        f"gradients {worst.grad_bytes / gib:.1f}, DDP buffers {worst.ddp_buffer_bytes / gib:.1f}, optimizer state "
+        f"{worst.state_bytes / gib:.1f} GiB), but this host has {available / gib:.1f} GiB available; "
+        "use a smaller model or fewer ranks"
+    ]
+
+
+def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """Run the real partitioner on the model's real parameter specs at ``dist.world_size``."""
+    world = cfg.dist.world_size
+    if plan is None or not plan.zero or world < 1:
+        return []
+    try:
+        model = _meta_model(cfg)
+    except Exception:  # reported by _check_model
+        return []
+    name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
+    if conflicting := exclusive_key_problems(cfg.partitioner, name):
+        return conflicting
+    try:
+        _buildable(cfg.partitioner, "partitioner", Partitioner)
+        partitioner = build(cfg.partitioner)
+    except Exception as error:
+        return [f"{name}: cannot be built: {refusal('partitioner', cfg.partitioner, error)}"]
+    if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
+        return [
+            f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
+            f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
+        ]
+    specs, classes = _routed_specs(cfg, model, plan)
+    specs = _with_ddp_buckets(cfg, specs)
+    try:
+        partition = partitioner(specs, world)
+    except ValueError as error:
+        names = ", ".join(s.name or "?" for s in specs[:6])
+        return [
+            f"{name} at dist.world_size={world}: {error}{_list_syntax(cfg.partitioner, world)} "
+            f"(parameter names look like: {names}, ...)"
+        ]
+    try:
+        check_partition_fits(partition, plan.optimizer_class, partitioner, classes)
+    except ValueError as error:
+        fitting = _fitting_partitioners(specs, world, plan.optimizer_class, classes)
+        return [f"{name}: {error} In the config: {_either('partitioner', fitting)}"]
+    return []
+
+
+def _specs(cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan) -> list[ParamSpec]:
+    """The specs the optimizer will partition; with overlap, with the buckets DDP would make."""
+    return _with_ddp_buckets(cfg, _routed_specs(cfg, model, plan)[0])
+
+
+def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
+    """With overlap the optimizer partitions along DDP's buckets: give the specs the buckets DDP would make."""
+    if cfg.overlap:
+        model = DdpBuckets.from_bucket_cap_mb(cfg.dist.bucket_cap_mb)
+        buckets = iter(model.assign([s.nbytes for s in specs if s.trainable]))
+        specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
+    return specs
+
+
+def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan) -> list[str]:
+    """``partitioner=ddp_bucket`` gives each DDP bucket wholly to one rank: a model that fits
+    fewer buckets than ranks leaves ranks without state (one bucket: all of it on rank 0)."""
+    world = cfg.dist.world_size
+    if not (plan.zero and cfg.overlap) or world < 2:
+        return []
+    try:
+        partitioner = instantiate(cfg.partitioner)
+        if bucket_use(partitioner) != (True, False):  # only whole buckets can leave a rank idle
+            return []
+        specs = _specs(cfg, _meta_model(cfg), plan)
+    except Exception:  # the checks report it
+        return []
+    buckets = len({s.bucket for s in specs if s.trainable})
+    if buckets >= world:
+        return []
+    return [
+        f"partitioner=ddp_bucket: the model's trainable parameters fit {buckets} DDP bucket(s) "
+        f"(dist.bucket_cap_mb={cfg.dist.bucket_cap_mb}) and each goes wholly to one rank, so "
+        f"{world - buckets} of {world} ranks hold no optimizer state"
+        f"{' and rank 0 keeps all of it (÷ 1.00)' if buckets == 1 else ''}; add partitioner.shard_buckets=true "
+        "to cut every bucket across the ranks, or lower dist.bucket_cap_mb"
+    ]
+
+
+def _option_nodes(group: str) -> dict[str, DictConfig]:
+    """The shipped options of ``group`` (:func:`~zero_lab.app.config.paths.group_options`), each its YAML as written."""
+    return {name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml") for name in group_options(group)}
+
+
+def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
+    """The shipped options of ``group`` whose node passes ``test`` (an option it cannot read is left out)."""
+    out = []
+    for name, node in _option_nodes(group).items():
+        try:
+            if test(node):
+                out.append(name)
+        except Exception:
+            continue
+    return out
+
+
+def _either(group: str, names: Sequence[str]) -> str:
+    """``optim=zero_adam, optim=zero_sgd or optim=zero_muon``: options of ``group`` to pick from,
+    each as the command line writes it."""
+    picks = [f"{group}={name}" for name in names] or [f"another {group} option"]
+    return ", ".join(picks[:-1]) + f" or {picks[-1]}" if len(picks) > 1 else picks[0]
+
+
+def _target(node: DictConfig) -> Any:
+    return get_object(str(node.get("_target_")))
+
+
+def _zero_options() -> list[str]:
+    """The ``optim`` options that build a ZeRO optimizer."""
+    return _options_where("optim", lambda node: OptimPlan.of(node).zero)
+
+
+def _on_device(device: str) -> list[str]:
+    """The ``dist`` options that put the ranks on ``device``."""
+    return _options_where("dist", lambda node: node.get("device") == device)
+
+
+def _without_ddp_buckets() -> list[str]:
+    """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
+    return _options_where("partitioner", lambda node: not bucket_use(_target(node)).needs_ddp_buckets)
+
+
+def _fitting_partitioners(
+    specs: list[ParamSpec], world: int, optimizer_class: type, classes: list[type] | None
+) -> list[str]:
+    """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
+
+    def fits(node: DictConfig) -> bool:
+        if bucket_use(_target(node)).needs_ddp_buckets:
+            return False
+        kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
+        _buildable(kept, "partitioner", Partitioner)
+        partitioner = instantiate(kept)
+        check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
+        return True
+
+    return _options_where("partitioner", fits)
+
+
+def _list_syntax(node: DictConfig, world: int) -> str:
+    """For a list-of-lists key with the wrong length: how to write one on the command line."""
+    for key, value in node.items():
+        if OmegaConf.is_list(value) and len(value) and all(OmegaConf.is_list(v) for v in value) and len(value) != world:
+            example = ",".join(f"[pattern{r}.*]" for r in range(min(world, 3))) + (",..." if world > 3 else "")
+            return f"; on the command line: 'partitioner.{key}=[{example}]' ({world} lists)"
+    return ""
+
+
+def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    if cfg.resume is None:
+        return []
+    path = Path(str(cfg.resume)).expanduser()
+    if not path.exists():
+        return [f"resume={cfg.resume}: no such file or directory; give a run dir, or one of its checkpoints/step_*"]
+    found = find_any(path)
+    if found is None:
+        return [f"resume={cfg.resume}: holds no complete checkpoint; run with checkpoint_every=K to write some"]
+    step = step_of_any(found)
+    if step is not None and step >= cfg.steps:
+        return [
+            f"resume={cfg.resume}: its checkpoint {found.name} is at step {step}; steps={cfg.steps} leaves nothing to "
+            f"run (raise steps)"
+        ]
+    return []
+
+
+def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    if enum_str(cfg.logger.get("mode")) != "online":
+        return []
+    netrc = Path.home() / ".netrc"
+    logged_in = os.environ.get("WANDB_API_KEY") or (netrc.exists() and "api.wandb.ai" in netrc.read_text())
+    if not logged_in:
+        return [
+            "logger.mode=online: not logged in to W&B (run `wandb login` or set WANDB_API_KEY); "
+            "or keep logger.mode=offline and `wandb sync` later"
+        ]
+    return []
+
+
+def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    return check_objective(cfg.objective)
+
+
+def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """The data source is built (its constructor's checks: ``data=text`` with a missing or empty
+    corpus), and a vocabulary it declares (``vocab_size``) fits the model's input embedding
+    (:func:`~zero_lab.app.workloads.protocols.embedding_rows`): ids past it fail in every rank's lookup."""
+    data_name = f"data={_choice(choices, 'data', cfg)}"
+    try:
+        data = build(cfg.data)
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
+        return []
+    except Exception as error:
+        return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
+    vocab = getattr(data, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return []
+    try:
+        rows = embedding_rows(_meta_model(cfg))
+    except Exception:  # reported by _check_model
+        return []
+    if rows is None or vocab <= rows:
+        return []
+    own = "vocab_size" in cfg.model
+    model_key = f"model.vocab_size={rows}" if own else f"model={_choice(choices, 'model', cfg)}"
+    data_key = f"data.vocab_size={vocab}" if "vocab_size" in cfg.data else f"{data_name} (vocabulary {vocab})"
+    fix = f"set model.vocab_size={vocab}" if own else "give the model an embedding of that many rows"
+    return [
+        f"{model_key} with {data_key}: the data's token ids go up to {vocab - 1}, but the model's embedding has "
+        f"{rows} rows; {fix}"
+    ]
+
+
+def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+    """The scheduler built and stepped by torch's class on a dummy optimizer, and under
+    ``resume_optimizer=strict`` the kind of the checkpoint's (:mod:`zero_lab.app.check.scheduler`)."""
+    return scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
+
+
+def _muon_glob_notice(cfg: DictConfig) -> list[str]:
+    """``optim.param_groups.to_muon`` globs that match parameters that are not 2-D: those never go
+    to Muon (:func:`zero_lab.routing.never_to_muon`); say so rather than drop them silently."""
+    node = cfg.optim.get("param_groups")
+    if node is None or not node.get("to_muon") or get_object(str(node.get("_target_"))) is not muon_param_groups:
+        return []
+    try:
+        left_out = never_to_muon(_meta_model(cfg), list(node.to_muon))
+    except Exception:  # the checks report it
+        return []
+    out = []
+    for glob, names in left_out.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out.append(
+            f"optim.param_groups.to_muon: '{glob}' matches {len(names)} parameter(s) that are not 2-D ({shown}); "
+            "Muon steps only matrices, so 1-D (and other non-2-D) parameters never go to it: they stay with the "
+            "optimizer's default class (optim.optimizer_class); match only 2-D weights with to_muon"
+        )
+    return out
+
+
+_RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[str]]] = [
+    _check_known_keys,
+    _check_finite,
+    _check_integer_widths,
+    _check_stall_timeout,
+    _check_ranges,
+    _check_devices,
+    _check_model_data,
+    _check_data,
+    _check_ddp_options,
+    _check_loop_features,
+    _check_scheduler,
+    registry_problems,
+    _check_arguments,
+    _check_optim,
+    _check_clipping,
+    check_grad_reduce,
+    _check_model,
+    _check_forward,
+    _check_partition,
+    _check_memory_fits,
+    _check_resume,
+    _check_logger,
+    _check_objective,
+]

@@ -1,0 +1,172 @@
+"""The LR scheduler checked before start by torch's own classes, on a one-tensor optimizer.
+
+A scheduler's arguments are only partly checked by its constructor: ``StepLR(step_size=0)``
+builds, and fails at its first ``step()`` with ``ZeroDivisionError: integer modulo by zero``
+in every rank. So the check builds the run's scheduler exactly as the ranks will
+(:func:`zero_lab.app.run.build.make_scheduler`, warmup included) on a dummy ``SGD`` over one
+1-element ``meta`` tensor and steps it as many times as the run will (up to :data:`STEPS_CHECKED`):
+whatever the class refuses, at construction or at any step, is refused here, naming the
+configured keys the error or the failing line of torch's code names.
+
+On ``resume=`` under ``resume_optimizer=strict``, the checkpoint's scheduler state is compared
+with this run's by its shape (the keys of the classes' ``state_dict``, chained ones included):
+resuming a cosine run with ``scheduler=step`` would load ``T_max`` into a ``StepLR``.
+
+    problems = scheduler_problems(cfg)            # [] or lines naming scheduler.<key>
+    problems = resumed_scheduler_problems(cfg, choices)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import linecache
+import re
+import traceback
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from torch.optim.lr_scheduler import LRScheduler
+
+from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, enum_str
+from zero_lab.app.config.targets import refusal
+from zero_lab.app.run import dcp_checkpoints
+from zero_lab.app.run.build import make_scheduler
+from zero_lab.app.run.checkpoints import find_any
+from zero_lab.checkpoint import read_manifest
+
+__all__ = ["STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
+
+#: At most this many scheduler steps are taken before start (about 0.2 s on a busy core).
+STEPS_CHECKED = 10_000
+
+
+def built_scheduler(cfg: DictConfig) -> LRScheduler | None:
+    """This run's scheduler on an SGD over one meta tensor at ``optim.lr``, as :func:`make_scheduler` builds
+    it (``None``: ``scheduler=none``). ``cfg`` needs only ``scheduler`` (and what it interpolates)."""
+    optim = cfg.get("optim")
+    lr = optim.get("lr") if optim is not None else None
+    param = torch.zeros(1, device="meta", requires_grad=True)  # a scheduler reads the groups' lr, never a tensor
+    optimizer = torch.optim.SGD([param], lr=lr if isinstance(lr, float) else 1e-3)
+    return make_scheduler(cfg, optimizer)
+
+
+def scheduler_problems(cfg: DictConfig) -> list[str]:
+    """Build the run's scheduler and step it ``min(steps, STEPS_CHECKED)`` times; one line
+    naming the keys to blame when torch's class refuses."""
+    node = cfg.get("scheduler")
+    if node is None or node.get("_target_") is None:
+        return []
+    step = 0
+    try:
+        scheduler = built_scheduler(cfg)
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": nothing to step here
+            warnings.simplefilter("ignore")
+            while step < min(int(cfg.steps), STEPS_CHECKED):
+                step += 1
+                scheduler.step()  # type: ignore[union-attr]
+    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
+        return []
+    except Exception as error:
+        when = f"at step {step}" if step else "when built"
+        own = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in APP_KEYS["scheduler"]}
+        line = refusal("scheduler", node, error, blamed=_blamed(error, node, own))
+        return [f"{line} ({when}: {type(error).__name__}); give scheduler.<key> values the class accepts"]
+    return []
+
+
+def _blamed(error: BaseException, node: Mapping[str, Any], keys: Mapping[str, Any]) -> list[str]:
+    """The configured keys that the innermost failing line of code reads (``self.step_size``; for
+    a ``raise``, the lines of its test above it), those set away from the class's default first
+    (``last_epoch=-1`` is read by every step)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    line = frames[-1].line or "" if frames else ""
+    if line.startswith("raise") and frames[-1].lineno:  # `if <the test>:` above it reads the keys
+        above = range(max(1, frames[-1].lineno - 3), frames[-1].lineno)
+        line = " ".join(linecache.getline(frames[-1].filename, n) for n in above) + line
+    read = [k for k in keys if line and re.search(rf"\b{re.escape(str(k))}\b", line)]
+    try:
+        defaults = inspect.signature(get_object(str(node.get("_target_")))).parameters
+    except Exception:
+        return read
+    changed = [k for k in read if k not in defaults or defaults[k].default != keys[k]]
+    return changed or read
+
+
+def state_shape(state: Any) -> Any:
+    """A scheduler state's shape: its keys, and those of the schedulers it chains (``_schedulers``)."""
+    if isinstance(state, Mapping):
+        return {str(k): state_shape(v) if k == "_schedulers" else None for k, v in state.items()}
+    if isinstance(state, list):
+        return [state_shape(s) for s in state]
+    return None
+
+
+def resumed_scheduler_problems(cfg: DictConfig, choices: Mapping[str, Any]) -> list[str]:
+    """Under ``resume_optimizer=strict``, the checkpoint's scheduler state must be this run's kind."""
+    if cfg.get("resume") is None or enum_str(cfg.get("resume_optimizer", "strict")) != "strict":
+        return []
+    found = find_any(Path(str(cfg.resume)).expanduser())
+    if found is None:
+        return []  # _check_resume's
+    try:
+        saved = _saved_scheduler(found)
+    except Exception:  # an unreadable checkpoint is named by the ranks' checked loaders
+        return []
+    mine = built_scheduler(cfg)
+    mine_shape = state_shape(_json(mine.state_dict())) if mine is not None else None
+    saved_shape = state_shape(saved) if saved is not None else None
+    if mine_shape == saved_shape:
+        return []
+    here = f"scheduler={choices.get('scheduler') or cfg.scheduler.get('_target_')}"
+    warmup = cfg.scheduler.get("warmup_steps", 0) if cfg.get("scheduler") is not None else 0
+    here += f" with scheduler.warmup_steps={warmup}" if warmup else ""
+    return [
+        f"{here}: resume={cfg.resume} holds the LR schedule of {_describe(saved, cfg)}, and "
+        "resume_optimizer=strict loads it into this run's; pick the scheduler (and scheduler.warmup_steps) it "
+        "was saved with, or resume_optimizer=reset to start the schedule and optimizer fresh"
+    ]
+
+
+def _json(state: Any) -> Any:
+    return json.loads(json.dumps(state))
+
+
+def _saved_scheduler(found: Path) -> Any:
+    """The scheduler state a checkpoint holds (``None``: it has none), read without loading tensors."""
+    if dcp_checkpoints.is_dcp(found):
+        return dcp_checkpoints.read_extra(found).get("scheduler")
+    if found.is_dir():
+        return read_manifest(found)["extra"].get("scheduler")
+    state = torch.load(found, map_location="cpu", mmap=True, weights_only=True)
+    return state.get("scheduler") if isinstance(state, dict) else None
+
+
+def _describe(saved: Any, cfg: DictConfig) -> str:
+    """``scheduler=cosine`` when a shipped option (with the saved warmup, if any) has the saved
+    state's shape; else its keys; ``scheduler=none`` when it holds no schedule."""
+    if saved is None:
+        return "scheduler=none (no schedule)"
+    shape = state_shape(saved)
+    chained = isinstance(saved, Mapping) and "_schedulers" in saved
+    for name in group_options("scheduler"):
+        node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scheduler" / f"{name}.yaml"), resolve=False)
+        assert isinstance(node, dict)
+        if node.get("_target_") is None:
+            continue
+        option = {k: v for k, v in node.items() if k not in ("defaults", "warmup_steps")}
+        trial = OmegaConf.create({"steps": cfg.steps, "scheduler": {**option, "warmup_steps": 1 if chained else 0}})
+        try:
+            if state_shape(_json(built_scheduler(trial).state_dict())) == shape:  # type: ignore[union-attr]
+                return f"scheduler={name}" + (" with warmup" if chained else "")
+        except Exception:
+            continue
+    keys = ", ".join(k for k in (saved if isinstance(saved, Mapping) else {}) if not k.startswith("_"))
+    return f"another scheduler (state keys: {keys})"

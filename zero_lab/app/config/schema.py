@@ -1,0 +1,380 @@
+"""Config schemas, registered in Hydra's ConfigStore: typed plain keys, and group schemas
+derived from the constructors.
+
+The root :class:`Config` types the plain keys (enums for the choices a YAML value cannot
+restrict, ints, bools), so ``overlap=maybe`` or ``param_dtype=bf16`` fail while Hydra
+composes. A group option's schema is *not* written here: :func:`register_configs` reads
+each ``conf/<group>/<name>.yaml``, resolves its ``_target_`` and derives the schema from
+the constructor's signature (:func:`option_schema`): every argument with a plain default
+becomes a typed key with that default (``optim.eps=1e-6`` works on ``optim=adam``
+although adam.yaml sets only ``lr``), arguments the app passes at the call site
+(:data:`SUPPLIED_BY_APP`) are left out, and a ``**kwargs`` forwarded to a class the YAML
+names (``optimizer_class``) takes that class's arguments. The constructor stays the one
+place where an argument, its type and its default are stated.
+
+    from zero_lab.app.config.schema import register_configs
+    register_configs()  # before hydra.main / hydra.compose
+
+To add a group option: write ``conf/<group>/<name>.yaml`` (or a YAML in a config dir of your
+own, ``--config-dir``) with a ``_target_``. Nothing to add here: the root config merges the
+derived schema under every option (``derived/<group>``).
+
+To add a plain top-level key: one field in :class:`Config` (or :class:`DistConfig`) with its
+type, its default and a comment on what it does. That field is the one place of all three:
+``conf/config.yaml`` picks group options only (tests/unit/test_config.py holds it so). A key
+with a range also gets a rule in :mod:`zero_lab.app.check.rules`. A key whose values are a
+constant of the code (``resume_optimizer``, ``param_dtype``) is typed by an enum made from
+that constant (:func:`_choices`), so its choices too are stated once; ``exchange`` and
+``grad_reduce`` name registries that grow after import, so they are strings checked against
+the registry when the job runs (:mod:`zero_lab.app.config.registered`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import inspect
+import logging
+import math
+import types
+import typing
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.workloads.protocols import OUTPUT_KEY
+from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
+
+__all__ = [
+    "APP_KEYS",
+    "FORMATS",
+    "GROUPS",
+    "HYDRA_KEYS",
+    "PARAM_DTYPES",
+    "POLICIES",
+    "SUPPLIED_BY_APP",
+    "Autocast",
+    "Backend",
+    "Config",
+    "Device",
+    "DistConfig",
+    "OverlapHook",
+    "ParamDtype",
+    "ResumeOptimizer",
+    "constructor_arguments",
+    "enum_str",
+    "option_schema",
+    "register_configs",
+]
+
+#: Config groups whose options are built from a ``_target_``.
+GROUPS = ("optim", "partitioner", "model", "data", "logger", "scheduler")
+
+#: Constructor arguments the app passes at the call site, never from the config, per group:
+#: the parameters and the ZeRO wiring (``app/run/build.py``, from the top-level ``bucket_view``,
+#: ``overlap`` and ``exchange`` keys, the ``partitioner`` group and the DDP wrapper's buckets; the
+#: process group is the world), the sink's run dir and resolved config (``app/record/sinks.py``).
+SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
+    "optim": frozenset(
+        {
+            "params",
+            "process_group",
+            "partitioner",
+            "parameters_as_bucket_view",
+            "overlap_with_ddp",
+            "exchange",
+            "ddp_buckets",
+        }
+    ),
+    "logger": frozenset({"run_dir", "config"}),
+    "scheduler": frozenset({"optimizer"}),
+}
+
+#: Keys of a group that the app reads and the constructor never sees: ``{group: {key: (type, default)}}``.
+APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "optim": {
+        "max_grad_norm": (float | None, None),  # clip the global 2-norm before every step (app/run/build.py)
+        "param_groups": (Any, None),  # a _partial_ target model -> param groups (app/run/build.py: param_groups)
+    },
+    "scheduler": {"warmup_steps": (int, 0)},  # linear warmup before the scheduler (app/run/build.py make_scheduler)
+}
+
+#: Keys of a group node that instantiate() reads, not the constructor.
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+
+class Backend(str, enum.Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Device(str, enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class OverlapHook(str, enum.Enum):
+    """Which ``zero_lab.overlap`` hook steps the optimizer inside DDP's backward."""
+
+    zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
+    interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
+
+
+def enum_str(value: Any) -> str:
+    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
+    return str(getattr(value, "value", value))
+
+
+def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
+    """A ``str`` enum whose members are ``values``, the constant the core or the app states
+    them in; the config types a key with it, so a value outside it fails while Hydra composes."""
+    made = enum.Enum(name, {value: value for value in values}, type=str, module=__name__)  # type: ignore[misc]
+    made.__doc__ = doc
+    return made
+
+
+#: ``resume_optimizer``: what to do with the checkpoint's optimizer.
+POLICIES = {
+    "strict": "load its state; the optimizer class and hyper-parameters must equal this run's",
+    "override": "load its state (same class), then this run's hyper-parameters replace the checkpoint's",
+    "reset": "load the model weights and step only; the optimizer starts fresh from this run's config",
+}
+
+
+#: ``checkpoint_format``: how ``checkpoint_every`` saves.
+FORMATS = {
+    "native": "zero_lab's sharded directories (ZeRO) or one .pt file (plain optimizers)",
+    "dcp": "torch.distributed.checkpoint directories (step_N.dcp), readable by torchtitan/FSDP2/DDP scripts",
+}
+#: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
+ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.config.schema.POLICIES")
+#: ``checkpoint_format=``: how checkpoint_every saves (native sharded/.pt, or torch's DCP).
+CheckpointFormat = _choices("CheckpointFormat", FORMATS, "``checkpoint_format=``: zero_lab.app.config.schema.FORMATS")
+
+
+class Autocast(str, enum.Enum):
+    """``autocast=``: ``torch.autocast`` around forward and loss in this dtype (fp32 parameters)."""
+
+    bf16 = "bf16"
+    fp16 = "fp16"  # with torch's GradScaler
+
+
+#: ``param_dtype=``: the dtype the model's parameters (and so DDP's gradients and the exchange) live in.
+PARAM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ParamDtype = _choices("ParamDtype", PARAM_DTYPES, "``param_dtype=``: zero_lab.app.config.schema.PARAM_DTYPES")
+
+
+@dataclass
+class DistConfig:
+    """Where the ranks run (``dist.<key>``). ``world_size``, ``backend`` and ``device`` are what
+    a ``dist=`` option picks (``conf/dist/cpu.yaml``, ``cuda.yaml``); the rest default here."""
+
+    world_size: int = MISSING  # ranks (on dist=cuda: your GPU count)
+    backend: Backend = MISSING  # gloo (CPU) or nccl (GPU)
+    device: Device = MISSING  # cpu or cuda (one GPU per rank, cuda:LOCAL_RANK)
+    timeout_s: float = 900.0  # bounds every collective (the run itself has no time limit)
+    stop_grace_s: float = 120.0  # how long ranks may take to stop after SIGTERM/SIGINT
+    # a rank with no progress this long past the slowest step stops the world, named (null: only timeout_s)
+    stall_timeout_s: float | None = 30.0
+    threads_per_rank: int = 1  # torch.set_num_threads of each rank
+    # DDP's gradient bucket size (partitioner=ddp_bucket follows the buckets)
+    bucket_cap_mb: float = float(DDP_BUCKET_CAP_MB)
+    # more ranks than CPU cores x this is refused before any start; raise it to oversubscribe
+    max_ranks_per_core: int = 2
+    master_port: int | None = None  # under srun: the rendezvous port (null: derived from the job id)
+    # DDP's own options (torch.nn.parallel.DistributedDataParallel), passed as they are:
+    find_unused_parameters: bool = False  # a model whose forward leaves some parameters unused
+    static_graph: bool = False  # the same parameters used the same way every step
+    broadcast_buffers: bool = True  # rank 0's buffers (BatchNorm statistics) to every rank before each forward
+    sync_batchnorm: bool = False  # BatchNorm -> torch.nn.SyncBatchNorm: statistics over the global batch (GPU only)
+
+
+@dataclass
+class Config:
+    """The root config: the groups (typed by their option's derived schema; ``conf/config.yaml``
+    picks the default options) and every plain key with its type, default and what it does.
+    ``python train.py --cfg job`` prints them all."""
+
+    optim: Any = MISSING
+    partitioner: Any = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    dist: DistConfig = field(default_factory=DistConfig)
+    logger: Any = MISSING
+    scheduler: Any = MISSING
+    overlap: bool = False  # step inside DDP's comm hook (needs a zero_* optimizer)
+    # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
+    overlap_hook: OverlapHook = OverlapHook.zero_step
+    bucket_view: bool = False  # parameters_as_bucket_view: one collective per buffer, not per tensor
+    # zero_*: the parameter exchange's collective, a registered name or a class's dotted path (app/config/registered.py;
+    # auto times each at step 1)
+    exchange: str = "auto"
+    prefetch: bool = False  # zero_*: step() only issues the exchange; the next forward waits per module
+    # zero_*: reduce gradients to their owners only (null: DDP's all-reduce, untouched); all_reduce is DDP's
+    # traffic through zero_lab's meter; reduce_scatter halves it; auto times each once (zero_lab.grad_reduce)
+    grad_reduce: str | None = None  # a registered name or a class's dotted path (app/config/registered.py)
+    # zero_* with grad_reduce: after backward keep only the gradients this rank owns (ZeRO-2 gradient memory)
+    shard_grads: bool = False
+    # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
+    param_dtype: ParamDtype = ParamDtype["float32"]
+    accumulate: int = 1  # micro-batches per step (the global batch is split; DDP no_sync on all but the last)
+    # bf16 or fp16 (with GradScaler): torch.autocast around forward and loss, fp32 parameters
+    autocast: Autocast | None = None
+    compile: bool = False  # torch.compile the DDP-wrapped model
+    eval_every: int = 0  # N > 0: validation loss on held-out batches every N steps and at the end (val/loss)
+    eval_batches: int = 2  # held-out batches per validation (data.val_shard)
+    # a model whose forward returns a dict / ModelOutput: the entry data.loss reads (app/workloads/protocols.py)
+    output_key: str = OUTPUT_KEY
+    seed: int = 0  # model init; each step's draws come from (seed, rank, step)
+    steps: int = 20  # optimizer steps
+    log_every: int = 1  # write metrics every N steps (the last step is always written)
+    checkpoint_every: int = 0  # 0 = never; K: every K steps, checkpoints/step_<8 digits> (a dir for zero_*, else .pt)
+    keep_checkpoints: int | None = None  # after each save keep only the N newest checkpoints; null or 0 = keep all
+    # native (sharded dir for zero_*, else .pt) or dcp (torch.distributed.checkpoint, step_<8 digits>.dcp/)
+    checkpoint_format: CheckpointFormat = CheckpointFormat["native"]
+    resume: str | None = None  # a run dir (or checkpoint file) to continue from
+    # what a resume does with the optimizer (POLICIES)
+    resume_optimizer: ResumeOptimizer = ResumeOptimizer["strict"]
+    progress: bool = True  # tqdm bar on rank 0 (only when stderr is a terminal)
+    # what the job returns to a sweeper (Optuna): a name of app.objective.OBJECTIVES, or a list of them
+    objective: Any = "final_loss"
+
+
+def constructor_arguments(
+    target: Any, node: DictConfig | dict[str, Any], supplied: frozenset[str] = frozenset()
+) -> dict[str, inspect.Parameter]:
+    """The arguments a config node may set: ``target``'s, without the ``supplied`` ones.
+
+    A ``**kwargs`` is replaced by the arguments of the class the node names with
+    ``{_target_: hydra.utils.get_class, path: ...}`` (ZeRO's ``optimizer_class``), which
+    is where such a constructor forwards them.
+    """
+    parameters = dict(inspect.signature(target, eval_str=True).parameters)
+    out = {name: p for name, p in parameters.items() if name not in supplied and p.kind not in _VARIADIC}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        for inner in forwarded_classes(node):
+            for name, p in constructor_arguments(inner, {}, supplied).items():
+                out.setdefault(name, p)
+    return out
+
+
+def forwarded_classes(node: DictConfig | dict[str, Any]) -> list[type]:
+    """Classes a node names as ``{_target_: hydra.utils.get_class, path: <dotted path>}``."""
+    found = []
+    for value in node.values():
+        if isinstance(value, (dict, DictConfig)) and value.get("_target_") == "hydra.utils.get_class":
+            found.append(get_object(str(value["path"])))
+    return found
+
+
+def option_schema(group: str, name: str, node: DictConfig) -> type:
+    """The schema of one group option (a dataclass), derived from its ``_target_``'s signature."""
+    target = get_object(str(node["_target_"]))
+    fields: dict[str, tuple[Any, Any]] = {key: (Any, MISSING) for key in HYDRA_KEYS if key in node}
+    for key, parameter in constructor_arguments(target, node, SUPPLIED_BY_APP.get(group, frozenset())).items():
+        kind = _omegaconf_type(parameter.annotation)
+        if parameter.default is inspect.Parameter.empty:
+            fields[key] = (kind, MISSING)  # the YAML (or the command line) must give it
+        elif _plain(parameter.default):
+            fields[key] = (kind, parameter.default)
+    fields.update(APP_KEYS.get(group, {}))
+    for key in node:  # keys the YAML sets that no argument covers (_target_, optimizer_class, ...)
+        if key != "defaults" and key not in fields:
+            fields[str(key)] = (Any, MISSING)
+    spec = [(key, kind, _field(default)) for key, (kind, default) in fields.items()]
+    return dataclasses.make_dataclass(f"{group}_{name}_schema", spec)
+
+
+def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ()) -> None:
+    """Store the root schema as ``config_schema`` and every option's derived schema.
+
+    Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
+    (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored twice: as
+    ``schema/<group>/<name>`` (what a YAML names with ``- /schema/<group>@_here_: <name>``) and
+    as ``derived/<group>/<name>``, which the root config merges under whatever option a group
+    picks (``optional derived/<group>@<group>: ${<group>}``), so a user's YAML needs no such line:
+    its keys are its ``_target_``'s arguments as ours are. On a name that several dirs hold, the
+    first dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets
+    no schema here; the pre-start check names it.
+    """
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for group in GROUPS:
+        seen: set[str] = set()
+        for directory in (conf_dir, *extra_dirs):
+            for name in group_options(group, directory):
+                if name in seen:
+                    continue
+                seen.add(name)
+                path = Path(directory, group, f"{name}.yaml")
+                try:
+                    node = OmegaConf.load(path)
+                    assert isinstance(node, DictConfig)
+                    if node.get("_target_") is None:  # e.g. scheduler=none: nothing to build
+                        continue
+                    with _hydra_lookup_quiet():  # the pre-start check says it once, with its cause
+                        schema = option_schema(group, name, node)
+                except Exception:  # no _target_, or one that cannot be imported: check/rules.py names it
+                    continue
+                store.store(group=f"schema/{group}", name=name, node=schema)
+                store.store(group=f"derived/{group}", name=name, node=schema)
+
+
+@contextlib.contextmanager
+def _hydra_lookup_quiet() -> Iterator[None]:
+    """Hydra's ``get_object`` logs "Error getting object at …" before it raises; a YAML whose
+    ``_target_`` cannot be imported is reported by the pre-start check instead."""
+    logger = logging.getLogger("hydra.utils")
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_PRIMITIVES = (bool, int, float, str)
+
+
+def _omegaconf_type(annotation: Any) -> Any:
+    """The annotation as a type OmegaConf checks: a primitive, an Enum, ``X | None``, else Any.
+
+    Tensors in a union are dropped (``float | Tensor`` -> float); ``int | float`` is float.
+    """
+    if annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None) and _is_plain_type(a)]
+        if set(members) == {int, float}:
+            members = [float]
+        optional = type(None) in typing.get_args(annotation)
+        if len(members) == 1:
+            return members[0] | None if optional else members[0]
+    return Any
+
+
+def _is_plain_type(annotation: Any) -> bool:
+    return annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, enum.Enum))
+
+
+def _plain(value: Any) -> bool:
+    """A default a config can hold: None, a primitive, an Enum, or a list/tuple of those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (*_PRIMITIVES, enum.Enum))
+
+
+def _field(default: Any) -> Any:
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: list(default))
+    return field(default=default)

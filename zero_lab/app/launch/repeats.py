@@ -1,0 +1,102 @@
+"""A sweep job that would repeat an earlier one is not run again.
+
+A plain optimizer ignores ``partitioner`` and ``bucket_view`` (every rank keeps the full state),
+so in ``-m optim=adam,zero_adam partitioner=sorted_greedy,flat`` the ``optim=adam`` jobs that
+differ only in the partitioner train the same thing. Each job of a sweep (Hydra's multirun)
+names its config, as composed and without the keys its optimizer does not use, by a digest
+(:func:`job_key`) and claims that digest in the sweep dir (``<sweep dir>/.zero_lab_job_<digest>.json``,
+created exclusively, so jobs launched in parallel agree on who was first). The claims are files
+beside Hydra's ``multirun.yaml``, not a folder: the sweep dir's folders are its jobs.
+
+A later job whose digest an earlier job claimed, and whose earlier job finished
+(its ``summary.json`` covers every step), is a *repeat*: it trains nothing, writes :data:`REPEAT_FILE`
+into its run dir (the earlier run dir, both jobs' overrides, the keys that made no difference),
+and its objective is the earlier job's. :mod:`zero_lab.report` lists it under the run it
+repeats. When the earlier job has not finished (launchers that run jobs side by side), or
+failed, the job runs as usual; a requeued job finds its own claim and runs.
+
+    original = claim(sweep_dir, job_key(config, unused), run_dir, overrides)   # None: run it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zero_lab.app.record.summary import SUMMARY_FILE
+from zero_lab.files import write_json
+
+__all__ = ["REPEAT_FILE", "Original", "claim", "job_key", "read_repeat", "write_repeat"]
+
+#: What a repeat job leaves in its run dir instead of a summary.
+REPEAT_FILE = "repeat_of.json"
+#: The name of a job's claim of its digest, in the sweep dir (a file: the sweep dir's folders are its jobs).
+CLAIM_NAME = ".zero_lab_job_{key}.json"
+
+
+@dataclass(frozen=True)
+class Original:
+    """The earlier job a repeat stands for: its run dir and overrides."""
+
+    run_dir: Path
+    overrides: list[str]
+
+
+def job_key(config: dict[str, Any], unused: tuple[str, ...]) -> str:
+    """A digest of the job's config (resolved, plain Python) without the top-level keys in
+    ``unused`` (what its optimizer ignores: ``partitioner``, ``bucket_view``)."""
+    kept = {key: value for key, value in config.items() if key not in unused}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def claim(sweep_dir: Path, key: str, run_dir: Path, overrides: list[str]) -> Original | None:
+    """Claim ``key`` for this job; the earlier job that holds it when this one repeats it, else
+    ``None`` (this job claimed it, holds it already, or the holder has not finished)."""
+    path = sweep_dir / CLAIM_NAME.format(key=key)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    mine = {"run_dir": str(run_dir), "overrides": overrides}
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w", encoding="utf-8") as f:
+            json.dump(mine, f)
+        return None
+    except FileExistsError:
+        pass
+    try:
+        held = json.loads(path.read_text(encoding="utf-8"))
+        earlier = Path(held["run_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a claim being written, or damaged: run the job
+    if earlier.resolve() == run_dir.resolve() or not _finished(earlier):
+        return None  # a requeued job's own claim, or an earlier job still running (or failed, or stopped)
+    return Original(earlier, [str(o) for o in held.get("overrides", [])])
+
+
+def _finished(run_dir: Path) -> bool:
+    """The run dir holds a summary of every step, not stopped by a signal."""
+    try:
+        done = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+        return not done.get("stopped_by") and len(done["losses"]) >= int(done["steps"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def write_repeat(run_dir: Path, original: Original, overrides: list[str], unused: list[str]) -> None:
+    """:data:`REPEAT_FILE`: which run this job repeats, and the overrides that made no difference."""
+    write_json(
+        run_dir / REPEAT_FILE,
+        {"repeat_of": str(original.run_dir), "its_overrides": original.overrides, "overrides": overrides,
+         "not_used": unused},
+    )  # fmt: skip
+
+
+def read_repeat(run_dir: Path) -> dict[str, Any] | None:
+    """A run dir's :data:`REPEAT_FILE`, ``None`` when it has none (or it cannot be read)."""
+    try:
+        found = json.loads((run_dir / REPEAT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and "repeat_of" in found else None

@@ -1,0 +1,250 @@
+"""One run dir, one job: claim it atomically before Hydra writes anything into it.
+
+Hydra's default run dir is ``outputs/<date>/<H-M-S>``: two jobs started in the same second
+would share it (interleaved ``metrics.jsonl``, one lost summary, overwritten checkpoints).
+:class:`ClaimRunDir`, a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``), runs
+before Hydra creates the dir and writes ``.hydra/``:
+
+* the default dir is claimed with an exclusive ``mkdir``; a job that finds it taken moves
+  to the first free ``<dir>-1``, ``<dir>-2``, ... (the job's config records where it went);
+* a dir given explicitly (``hydra.run.dir=...``) may be reused by later runs, but not by two
+  at once: the job holds an exclusive ``flock`` on ``<dir>/.zero_lab.lock`` while it runs
+  (the kernel drops it when the process ends, even on ``kill -9``); a second job is refused
+  with a message naming the dir and the holder's pid. A later run first moves the earlier
+  run's ``metrics.jsonl``, ``summary.json`` and its rank logs (``logs/rank<r>.log``,
+  ``logs/rank<r>.error.txt``; anything else in ``logs/`` is the user's and stays) to
+  ``<dir>/earlier/<k>/`` (one line says so), so its own files are not appended to the earlier
+  ones, and a stale summary or error is never read as its own (by W&B or the report);
+  ``checkpoints/`` stay, for ``resume=<dir>``;
+* a dir that cannot be used (read-only, under a regular file, an unwritable parent), or whose
+  claim fails in any other way (``hydra.run.dir: /`` has no name to add ``-1`` to), stops the
+  job with one line naming it (exit 2): the job never runs without its claim (Hydra itself
+  would only warn about a callback's error and run on, unclaimed);
+* ``/`` and the system's own dirs (:func:`system_dir`: ``/etc``, ``/usr``, ``/proc``, ...)
+  are refused before anything is created in them, whatever the permissions (root may write
+  there), for ``hydra.run.dir`` and ``hydra.sweep.dir`` alike;
+* each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
+  the same second fail loudly instead of mixing their files.
+
+Under torchrun or srun every rank runs the Hydra job in the one shared dir on purpose: no claim;
+under the Slurm launcher's multi-node mode (a sweep job whose tasks are its ranks) rank 0
+claims the job dir and the others join it.
+
+    claim("outputs/2026-11-23/10-00-00", explicit=False)  # -> Path(".../10-00-00-1") if taken
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from zero_lab.app.check.before_start import fail
+from zero_lab.app.config.overrides import given
+from zero_lab.runtime import external
+
+__all__ = [
+    "EARLIER_RUN_FILES",
+    "LOCK_NAME",
+    "SYSTEM_DIRS",
+    "SYSTEM_TREES",
+    "ClaimRunDir",
+    "RunDirBusy",
+    "claim",
+    "set_aside_earlier_run",
+    "system_dir",
+]
+
+LOCK_NAME = ".zero_lab.lock"
+#: What a run writes that a later run in the same dir would append to or be mistaken for.
+EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "logs")
+#: Dirs no run may use as its own: the root and the top-level dirs that many users and the system share.
+SYSTEM_DIRS = ("/", "/home", "/mnt", "/media", "/opt", "/run", "/srv", "/tmp", "/var")
+#: Trees the system owns: neither they nor anything under them is a run dir.
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr",
+    "/var/cache", "/var/lib", "/var/log", "/var/spool",
+)  # fmt: skip
+_HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until this process exits
+
+
+class RunDirBusy(RuntimeError):
+    """Another live job holds the run dir."""
+
+
+_RANK_FILE = re.compile(r"rank\d+\.(log|error\.txt)")
+
+
+def unusable(path: Path, error: OSError) -> RunDirBusy:
+    """One line naming a run dir that cannot be created or written, and why."""
+    where = f" ({error.filename})" if error.filename and str(error.filename) != str(path) else ""
+    return RunDirBusy(
+        f"run dir {path} cannot be used: {error.strerror or error}{where}; give a writable hydra.run.dir=... "
+        "(or hydra.sweep.dir=... with -m)"
+    )
+
+
+def system_dir(path: str | Path) -> str | None:
+    """The system dir ``path`` is or lies in (:data:`SYSTEM_DIRS`, :data:`SYSTEM_TREES`), as
+    given and with its links followed (``/lib`` is ``/usr/lib`` on most systems); ``None`` if none."""
+    given = Path(os.path.abspath(Path(path).expanduser()))
+    for candidate in (given, given.resolve()):
+        if str(candidate) in SYSTEM_DIRS:
+            return str(candidate)
+        for tree in SYSTEM_TREES:
+            if candidate == Path(tree) or Path(tree) in candidate.parents:
+                return tree
+    return None
+
+
+def _refuse_system_dir(path: str | Path, key: str) -> None:
+    """Refuse a run or sweep dir that is a system dir, in one line (nothing is created there)."""
+    found = system_dir(path)
+    if found is not None:
+        where = "is" if str(found) == os.path.abspath(Path(path).expanduser()) else f"lies in {found},"
+        raise RunDirBusy(
+            f"run dir {path} {where} a system directory; a run writes .hydra/, train.log, logs/ and its metrics "
+            f"there: give {key}=<a dir of yours> (e.g. outputs/<name>)"
+        )
+
+
+def _lock(directory: Path) -> None:
+    """Hold an exclusive lock on ``directory``'s lock file for the life of this process."""
+    key = str(directory.resolve())
+    if key in _HELD:
+        return
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirBusy(
+            f"run dir {directory} is in use by another running job (pid {holder}); give this job its own "
+            f"hydra.run.dir=... (or leave it out: the default dir is unique per job)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def set_aside_earlier_run(directory: Path) -> Path | None:
+    """Move an earlier run's :data:`EARLIER_RUN_FILES` into ``<directory>/earlier/<k>/`` (the
+    first free ``k``); returns that folder, or ``None`` when the dir held none of them."""
+    present = [directory / name for name in EARLIER_RUN_FILES if name != "logs" and (directory / name).exists()]
+    logs = directory / "logs"
+    rank_logs = sorted(p for p in logs.iterdir() if _RANK_FILE.fullmatch(p.name)) if logs.is_dir() else []
+    if not present and not rank_logs:
+        return None
+    for k in itertools.count(1):
+        target = directory / "earlier" / str(k)
+        try:
+            target.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        break
+    for path in present:
+        os.replace(path, target / path.name)
+    if rank_logs:  # only zero_lab's own files: a user's logs/ in a reused dir (hydra.run.dir=.) stays
+        (target / "logs").mkdir()
+        for path in rank_logs:
+            os.replace(path, target / "logs" / path.name)
+        with contextlib.suppress(OSError):
+            logs.rmdir()  # only if nothing of the user's is left in it
+        present.append(logs)
+    names = ", ".join(path.name for path in present)
+    print(f"zero_lab: note: {directory} held an earlier run's {names}; moved to {target}", file=sys.stderr, flush=True)
+    return target
+
+
+def _unclaimed(path: Path, error: Exception) -> RunDirBusy:
+    """One line for a claim that failed other than by the file system (``PosixPath('/') has an empty name``)."""
+    return RunDirBusy(
+        f"run dir {path} cannot be claimed ({type(error).__name__}: {error}); the job does not run without its "
+        "claim: give a writable hydra.run.dir=<a dir of yours> (or hydra.sweep.dir=... with -m)"
+    )
+
+
+def _take(directory: Path) -> None:
+    """Lock ``directory`` for this job, then set an earlier run's files aside."""
+    _lock(directory)
+    set_aside_earlier_run(directory)
+
+
+def claim(path: str | Path, explicit: bool) -> Path:
+    """Claim ``path`` for this process (see the module docstring); returns the dir claimed."""
+    _refuse_system_dir(path, "hydra.run.dir")
+    path = Path(path)
+    if explicit:
+        path.mkdir(parents=True, exist_ok=True)
+        _take(path)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in range(1000):
+        candidate = path if suffix == 0 else path.with_name(f"{path.name}-{suffix}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        _lock(candidate)
+        return candidate
+    raise RunDirBusy(f"no free run dir next to {path} (tried {path.name}-1 ... -999)")
+
+
+def _given(config: DictConfig, key: str) -> bool:
+    """True when the command line set ``key`` (e.g. ``hydra.run.dir=...``)."""
+    return given(config.hydra.overrides.hydra, key)
+
+
+class ClaimRunDir(Callback):
+    """Hydra callback: claim the run dir before the job writes into it (module docstring)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if external.active():
+            return
+        wanted = str(config.hydra.run.dir)
+        try:
+            claimed = claim(wanted, explicit=_given(config, "hydra.run.dir"))
+        except RunDirBusy as error:
+            fail(error)
+        except OSError as error:  # Hydra would only warn and run on, unlocked
+            fail(unusable(Path(wanted), error))
+        except Exception as error:  # any other failure too: never a run without its claim
+            fail(_unclaimed(Path(wanted), error))
+        if str(claimed) != wanted:
+            with read_write(config.hydra), open_dict(config.hydra):
+                OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if external.rank() > 0 or config.hydra.mode != RunMode.MULTIRUN:
+            return
+        output = Path(str(config.hydra.runtime.output_dir))
+        try:
+            _refuse_system_dir(output, "hydra.sweep.dir")
+            _take(output)
+        except RunDirBusy as error:
+            fail(error)
+        except OSError as error:
+            fail(unusable(output, error))
+        except Exception as error:
+            fail(_unclaimed(output, error))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep dir that is a system dir is refused before Hydra's launcher creates anything in it."""
+        if external.rank() > 0:
+            return
+        try:
+            _refuse_system_dir(str(config.hydra.sweep.dir), "hydra.sweep.dir")
+        except RunDirBusy as error:
+            fail(error)
+        except Exception as error:
+            fail(f"hydra.sweep.dir: cannot be read ({type(error).__name__}: {error})")

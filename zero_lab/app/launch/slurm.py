@@ -1,0 +1,260 @@
+"""``hydra/launcher=slurm``: Hydra's submitit Slurm launcher, fitted to zero_lab's jobs.
+
+Two modes, chosen by ``hydra.launcher.nodes`` × ``hydra.launcher.tasks_per_node``:
+
+* **one task per job** (the default, 1 × 1): each sweep job is one Slurm job of one task,
+  which starts its ``dist.world_size`` ranks inside, as on a laptop — a sweep is a job array;
+* **multi-node** (more than one task): each sweep job is one Slurm job whose tasks *are*
+  its ranks (``tasks_per_node`` ranks on each of ``nodes`` nodes), started by Slurm's
+  ``srun``; every task runs the Hydra job, rank 0 claims the job dir and writes ``.hydra/``
+  and the job log, the others join (:data:`zero_lab.runtime.external.FOLLOWER_OVERRIDES`),
+  and the ranks rendezvous at the first node (:mod:`zero_lab.runtime.slurm`).
+
+What the job asks Slurm for follows the job's config (:func:`job_resources`) wherever
+the launcher's field is left ``null``: ``cpus_per_task`` = ranks per task ×
+``dist.threads_per_rank``; ``gpus_per_node`` = ranks per node with ``dist.device=cuda``;
+``mem_gb`` (Slurm's ``--mem``, per node) = per rank on the node a fixed :data:`RANK_BASE_GIB`
+(interpreter, torch) plus twice what the memory planner prices for plain DDP + the optimizer
+(:func:`zero_lab.planner.plan_memory`: parameters, gradients, DDP's buckets, full state: ZeRO holds less), plus
+:data:`JOB_BASE_GIB` for the job process in one-task mode, rounded up to whole GiB. Jobs
+of a sweep that need different resources go out as separate arrays.
+
+Time limits: submitit asks for ``--signal=USR2@<signal_delay_s>``; the ranks finish the same
+step, checkpoint, and task 0 hands the signal back to submitit, which calls :meth:`checkpoint`
+(inherited: resubmit this job with the same arguments) and requeues; the requeued job resumes
+from the checkpoint by itself (:func:`zero_lab.app.launch.requeue.continue_requeued_run`). A job is
+requeued at most ``max_num_timeout`` times for its time limit (pre-emptions do not count).
+
+When the jobs end, the submitting terminal shows each job's closing lines, read from task
+0's log, or, for a job that failed, its error and where its log is. A submission that fails
+(``sbatch`` missing, or refusing: an unknown partition, a limit) is one line with sbatch's own
+reason (:func:`submission_failure`), the jobs already submitted named with how to cancel them;
+the command exits 1.
+
+Hydra loads launchers only from classes defined in the ``hydra_plugins`` package:
+``hydra_plugins/zero_lab_slurm`` defines ``ZeroLabSlurmLauncher``, an empty subclass of
+:class:`SlurmJobsLauncher`, and ``conf/hydra/launcher/slurm.yaml`` names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, filter_overrides
+from hydra.utils import instantiate
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig, OmegaConf
+
+from zero_lab.app.check.before_start import fail, world_size_given
+from zero_lab.app.check.rules import ConfigError
+from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.record.closing import FIRST_LINE
+from zero_lab.planner import plan_memory, specs_from_module
+from zero_lab.runtime import external
+
+__all__ = [
+    "JOB_BASE_GIB",
+    "RANK_BASE_GIB",
+    "SlurmJobsLauncher",
+    "closing_block",
+    "job_resources",
+    "sbatch_reason",
+    "submission_failure",
+]
+
+#: Resident memory of one rank before its model: interpreter, torch, Gloo (a default-job rank peaks at 0.35 GiB).
+RANK_BASE_GIB = 0.5
+#: The job process of one-task mode: Hydra, the metrics follower, W&B.
+JOB_BASE_GIB = 0.5
+
+
+def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
+    return int(launcher.get("nodes") or 1), int(launcher.get("tasks_per_node") or 1)
+
+
+def _planned_rank_bytes(cfg: DictConfig) -> int:
+    """What the planner prices for one rank of plain DDP + this optimizer (an upper bound for ZeRO)."""
+    with torch.device("meta"):
+        model = instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
+    plan = plan_memory(specs_from_module(model), 1, None, OptimPlan.of(cfg.optim).optimizer_class)
+    return plan.ranks[0].total_bytes
+
+
+def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:
+    """``cpus_per_task``, ``gpus_per_node``, ``mem_gb`` for this job: the launcher's values where
+    set, else derived from ``dist`` and the planner (module docstring)."""
+    nodes, per_node = _tasks(launcher)
+    multi = nodes * per_node > 1
+    ranks_per_task = 1 if multi else int(cfg.dist.world_size)
+    ranks_per_node = per_node if multi else ranks_per_task
+    cuda = enum_str(cfg.dist.device) == "cuda"
+    derived: dict[str, Any] = {
+        "cpus_per_task": ranks_per_task * int(cfg.dist.threads_per_rank),
+        "gpus_per_node": ranks_per_node if cuda else None,
+    }
+    host_bytes = 0 if cuda else 2 * _planned_rank_bytes(cfg)
+    gib = ranks_per_node * (RANK_BASE_GIB + host_bytes / 2**30) + (0 if multi else JOB_BASE_GIB)
+    derived["mem_gb"] = max(1, math.ceil(gib))  # Slurm's --mem: per node
+    return {key: launcher[key] if launcher.get(key) is not None else value for key, value in derived.items()}
+
+
+def closing_block(log_text: str) -> list[str]:
+    """The last closing block a job printed (:func:`zero_lab.app.record.closing.closing_lines`, and its W&B note)."""
+    lines = log_text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(FIRST_LINE)]
+    if not starts:
+        return []
+    block = [lines[starts[-1]]]
+    for line in lines[starts[-1] + 1 :]:
+        if not (line.startswith("  ") or line.startswith("zero_lab: W&B")):
+            break
+        block.append(line)
+    return block
+
+
+class SlurmJobsLauncher(SlurmLauncher):
+    """Hydra's ``SlurmLauncher`` with zero_lab's modes, resources and closing lines (module docstring)."""
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        """Run the job in this Slurm task; a rank > 0 of a multi-node job writes no ``.hydra/`` or job log."""
+        if external.rank() > 0:
+            sweep_overrides = [*sweep_overrides, *external.FOLLOWER_OVERRIDES]
+        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import submitit
+        from submitit.core.utils import FailedJobError
+
+        assert self.config is not None and self.hydra_context is not None
+        params = dict(self.params)
+        executor = submitit.AutoExecutor(
+            cluster="slurm", folder=params.pop("submitit_folder"), slurm_max_num_timeout=params.pop("max_num_timeout")
+        )
+        shared = set(OmegaConf.structured(BaseQueueConf).keys())
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        arguments = []
+        for offset, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + offset
+            cfg = self._job_config(overrides)
+            self._check_world(cfg, list(overrides))
+            resources = job_resources(cfg, params)
+            groups.setdefault(tuple(sorted(resources.items())), []).append(offset)
+            arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+            job = " ".join(filter_overrides(overrides))
+            print(f"zero_lab: job #{idx}: {job} -> {_describe(resources)}", flush=True)
+        jobs: list[Any] = [None] * len(arguments)
+        for key, offsets in groups.items():
+            merged = {**params, **dict(key)}
+            executor.update_parameters(**{k if k in shared else f"slurm_{k}": v for k, v in merged.items()})
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr, then raises
+                    submitted = executor.map_array(self, *zip(*(arguments[o] for o in offsets)))
+            except (OSError, FailedJobError) as error:
+                done = [job for job in jobs if job is not None]
+                fail(submission_failure(error, [initial_job_idx + o for o in offsets], done), code=1)
+            for offset, job in zip(offsets, submitted):
+                jobs[offset] = job
+        return self._collect(jobs, initial_job_idx)
+
+    def _job_config(self, overrides: Sequence[str]) -> DictConfig:
+        assert self.config is not None and self.hydra_context is not None
+        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+
+    def _check_world(self, cfg: DictConfig, overrides: list[str]) -> None:
+        """Multi-node mode: a ``dist.world_size`` given for the job must equal nodes × tasks_per_node."""
+        nodes, per_node = _tasks(self.params)
+        if nodes * per_node > 1 and world_size_given(overrides) and int(cfg.dist.world_size) != nodes * per_node:
+            fail(
+                ConfigError(
+                    [
+                        f"dist.world_size={cfg.dist.world_size}: with hydra.launcher.nodes={nodes} "
+                        f"tasks_per_node={per_node} every Slurm task is one rank ({nodes * per_node} ranks); "
+                        "drop dist.world_size, or set nodes/tasks_per_node to match"
+                    ]
+                )
+            )
+
+    @staticmethod
+    def _collect(jobs: list[Any], first_idx: int) -> list[JobReturn]:
+        """Wait for every job; print its closing lines (or its error and log); raise the first failure."""
+        returns: list[JobReturn] = []
+        failed: BaseException | None = None
+        for offset, job in enumerate(jobs):
+            where = f"zero_lab: job #{first_idx + offset} (Slurm job {job.job_id})"
+            try:
+                returns.append(job.results()[0])
+            except Exception as error:  # a failed job: say where its log is, then go on to the next one
+                last = str(error).strip().splitlines()[-1:] or ["no details"]
+                print(f"{where} failed: {last[0]}\n  its log: {job.paths.stdout}", file=sys.stderr, flush=True)
+                failed = failed or error
+                continue
+            block = closing_block(_read(job.paths.stdout))
+            print(where + (":" if block else f" finished; its log: {job.paths.stdout}"), flush=True)
+            for line in block:
+                print(line if line.startswith("  ") else "  " + line.removeprefix("zero_lab: "), flush=True)
+        if failed is not None:
+            raise failed
+        return returns
+
+
+def sbatch_reason(stderr: str) -> str:
+    """sbatch's own reason in one line: its ``fatal:`` line, else its last two ``error:`` lines
+    (``sbatch: error: invalid partition specified: gpu; Batch job submission failed: …``)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    fatal = [line for line in lines if "fatal:" in line]
+    errors = list(dict.fromkeys(line for line in lines if "error:" in line))  # in order, once each
+    if fatal:
+        return fatal[-1]
+    if errors:
+        return "; ".join([errors[-2], errors[-1].split("error:", 1)[1].strip()] if len(errors) > 1 else errors)
+    return lines[-1] if lines else "no reason given"
+
+
+def submission_failure(error: BaseException, indices: Sequence[int], submitted: Sequence[Any]) -> str:
+    """The one line for a failed submission of the jobs ``indices``: sbatch's reason (or that
+    sbatch is missing) and the jobs already ``submitted`` (they run on; scancel stops them)."""
+    numbers = ", ".join(f"#{i}" for i in indices)
+    if isinstance(error, FileNotFoundError):
+        why = "sbatch not found: hydra/launcher=slurm submits with Slurm's sbatch; run on a Slurm login node"
+    elif isinstance(error, OSError):
+        why = f"sbatch could not be run ({error})"
+    else:
+        why = f"sbatch refused it: {sbatch_reason(str(error))}"
+    line = f"job(s) {numbers} not submitted: {why}"
+    if submitted:
+        ids = sorted({str(job.job_id).split("_")[0] for job in submitted})
+        line += (
+            f"; already submitted and still queued or running: Slurm job(s) {', '.join(ids)} (scancel {' '.join(ids)})"
+        )
+    return line
+
+
+def _describe(resources: dict[str, Any]) -> str:
+    gpus = f", {resources['gpus_per_node']} GPU(s) per node" if resources.get("gpus_per_node") else ""
+    return f"{resources['cpus_per_task']} CPU(s) per task, {resources['mem_gb']} GB{gpus}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""

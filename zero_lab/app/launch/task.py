@@ -1,0 +1,227 @@
+"""The Hydra task: start the ranks inside this job, report where it went.
+
+:func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a
+``-m`` sweep, under any launcher), with a config the check callback already checked
+(:mod:`zero_lab.app.check.callback`; the task checks only a job no callback of its process
+saw). The ranks start here, from this one resolved config, via
+:func:`zero_lab.runtime.launch.run_world` (own rendezvous port per job, so concurrent sweep
+jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
+with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
+
+A sweep job that would train what an earlier, finished job of the sweep trained (a plain
+optimizer's jobs that differ only in the partitioner it ignores) is not run again
+(:mod:`zero_lab.app.launch.repeats`): it says so in one line and returns the earlier job's objective.
+
+A job Slurm requeued (its time limit, a pre-emption) continues from the checkpoint its last
+attempt saved in its run dir (:func:`zero_lab.app.launch.requeue.continue_requeued_run`); a run
+stopped by a signal hands the signal back to the handler it replaced
+(:func:`zero_lab.runtime.signals.hand_back`: under the Slurm launcher, submitit's, which
+requeues the job) and otherwise exits non-zero, saying how (:mod:`zero_lab.app.record.failure_text`).
+
+The run dir (Hydra's output dir) then holds::
+
+    .hydra/            resolved config, overrides (Hydra)
+    train.log          this job's log (Hydra)
+    meta.json          git revision, command line, group choices, seeds (app/record/provenance.py)
+    logs/rank{r}.log   one log per rank (+ rank{r}.error.txt if it failed)
+    metrics.jsonl      one JSON object per logged step (rank 0)
+    summary.json       written at the end (rank 0)
+    checkpoints/       with checkpoint_every=K
+    wandb/             with logger=wandb
+
+:func:`run` returns the ``objective`` (:mod:`zero_lab.app.record.objective`) read from summary.json,
+which is what a sweeper such as Optuna optimises, and ends with a few lines that show what
+ZeRO saved (:func:`zero_lab.app.record.closing.closing_lines`): final loss, optimizer state per rank against what the
+plain optimizer would hold (the planner's prediction), the exchange's share of the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from zero_lab.app.check.before_start import fail
+from zero_lab.app.check.callback import check_unless_checked
+from zero_lab.app.check.rules import UNUSED_BY_PLAIN, notices, to_container
+from zero_lab.app.config.overrides import read
+from zero_lab.app.config.schema import enum_str
+from zero_lab.app.launch import repeats
+from zero_lab.app.launch.requeue import continue_requeued_run
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.record.closing import closing_lines
+from zero_lab.app.record.failure_text import describe_failure, resume_hint
+from zero_lab.app.record.objective import objective_value
+from zero_lab.app.record.provenance import run_meta
+from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
+from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
+from zero_lab.app.run.rank_loop import RankResult, RunSpec, train_rank
+from zero_lab.files import write_json
+from zero_lab.runtime import external
+from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
+from zero_lab.runtime.signals import hand_back, signal_name
+
+__all__ = ["run"]
+
+log = logging.getLogger("zero_lab.app")
+EXIT_RUN_FAILED = 1
+
+
+Objective = float | list[float]
+
+
+def run(cfg: DictConfig) -> Objective | None:
+    """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise)."""
+    hydra_cfg = HydraConfig.get()
+    world = external.detect(port=cfg.dist.master_port)
+    check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
+    plan = OptimPlan.of(cfg.optim)  # the job's one answer: ZeRO or not, which class steps
+    overrides = list(hydra_cfg.overrides.task)
+    said = notices(cfg, overrides, plan)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    config = to_container(cfg)
+    original = (
+        _earlier_identical_job(hydra_cfg, config, plan, run_dir, world) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    )
+    for notice in said if original is None else []:
+        _note(notice)
+    meta = run_meta(hydra_cfg, OmegaConf.to_container(hydra_cfg.runtime.choices))  # type: ignore[arg-type]
+    if world is not None:
+        config["dist"]["world_size"] = world.world_size
+    continue_requeued_run(config, run_dir, meta)
+    spec = RunSpec(config=config, run_dir=str(run_dir), plan=plan, meta=meta, logger_on_rank0=world is not None)
+    if world is not None:
+        return _run_as_external_rank(spec, cfg)
+    write_json(run_dir / "meta.json", spec.meta)
+    if original is not None:
+        return _repeat(original, cfg, plan, overrides, run_dir)
+    _standard_start_method()
+    log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
+    started = time.perf_counter()
+    make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
+    with JsonlFollower(run_dir / "metrics.jsonl", make_sink):  # W&B, from this idle process
+        try:
+            results = run_world(
+                train_rank,
+                cfg.dist.world_size,
+                (spec,),
+                backend=enum_str(cfg.dist.backend),
+                timeout_s=cfg.dist.timeout_s,
+                start_method="spawn",
+                threads_per_rank=cfg.dist.threads_per_rank,
+                stop_grace_s=cfg.dist.stop_grace_s,
+                stall_timeout_s=cfg.dist.stall_timeout_s,
+            )
+        except RankFailure as failure:
+            fail(describe_failure(failure, run_dir), EXIT_RUN_FAILED)
+        except Interrupted as interrupted:
+            fail(f"{interrupted}; {resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
+        # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
+        return _report(results, cfg, spec, time.perf_counter() - started)
+
+
+def _note(text: str) -> None:
+    """Say ``text`` once: ``zero_lab: note: ...`` on stderr, and a WARNING line in the job's log
+    files (train.log) without a second copy on the console."""
+    print(f"zero_lab: note: {text}", file=sys.stderr, flush=True)
+    record = log.makeRecord(log.name, logging.WARNING, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
+    """The top-level keys a job's optimizer ignores (a plain optimizer: the partitioner and the bucket view)."""
+    return () if plan.zero else UNUSED_BY_PLAIN
+
+
+def _earlier_identical_job(
+    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, run_dir: Path, world: Any
+) -> repeats.Original | None:
+    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.launch.repeats`);
+    ``None`` under torchrun/srun ranks (each rank is a job of its own world)."""
+    if world is not None:
+        return None
+    key = repeats.job_key(config, _unused_by(plan))
+    sweep_dir = run_dir
+    for _ in Path(str(hydra_cfg.sweep.subdir)).parts:  # the run dir is <sweep dir>/<subdir>, as Hydra made it
+        sweep_dir = sweep_dir.parent
+    return repeats.claim(sweep_dir, key, run_dir, list(hydra_cfg.overrides.task))
+
+
+def _repeat(
+    original: repeats.Original, cfg: DictConfig, plan: OptimPlan, overrides: list[str], run_dir: Path
+) -> Objective:
+    """This job repeats ``original``: say so in one line, record it, return the earlier job's objective."""
+    unused = [o.text for o in read(overrides) if o.root in _unused_by(plan)]
+    differing = [o for o in overrides if o not in original.overrides]
+    why = (
+        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer, so"
+        if unused
+        else f"{' '.join(differing) or 'its overrides'}: the same config, so"
+    )
+    repeats.write_repeat(run_dir, original, overrides, unused)
+    _note(
+        f"{why} this job trains what {original.run_dir} trained; not run again (its results stand for both; "
+        f"{run_dir / repeats.REPEAT_FILE})"
+    )
+    return objective_value(RunSummary.read(original.run_dir / SUMMARY_FILE), cfg.objective)
+
+
+def _standard_start_method() -> None:
+    """Inside a joblib (loky) worker the global start method is "loky", which spawned
+    children inherit and cannot resolve ("cannot find context for 'loky'"); reset it."""
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        multiprocessing.set_start_method("spawn", force=True)
+
+
+def _run_as_external_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
+    """Under torchrun or srun this process is one rank of the world (joined by the check callback,
+    or here under the Slurm launcher); only rank 0 (which wrote summary.json) reports and
+    returns the objective."""
+    external.join(enum_str(cfg.dist.backend), cfg.dist.timeout_s, cfg.dist.master_port)
+    if dist.get_rank() == 0:
+        write_json(Path(spec.run_dir) / "meta.json", spec.meta)
+    started = time.perf_counter()
+    try:
+        result = train_rank(spec)
+    finally:
+        dist.destroy_process_group()
+    if result.rank == 0 or result.stopped_by:
+        return _report([result], cfg, spec, time.perf_counter() - started)
+    return None
+
+
+def _report(results: list[RankResult], cfg: DictConfig, spec: RunSpec, seconds: float) -> Objective:
+    """Print what the run showed and where it went, return its objective; a run stopped by a
+    signal exits ``128 + signum`` after saying how far it got and how to continue."""
+    run_dir = Path(spec.run_dir)
+    if results[0].stopped_by:
+        stopped = results[0]
+        hand_back(stopped.stopped_by)  # under the Slurm launcher, SIGUSR2: submitit requeues the job and exits
+        saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
+        fail(
+            f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "
+            f"{resume_hint(run_dir, spec.meta)}",
+            128 + stopped.stopped_by,
+        )
+    summary = RunSummary.read(run_dir / SUMMARY_FILE)
+    log.info(
+        "finished in %.1f s: final loss %.6g, param checksum %s",
+        seconds,
+        summary.final_loss,
+        (summary.param_checksum or "")[:16],
+    )
+    value = objective_value(summary, cfg.objective)
+    log.info("objective %s = %s", cfg.objective, value)
+    print("\n".join(closing_lines(summary, spec.plan.name, run_dir, seconds)), flush=True)
+    return value

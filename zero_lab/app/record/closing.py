@@ -1,0 +1,147 @@
+"""The lines a job ends with: what the run showed, read from its :class:`RunSummary`.
+
+Final loss; the validation loss (final and best) when ``eval_every`` ran; the checkpoint a
+resumed run started from; accumulation; optimizer state per rank against what DDP + the same
+optimizer classes would hold on every rank (``ddp_state_bytes``, the planner's prediction over
+the parameters that have state, so a saving never exceeds the world size); for Muon and any
+cost model other than ``numel``, each rank's local optimizer step and the slowest ÷ mean (what
+``partitioner.cost`` changes); the exchange's share of the median step; the run dir. The
+Slurm launcher finds them again in a job's log by their first line (:data:`FIRST_LINE`)::
+
+    print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zero_lab.app.record.summary import RunSummary
+
+__all__ = ["FIRST_LINE", "closing_lines"]
+
+#: How the closing block starts (``zero_lab: final loss 0.0123 after 20 steps ...``).
+FIRST_LINE = "zero_lab: final loss"
+#: Ranks whose local step times are listed one by one (more: the fastest and the slowest).
+LISTED_RANKS = 8
+
+
+def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float) -> list[str]:
+    """What the run showed, in a few lines (module docstring); ``name``: the optimizer class
+    that holds the state (:attr:`zero_lab.app.plan.optim_plan.OptimPlan.name`), used when the
+    summary does not name the classes (``optimizer_classes``)."""
+    world, steps = summary.world_size, len(summary.losses)
+    classes = "/".join(summary.optimizer_classes) if summary.optimizer_classes else name
+    lines = [f"{FIRST_LINE} {summary.final_loss:.6g} after {steps} steps on {world} rank(s) ({seconds:.1f} s)"]
+    lines += _loop_lines(summary)
+    lines.append(f"  optimizer state per rank: {_state(summary, classes)}")
+    if _local_steps_differ(summary):
+        lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
+    exchange = _exchange_share(summary) if summary.zero else "none (plain DDP: every rank steps every parameter)"
+    lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), f"  run dir: {run_dir}"]
+    return lines
+
+
+def _loop_lines(summary: RunSummary) -> list[str]:
+    """Resume, accumulation and validation, each only when it ran."""
+    out = []
+    if summary.resumed_checkpoint or summary.resumed_from:
+        where = summary.resumed_checkpoint or summary.resumed_from
+        policy = f" (resume_optimizer={summary.resume_optimizer})" if summary.resume_optimizer else ""
+        out.append(f"  resumed from {where} at step {summary.start_step}{policy}")
+    if summary.accumulate > 1:
+        out.append(f"  accumulate={summary.accumulate}: each step summed {summary.accumulate} micro-batches per rank")
+    if summary.final_val_loss is not None:
+        best = f", best {summary.best_val_loss:.6g}" if summary.best_val_loss is not None else ""
+        batches = f", {summary.eval_batches} batches each" if summary.eval_batches else ""
+        every = f" (eval_every={summary.eval_every}{batches})" if summary.eval_every else ""
+        out.append(f"  validation loss: final {summary.final_val_loss:.6g}{best}{every}")
+    return out
+
+
+def _state(summary: RunSummary, classes: str) -> str:
+    """The state line: all of it on every rank (plain), or the fullest rank against DDP's.
+
+    ``ddp_state_bytes`` is priced over the parameters that have state on some rank, so the
+    ranks together hold at least that much and the fullest at least 1/W of it: a larger
+    "÷" would be a measurement or planner error, and is never printed."""
+    world = summary.world_size
+    held = max(summary.optim_state_bytes) if summary.optim_state_bytes else 0.0
+    if not summary.zero:
+        return f"{_size(held)}, all of it on every rank (DDP + {classes}; a zero_* optimizer shards it)"
+    plain = summary.ddp_state_bytes or 0
+    assert plain <= world * held * (1 + 1e-9), (
+        f"DDP + {classes} priced at {plain} B but the fullest of {world} rank(s) holds {held} B: a saving above "
+        "the world size cannot be; the planner and the measurement disagree"
+    )
+    return (
+        f"{_size(held)} on the fullest of {world} rank(s) (imbalance {summary.imbalance:.2f}); "
+        f"DDP + the same {classes} would hold {_size(plain)} on every rank (planner): ÷ {plain / max(held, 1):.2f}"
+    )
+
+
+def _local_steps_differ(summary: RunSummary) -> bool:
+    """Muon (a class that steps whole matrices) or a cost model other than ``numel``: the local
+    step's time per rank is what the partition balances, so it is shown."""
+    if not summary.optim_step_s:
+        return False
+    cost = (summary.partition or {}).get("cost")
+    return summary.elementwise is False or (cost is not None and cost != "numel")
+
+
+def _local_steps(summary: RunSummary) -> str:
+    """``4.1 / 6.3 ms (median per rank), slowest ÷ mean 1.21 (partitioner.cost=newton_schulz)``."""
+    seconds = summary.optim_step_s or []
+    scale, unit = (1.0, "s") if max(seconds) >= 1 else (1e3, "ms")
+    times = [scale * s for s in seconds]
+    if len(times) <= LISTED_RANKS:
+        shown = " / ".join(f"{t:.1f}" for t in times) + f" {unit} (median per rank)"
+    else:
+        shown = f"{min(times):.1f} … {max(times):.1f} {unit} (medians of {len(times)} ranks)"
+    ratio = summary.optim_step_max_over_mean
+    spread = f", slowest ÷ mean {ratio:.2f}" if ratio is not None else ""
+    cost = (summary.partition or {}).get("cost")
+    return f"{shown}{spread}" + (f" (partitioner.cost={cost})" if cost else "")
+
+
+def grad_reduce_lines(summary: RunSummary) -> list[str]:
+    """With ``grad_reduce=``: the strategy and the bytes each phase sent per step (the fullest
+    rank); with ``shard_grads=true`` also the gradients held against a full set."""
+    report, sent = summary.grad_reduce, summary.bytes_per_step or {}
+    if not report:
+        return []
+    reduce_bytes, exchange_bytes = max(sent.get("grad_reduce") or [0]), max(sent.get("param_exchange") or [0])
+    lines = [
+        f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}), sent per step per rank: "
+        f"{_size(reduce_bytes)} + {_size(exchange_bytes)} exchange"
+    ]
+    if summary.shard_grads and summary.grad_bytes:
+        lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
+    return lines
+
+
+def _exchange_share(summary: RunSummary) -> str:
+    """``12% of the step (median 2.9 of 24.1 ms), 3.00 MiB per step`` (slowest rank's medians)."""
+    step, exchange = summary.step_time_s, summary.exchange_time_s or 0.0
+    volume = summary.exchange_bytes_per_step or 0.0
+    if summary.overlap:
+        return f"inside backward (overlap=true: not timed apart), {_size(volume)} per step"
+    if not step:
+        return f"{_size(volume)} per step"
+    if summary.prefetch:
+        exposed = summary.exchange_exposed_s or 0.0
+        share = (
+            f"{exposed / step:.0%} of the step exposed (median {1e3 * exposed:.1f} of {1e3 * step:.1f} ms; "
+            f"{1e3 * exchange:.1f} ms in flight, prefetch hid the rest)"
+        )
+    else:
+        share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
+    return f"{share}, {_size(volume)} per step"
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the largest unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,64 @@
+"""What reproduces a job, written to its ``meta.json``: command, overrides, choices, git revision, host.
+
+meta = run_meta(HydraConfig.get(), choices)
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.types import RunMode
+
+from zero_lab.app.config.paths import SOURCE_DIR
+
+__all__ = ["git_revision", "run_meta"]
+
+
+def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
+    """What reproduces this job: command, overrides, choices, git revision, host; W&B group/name."""
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    meta: dict[str, Any] = {
+        "command": shlex.join(["python", "train.py", *overrides]),  # pasteable as is
+        "argv": list(sys.argv),
+        "overrides": overrides,
+        "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},
+        "git": git_revision(),
+        "host": socket.gethostname(),
+        "torch": torch.__version__,
+        "seeds": "model init: seed; step s on rank r: stream_seed(seed, 'rank', r, 'step', s); data: (seed, step)",
+        "multirun": multirun,
+        "group": None,
+        "name": None,
+    }
+    if multirun:
+        sweep_dir = Path(str(hydra_cfg.sweep.dir))
+        meta["group"] = "sweep-" + "_".join(sweep_dir.parts[-2:])
+        meta["name"] = hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+        meta["job_num"] = hydra_cfg.job.num
+    return meta
+
+
+def git_revision() -> dict[str, Any]:
+    """HEAD of the project's git checkout and whether the tree had local changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(SOURCE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "-C", str(SOURCE_DIR), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"rev": None, "dirty": None}
+    if head.returncode != 0:
+        return {"rev": None, "dirty": None}
+    return {"rev": head.stdout.strip(), "dirty": bool(status.stdout.strip())}

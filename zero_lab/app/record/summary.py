@@ -1,0 +1,181 @@
+"""What a run records: the per-step metric keys and :class:`RunSummary`, its ``summary.json``.
+
+One place for both facts, pure (no torch, no Hydra), so every reader imports it: the loop
+(:mod:`zero_lab.app.run.rank_loop`) writes a :class:`RunSummary`; the objective
+(:mod:`zero_lab.app.record.objective`), the closing lines (:mod:`zero_lab.app.record.closing`), the W&B
+summary (:mod:`zero_lab.app.record.wandb_run`) and the report (:mod:`zero_lab.report`) read one.
+
+:data:`STEP_KEYS` maps each per-rank measurement (a field of
+:class:`~zero_lab.app.record.metrics.RankStep`, and the summary's per-rank list of the same name) to
+its namespaced key prefix; a step record holds ``<prefix>/rank{r}``, ``/max`` and ``/mean``.
+:data:`MEDIAN_OF` says which step key each summary median is taken of, :data:`NAMESPACED`
+the namespaced key of a summary scalar (in the step records and in W&B).
+
+``summary.json`` is :meth:`RunSummary.as_dict`, key for key and in this order (scripts and
+dashboards read it); :meth:`RunSummary.from_dict` reads it back, also from an older run that
+lacks the newer keys (they read as ``None``)::
+
+    summary = RunSummary.read(run_dir / SUMMARY_FILE)
+    summary.final_loss, max(summary.optim_state_bytes), summary.as_dict()["step_time_s"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MEDIAN_OF", "NAMESPACED", "PER_RANK", "PROVENANCE", "STEP_KEYS", "SUMMARY_FILE", "RunSummary", "step_key"]
+
+#: The summary's file in a run dir.
+SUMMARY_FILE = "summary.json"
+#: A per-rank measurement -> its metric key prefix (``memory/tensor_bytes/rank0``, ``/max``, ``/mean``).
+STEP_KEYS: dict[str, str] = {
+    "step_s": "time/step_s",
+    "exchange_s": "time/exchange_s",
+    "optim_step_s": "time/optim_step_s",
+    "exchange_exposed_s": "comm/exchange_exposed_s",
+    "exchange_bytes": "comm/exchange_bytes",
+    "exchange_calls": "comm/exchange_calls",
+    "optim_state_bytes": "memory/optim_state_bytes",
+    "master_weight_bytes": "memory/master_weight_bytes",
+    "tensor_bytes": "memory/tensor_bytes",
+    "peak_bytes": "memory/peak_bytes",
+    "grad_reduce_bytes": "comm/grad_reduce_bytes",
+    "exchange_sent_bytes": "comm/exchange_sent_bytes",
+    "grad_reduce_s": "time/grad_reduce_s",
+    "grad_reduce_exposed_s": "comm/grad_reduce_exposed_s",
+    "grad_bytes": "memory/grad_bytes",
+}
+#: The summary's per-rank lists (one value per rank; ``optim_step_s``: each rank's median).
+PER_RANK: tuple[str, ...] = (
+    "optim_state_bytes",
+    "master_weight_bytes",
+    "tensor_bytes",
+    "peak_bytes",
+    "optim_step_s",
+    "grad_bytes",
+)
+#: The job's ``meta.json`` entries the summary repeats, so a summary alone says what ran.
+PROVENANCE: tuple[str, ...] = ("choices", "git", "command", "name", "group", "requeued")
+
+
+def step_key(measurement: str, which: str) -> str:
+    """``step_key("step_s", "max")`` -> ``"time/step_s/max"`` (``which``: ``max``, ``mean``, ``rank0``, ...)."""
+    return f"{STEP_KEYS[measurement]}/{which}"
+
+
+#: Summary fields with a namespaced key: in the step records (``memory/imbalance``,
+#: ``train/samples_per_s``, step 0's ``comm/exchange_mode``) and in W&B's summary.
+NAMESPACED: dict[str, str] = {
+    "imbalance": "memory/imbalance",
+    "state_vs_ddp": "memory/state_vs_ddp",
+    "ddp_state_bytes": "memory/ddp_state_bytes",
+    "exchange_mode": "comm/exchange_mode",
+    "samples_per_s": "train/samples_per_s",
+}
+#: Summary fields that are the median over the timed steps of a step key.
+MEDIAN_OF: dict[str, str] = {
+    "step_time_s": step_key("step_s", "max"),
+    "exchange_time_s": step_key("exchange_s", "max"),
+    "exchange_exposed_s": step_key("exchange_exposed_s", "max"),
+    "exchange_bytes_per_step": step_key("exchange_bytes", "max"),
+    "samples_per_s": NAMESPACED["samples_per_s"],
+}
+
+
+@dataclass
+class RunSummary:
+    """``summary.json``: what one finished (or signal-stopped) run measured. Medians are over
+    the steps after the first (it pays one-off costs), of the slowest rank."""
+
+    final_loss: float
+    losses: list[float]
+    world_size: int
+    steps: int
+    param_checksum: str | None = None
+    start_step: int = 0
+    resumed_from: str | None = None
+    resumed_checkpoint: str | None = None  # the step dir resume= named (or found in the run dir it named)
+    zero: bool = False
+    bucket_view: bool = False
+    overlap: bool = False
+    exchange_mode: str | None = None  # the collective the exchange used (exchange=auto: the one it chose)
+    exchange: dict[str, Any] | None = None  # ExchangeReport.as_dict() (zero_*)
+    prefetch: bool = False
+    model_params: int | None = None
+    global_batch: int | None = None
+    param_dtype: str | None = None
+    master_weights: bool = False
+    max_grad_norm: float | None = None
+    optim_state_bytes: list[float] = field(default_factory=list)  # the last step's, per rank
+    master_weight_bytes: list[float] = field(default_factory=list)
+    tensor_bytes: list[float] = field(default_factory=list)
+    peak_bytes: list[float] = field(default_factory=list)
+    ddp_state_bytes: int | None = None  # planned: what DDP + the same optimizer holds per rank (parameters with state)
+    optimizer_classes: list[str] | None = None  # the classes holding the state, in param-group order (Muon, AdamW)
+    elementwise: bool | None = None  # every one of them steps element by element (False: Muon's whole matrices)
+    imbalance: float | None = None  # the partition's max / ideal (1.0 for plain optimizers)
+    step_time_s: float | None = None
+    exchange_time_s: float | None = None
+    exchange_exposed_s: float | None = None  # of exchange_time_s, what the loop waited for
+    exchange_bytes_per_step: float | None = None
+    samples_per_s: float | None = None
+    final_val_loss: float | None = None
+    best_val_loss: float | None = None  # the lowest val/loss of this run's evaluations
+    accumulate: int = 1
+    eval_every: int = 0  # 0: no validation
+    eval_batches: int | None = None  # held-out batches per validation (with eval_every)
+    autocast: str | None = None
+    compile: bool = False
+    compiled_graphs: int | None = None
+    optim_step_s: list[float] | None = None  # each rank's median local optimizer step
+    optim_step_max_over_mean: float | None = None
+    state_vs_ddp: float | None = None
+    partition: dict[str, Any] | None = None  # PartitionReport.as_dict() (zero_*; absent otherwise)
+    provenance: dict[str, Any] = field(default_factory=dict)  # PROVENANCE entries, at the top level of the file
+    stopped_by: str | None = None  # the signal that stopped the run early
+    resume_optimizer: str | None = None  # with resume=: the policy (absent otherwise)
+    resume_overridden: dict[str, list[Any]] | None = None  # resume_optimizer=override: {"group0.lr": [saved, now]}
+    # grad_reduce=: GradReduceHandle.report() (the strategy, auto's timings); None without it
+    grad_reduce: dict[str, Any] | None = None
+    shard_grads: bool = False
+    grad_bytes: list[float] = field(default_factory=list)  # param.grad bytes held after the last backward, per rank
+    # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
+    # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}
+    bytes_per_step: dict[str, list[float] | None] | None = None
+    # seconds per phase (median over the timed steps, slowest rank): the gradient reduction in flight and what
+    # of it backward waited for at its end, the exchange in flight and what of it the loop waited for
+    phase_time_s: dict[str, float | None] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``summary.json`` object: every field in order, ``provenance`` spread into it;
+        ``partition`` only for ZeRO, the ``resume_*`` keys only for a resumed run."""
+        absent = {"partition"} if self.partition is None else set()
+        if self.resume_optimizer is None:
+            absent |= {"resume_optimizer", "resume_overridden"}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "provenance":
+                out.update(self.provenance)
+            elif f.name not in absent:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunSummary:
+        """A summary from ``summary.json``'s object; keys it does not know are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"provenance"}
+        kept = {k: v for k, v in values.items() if k in known}
+        return cls(**kept, provenance={k: v for k, v in values.items() if k in PROVENANCE})
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunSummary:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    @property
+    def choices(self) -> dict[str, Any]:
+        """The group options of the job (``optim``: ``zero_adam``, ...), ``{}`` when not recorded."""
+        return dict(self.provenance.get("choices") or {})

@@ -1,0 +1,103 @@
+"""What a W&B run shows: a config a researcher can filter, a summary a sweep can compare.
+
+Pure functions of dicts (no wandb import), used by :mod:`zero_lab.app.record.sinks`:
+
+* :func:`run_config` — the resolved Hydra config as flat dotted keys (``optim.lr``,
+  ``model.depth``) without Hydra's machinery (``_target_``, ``_partial_``, ``_convert_``,
+  ``_recursive_``; a ``hydra.utils.get_class`` wrapper becomes its dotted path), plus the
+  option chosen in every config group as a plain key (``optim: zero_adam``), and the
+  ``logger.*`` keys as the run really used them (group and name filled in, unset ones
+  left out — no ``logger.group <nil>``);
+* :func:`identity` — W&B ``group`` (the sweep), ``name`` (the job's overrides), ``tags``
+  (``optim:zero_adam``, ``world_size:2`` and every override, e.g. ``param_dtype:bfloat16``);
+* :func:`run_summary` — the :class:`~zero_lab.app.record.summary.RunSummary` as W&B summary keys:
+  scalars as they are, every per-rank list as ``…/rank{r}``, ``…/max``, ``…/min`` (the step
+  keys' prefixes), plus ``memory/imbalance``, ``memory/state_vs_ddp`` and ``comm/exchange_mode``;
+* :func:`where` — the line that tells the user where the run went and how to upload it.
+
+    config = run_config(resolved, meta["choices"], identity(logger_cfg, meta, world_size=2, zero=True))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zero_lab.app.config.overrides import read
+from zero_lab.app.config.schema import HYDRA_KEYS
+from zero_lab.app.record.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
+
+__all__ = ["identity", "run_config", "run_summary", "where"]
+
+_GETTERS = frozenset({"hydra.utils.get_class", "hydra.utils.get_method", "hydra.utils.get_object"})
+MAX_TAG = 64  # W&B refuses longer tags
+#: Summary scalars W&B also shows under their namespaced key (memory/imbalance, ...).
+_NAMESPACED_TOO = ("imbalance", "state_vs_ddp", "ddp_state_bytes", "exchange_mode")
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        if node.get("_target_") in _GETTERS and "path" in node:
+            out[prefix] = node["path"]  # optimizer_class: torch.optim.Adam
+            return
+        for key, value in node.items():
+            if key not in HYDRA_KEYS:
+                _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
+    elif prefix:
+        out[prefix] = node
+
+
+def run_config(config: dict[str, Any], choices: dict[str, Any], logger: dict[str, Any]) -> dict[str, Any]:
+    """The W&B run config (see the module docstring); ``logger``: the logger's settings as used."""
+    out: dict[str, Any] = {}
+    _flatten({k: v for k, v in config.items() if k != "logger"}, "", out)
+    _flatten({"logger": {k: v for k, v in logger.items() if v is not None}}, "", out)
+    out.update({str(group): choice for group, choice in choices.items() if choice is not None})
+    return out
+
+
+def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero: bool) -> dict[str, Any]:
+    """``logger`` with ``group``/``name`` from the sweep unless set, and tags added: each only
+    when the logger's node has that key (the schema derives the node from the sink's constructor,
+    so a sink is never handed an argument it does not take): the strategy's group options, the
+    world size and the job's overrides."""
+    out = dict(logger)
+    for key in ("group", "name"):
+        if key in out:
+            out[key] = out[key] or meta.get(key)
+    if "tags" in out:
+        choices = meta.get("choices") or {}
+        groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
+        own = out["tags"] or []  # null unless the user set logger.tags
+        tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
+        for override in read(meta.get("overrides", [])):
+            if override.root != "hydra":
+                tags.append(f"{override.key}:{override.value or ''}"[:MAX_TAG])
+        out["tags"] = list(dict.fromkeys(tags))  # in order, once each
+    return out
+
+
+def run_summary(summary: RunSummary) -> dict[str, Any]:
+    """W&B summary keys of ``summary.json`` (see the module docstring)."""
+    values = summary.as_dict()
+    out = {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
+    for key in PER_RANK:
+        prefix, per_rank = STEP_KEYS[key], values.get(key) or []
+        out.update({f"{prefix}/rank{r}": v for r, v in enumerate(per_rank)})
+        if per_rank:
+            out[f"{prefix}/max"], out[f"{prefix}/min"] = max(per_rank), min(per_rank)
+    out.update({NAMESPACED[k]: values[k] for k in _NAMESPACED_TOO if values.get(k) is not None})
+    for phase, per_rank in (values.get("bytes_per_step") or {}).items():  # comm/bytes_per_step/grad_reduce/rank0
+        out.update({f"comm/bytes_per_step/{phase}/rank{r}": v for r, v in enumerate(per_rank or [])})
+    for phase, seconds in (values.get("phase_time_s") or {}).items():
+        if seconds is not None:
+            out[f"time/phase_s/{phase}"] = seconds
+    if values.get("grad_reduce"):
+        out["comm/grad_reduce"] = values["grad_reduce"]["strategy"]
+    return out
+
+
+def where(offline: bool, sync_dir: str, url: str | None) -> str:
+    """``zero_lab: W&B run …`` with how to upload an offline run."""
+    if offline:
+        return f"zero_lab: W&B run (offline): {sync_dir}\n  upload it with: wandb sync {sync_dir}"
+    return f"zero_lab: W&B run: {url}"

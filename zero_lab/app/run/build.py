@@ -1,0 +1,205 @@
+"""Build what a rank trains: model, DDP wrapper, optimizer — in the order they must be made.
+
+One function, :func:`build_training`, owns the order, because the overlap mode ties the
+three together (the optimizer steps inside DDP's communication hook):
+
+1. the model, seeded identically on every rank (DDP would broadcast rank 0's anyway),
+   in ``param_dtype`` (built in fp32, then cast, so every dtype starts from the same weights);
+2. the DDP wrapper (its gradient buckets are what ``partitioner=ddp_bucket`` follows), with
+   DDP's own options from ``dist.`` (``find_unused_parameters``, ``static_graph``,
+   ``broadcast_buffers``; ``sync_batchnorm`` converts BatchNorm layers first);
+3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
+   baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
+   and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
+   ``optim.max_grad_norm`` is the loop's, see :func:`clip_gradients`); with ``overlap=true``
+   also DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`, from the DDP of step 2),
+   so its partition is built once, along them (what ``partitioner=ddp_bucket`` follows);
+4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it steps
+   each bucket inside backward with the shards built in step 3;
+5. with ``grad_reduce=`` (``zero_lab.grad_reduce.reduce_gradients``), the comm hook that reduces
+   each bucket to its owners (``shard_grads=true``: and releases the rest after backward); with
+   ``overlap=true`` it is the hook the ZeRO step hook wraps (so step 4 is done there). A plain
+   optimizer takes ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
+6. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
+   step only issues the exchange (``exchange=``), the next forward waits per module;
+7. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
+   ``GradScaler``; with ``compile=true`` the DDP wrapper is compiled (``torch.compile``).
+
+    training = build_training(cfg, torch.device("cpu"))
+    loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from zero_lab import overlap
+from zero_lab.app.config.registered import exchange_name, grad_reduce_name
+from zero_lab.app.config.schema import APP_KEYS, PARAM_DTYPES, enum_str
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.run.training import Training
+from zero_lab.ddp_buckets import ddp_bucket_map
+from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
+from zero_lab.partition import bucket_use
+
+__all__ = [
+    "build_training",
+    "clip_gradients",
+    "compiled",
+    "make_ddp",
+    "make_scaler",
+    "make_scheduler",
+    "optimizer_factory",
+]
+
+
+def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None = None) -> Training:
+    """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why. ``plan``: the
+    job's :class:`~zero_lab.app.plan.optim_plan.OptimPlan` (made from ``cfg.optim`` when not given)."""
+    torch.manual_seed(cfg.seed)
+    model = instantiate(cfg.model)
+    if cfg.dist.get("sync_batchnorm"):
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
+    ddp = make_ddp(model, cfg.dist, device)
+    zero = (plan or OptimPlan.of(cfg.optim)).zero
+    make_optimizer = optimizer_factory(cfg.optim)
+    max_grad_norm = cfg.optim.get("max_grad_norm")
+    groups = param_groups(cfg.optim, model)
+    if not zero:
+        optimizer = make_optimizer(groups if groups is not None else model.parameters())
+        return Training(
+            model=model,
+            ddp=compiled(ddp, cfg),
+            optimizer=optimizer,
+            zero=False,
+            grad_reducer=_grad_reducer(cfg, ddp, optimizer),
+            max_grad_norm=max_grad_norm,
+            scheduler=make_scheduler(cfg, optimizer),
+            scaler=make_scaler(cfg, device),
+        )
+    optimizer = make_optimizer(
+        groups if groups is not None else model.named_parameters(),
+        partitioner=instantiate(cfg.partitioner),
+        parameters_as_bucket_view=cfg.bucket_view,
+        overlap_with_ddp=cfg.overlap,
+        exchange=exchange_name(cfg.exchange),
+        ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
+    )
+    reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
+    if cfg.overlap and reducer is None:
+        _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))
+    if cfg.prefetch:
+        overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
+    return Training(
+        model=model,
+        ddp=compiled(ddp, cfg),
+        optimizer=optimizer,
+        zero=True,
+        exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
+        grad_reducer=reducer,
+        max_grad_norm=max_grad_norm,
+        scheduler=make_scheduler(cfg, optimizer),
+        scaler=make_scaler(cfg, device),
+    )
+
+
+def compiled(ddp: DDP, cfg: DictConfig) -> DDP:
+    """``compile=true``: ``torch.compile`` of the DDP-wrapped model (Dynamo's DDP optimizer cuts
+    the graph at DDP's bucket boundaries so the all-reduces still overlap backward). The
+    compiled module forwards ``no_sync`` and every other attribute to the DDP wrapper."""
+    return torch.compile(ddp) if cfg.get("compile") else ddp  # type: ignore[return-value]
+
+
+def make_scheduler(cfg: DictConfig, optimizer: Optimizer) -> LRScheduler | None:
+    """``scheduler=<option>``: torch's scheduler from its ``_target_`` (a partial taking the
+    optimizer), after ``scheduler.warmup_steps`` of torch's ``LinearLR`` warmup from
+    ``1/(warmup_steps+1)`` of each group's lr, chained with ``SequentialLR``. Each param
+    group's own lr is scaled, so per-group LRs keep their ratios. ``None`` without a scheduler."""
+    node = cfg.get("scheduler")
+    if node is None or node.get("_target_") is None:  # scheduler=none
+        return None
+    kept = OmegaConf.create({k: v for k, v in node.items() if k not in APP_KEYS["scheduler"]})
+    warmup = int(node.get("warmup_steps", 0))
+    if not warmup:
+        return instantiate(kept)(optimizer)
+    ramp = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / (warmup + 1), total_iters=warmup)
+    main = instantiate(kept)(optimizer)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+
+
+def make_scaler(cfg: DictConfig, device: torch.device) -> torch.amp.GradScaler | None:
+    """``autocast=fp16``: torch's ``GradScaler`` (fp16's range needs the loss scaled); else ``None``."""
+    return torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None
+
+
+def make_ddp(model: nn.Module, dist_cfg: DictConfig, device: torch.device) -> DDP:
+    """DDP with the ``dist.`` keys that are DDP's own arguments (bucket size and the four options)."""
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=dist_cfg.bucket_cap_mb,
+        find_unused_parameters=bool(dist_cfg.get("find_unused_parameters", False)),
+        static_graph=bool(dist_cfg.get("static_graph", False)),
+        # passed only when off: torch 2.13 warns that the argument is deprecated, and its
+        # replacement (forward_sync_buffers) still syncs buffers at init, which false must not
+        **({} if dist_cfg.get("broadcast_buffers", True) else {"broadcast_buffers": False}),
+    )
+
+
+def clip_gradients(training: Training) -> float | None:
+    """Clip to ``optim.max_grad_norm`` between backward and step; returns the pre-clip norm.
+
+    ZeRO: :meth:`~zero_lab.ZeroRedundancyOptimizer.clip_grad_norm_` (each rank's norm of
+    the elements it owns, one scalar all-reduce). Plain optimizers: every rank holds every
+    (all-reduced) gradient, so ``torch.nn.utils.clip_grad_norm_`` needs no communication.
+    ``None`` when clipping is off.
+    """
+    if training.max_grad_norm is None:
+        return None
+    if training.zero:
+        norm = training.optimizer.clip_grad_norm_(training.max_grad_norm)  # type: ignore[attr-defined]
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
+    return float(norm)
+
+
+def param_groups(optim_cfg: DictConfig, model: nn.Module) -> list[dict[str, Any]] | None:
+    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
+    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
+    to ``model``; ``None`` when unset (every parameter in one group)."""
+    node = optim_cfg.get("param_groups")
+    return None if node is None else instantiate(node)(model)
+
+
+def optimizer_factory(optim_cfg: DictConfig) -> Any:
+    """``cfg.optim`` as a partial ``(params, **kwargs) -> Optimizer``, without the loop's keys."""
+    kept = OmegaConf.create({k: v for k, v in optim_cfg.items() if k not in APP_KEYS["optim"]})
+    return instantiate(kept)
+
+
+def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle | None:
+    """``grad_reduce=``: install :func:`zero_lab.grad_reduce.reduce_gradients` (``None`` when unset)."""
+    name = grad_reduce_name(cfg.get("grad_reduce"))
+    if name is None:
+        return None
+    interleaved = enum_str(cfg.overlap_hook) == "interleaved"
+    wrap = overlap.hook_with_zero_step_interleaved if interleaved else overlap.hook_with_zero_step
+    return reduce_gradients(ddp, optimizer, name, bool(cfg.get("shard_grads", False)), wrap)
+
+
+def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
+    """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
+    make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
+    shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
+    comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
+    ddp.register_comm_hook(None, comm_hook)

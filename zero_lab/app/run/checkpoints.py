@@ -1,0 +1,340 @@
+"""Checkpoints in the run dir, and finding them again for ``resume=``.
+
+Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
+
+* ``step_NNNNNNNN/`` — ZeRO optimizers: the core's **sharded** format
+  (:mod:`zero_lab.checkpoint`): every rank writes only its own shard, rank 0 the model
+  and a manifest with every file's size and sha256; a directory becomes visible only
+  when complete. ``extra`` holds the app's ``step``, ``losses`` and ``world_size``.
+* ``step_NNNNNNNN.pt`` — plain optimizers (every rank holds the full state): one
+  ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "optimizer_class",
+  "losses", "rng", "world_size", "zero"}`` (plus ``"scheduler"``/``"scaler"`` state with
+  ``scheduler=``/``autocast=fp16``, as the sharded ``extra`` has too), written atomically with its size and sha256 in
+  ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
+
+With ``checkpoint_format=dcp`` (:data:`FORMATS`) both kinds write ``step_NNNNNNNN.dcp/`` instead:
+torch's Distributed Checkpoint, which torchtitan, FSDP2 and plain DDP scripts read with torch's
+own functions (:mod:`zero_lab.app.run.dcp_checkpoints`); a resume finds the newest of all three.
+
+Either loads into either kind of optimizer at any world size: the sharded format reshards
+by element ranges (plain optimizers get it through ``export_plain_state_dict``), and a
+plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``. Every file is read
+through the core's checked loaders (sizes and sha256 from the manifest; one clear line for
+a truncated, corrupt or tampered file). The loop reseeds from ``(seed, rank, step)`` every
+step, so the step number is all the RNG a resume needs.
+
+What a resume checks (:func:`restore`): the step recorded inside the checkpoint equals the
+one in its name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``;
+the optimizer class and hyper-parameters equal the checkpoint's, unless ``resume_optimizer``
+says otherwise (:data:`POLICIES`); ``keep_checkpoints=N`` prunes older ones after a save.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zero_lab import checkpoint as sharded
+from zero_lab.app.config.schema import FORMATS, POLICIES
+from zero_lab.app.run import dcp_checkpoints
+from zero_lab.app.run.training import Training
+from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
+from zero_lab.checkpoint import CheckpointError, checkpoint_step, find_checkpoint, load_file
+
+__all__ = [
+    "FORMATS",
+    "POLICIES",
+    "Restored",
+    "ResumeMismatch",
+    "describe_class",
+    "find_any",
+    "restore",
+    "save",
+    "step_of_any",
+]
+
+FORMAT = 1
+
+
+class ResumeMismatch(CheckpointError):
+    """The run resumes a checkpoint whose optimizer differs from the configured one."""
+
+
+def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
+    """``<run_dir>/checkpoints/step_<step>`` (a directory for ZeRO, ``.pt`` otherwise)."""
+    return Path(run_dir) / "checkpoints" / (f"step_{step:08d}" + ("" if zero else ".pt"))
+
+
+def save(
+    training: Training,
+    run_dir: str | Path,
+    next_step: int,
+    losses: list[float],
+    keep: int | None = None,
+    checkpoint_format: str = "native",
+) -> Path:
+    """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
+
+    Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete.
+    """
+    if checkpoint_format == "dcp":
+        return _save_dcp(training, run_dir, next_step, losses, keep)
+    path = checkpoint_path(run_dir, next_step, training.zero)
+    world = torch.distributed.get_world_size()
+    rank = torch.distributed.get_rank()
+    if training.zero:
+        extra = {"step": next_step, "losses": list(losses), "world_size": world, **_loop_state(training)}
+        sharded.save_checkpoint(path, training.optimizer, training.model, extra=extra)  # type: ignore[arg-type]
+    elif rank == 0:
+        state = {
+            "format": FORMAT,
+            "step": next_step,
+            "model": {k: v.detach().cpu().clone() for k, v in training.model.state_dict().items()},
+            "optimizer": training.optimizer.state_dict(),
+            GROUP_CLASS_KEY: optimizer_class(training),
+            "losses": list(losses),
+            "rng": torch.get_rng_state(),
+            "world_size": world,
+            "zero": False,
+            **_loop_state(training),
+        }
+        sharded.save_file(state, path)
+    if rank == 0 and keep:
+        sharded.prune_checkpoints(path.parent, keep)
+    return path
+
+
+def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None) -> Path:
+    """``checkpoint_format=dcp``: ``checkpoints/step_N.dcp`` (see :mod:`zero_lab.app.run.dcp_checkpoints`)."""
+    path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {
+        "step": next_step,
+        "losses": list(losses),
+        "world_size": torch.distributed.get_world_size(),
+        "zero": training.zero,
+        GROUP_CLASS_KEY: optimizer_class(training),
+        "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
+        **_loop_state(training),
+    }
+    dcp_checkpoints.save(training, path, extra)
+    if torch.distributed.get_rank() == 0 and keep:
+        dcp_checkpoints.prune(path.parent, keep)
+    return path
+
+
+def find_any(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names (any format): itself, else the newest step among the run's."""
+    found = [p for p in (find_checkpoint(path), dcp_checkpoints.latest(path)) if p is not None]
+    if len(found) == 2 and Path(path) in found:
+        return Path(path)
+    return max(found, key=step_of_any, default=None)
+
+
+def step_of_any(path: str | Path) -> int | None:
+    """The step in a checkpoint's name, any format (``None``: not a checkpoint's name)."""
+    return dcp_checkpoints.step_of(path) if dcp_checkpoints.is_dcp(path) else checkpoint_step(path)
+
+
+def _loop_state(training: Training) -> dict[str, Any]:
+    """The LR scheduler's and the fp16 GradScaler's state (plain numbers: JSON in a manifest)."""
+    state = {}
+    if training.scheduler is not None:
+        state["scheduler"] = json.loads(json.dumps(training.scheduler.state_dict()))
+    if training.scaler is not None:
+        state["scaler"] = training.scaler.state_dict()
+    return state
+
+
+def _load_loop_state(training: Training, saved: dict[str, Any]) -> None:
+    """Put the scheduler and scaler where the checkpoint left them (absent: they start fresh)."""
+    if training.scheduler is not None and "scheduler" in saved:
+        training.scheduler.load_state_dict(saved["scheduler"])
+    if training.scaler is not None and "scaler" in saved:
+        training.scaler.load_state_dict(saved["scaler"])
+
+
+def optimizer_class(training: Training) -> str:
+    """The ``torch.optim`` class doing the steps (ZeRO's local ``optim``), as a dotted path."""
+    return class_path(type(training.optimizer.optim if training.zero else training.optimizer))
+
+
+class Restored:
+    """What :func:`restore` loaded: where, the step to run next, the losses so far, and the
+    hyper-parameters ``resume_optimizer=override`` replaced (``{"group0.lr": [saved, now]}``)."""
+
+    def __init__(self, path: Path, step: int, losses: list[float], overridden: dict[str, list[Any]]):
+        self.path, self.step, self.losses, self.overridden = path, step, losses, overridden
+
+
+def restore(training: Training, path: str | Path, steps: int, policy: str = "strict") -> Restored:
+    """Load the checkpoint ``path`` names into this rank (see the module docstring for the checks)."""
+    found = find_any(path)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint found at {path}")
+    if dcp_checkpoints.is_dcp(found):
+        return _restore_dcp(training, found, steps, policy)
+    if found.is_dir():
+        manifest = sharded.read_manifest(found)
+        step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
+        saved_class, saved_groups = manifest.get(GROUP_CLASS_KEY), manifest["param_groups"]
+    else:
+        state = sharded.load_checked_file(found)
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
+        step, losses = state["step"], state["losses"]
+        saved_class, saved_groups = state.get(GROUP_CLASS_KEY), state["optimizer"]["param_groups"]
+    _check_step(found, step, steps)
+    mine = _hyperparameters(training.optimizer.param_groups)
+    if policy != "reset":
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
+    if found.is_dir():
+        _load_sharded(training, found, manifest, load_optimizer=policy != "reset")
+    else:
+        training.model.load_state_dict(state["model"])
+        if policy != "reset":
+            _check_plain_state(training, found, state["optimizer"])
+            training.optimizer.load_state_dict(state["optimizer"])
+    if policy != "reset":
+        _load_loop_state(training, manifest["extra"] if found.is_dir() else state)
+    overridden = _override(training, mine) if policy == "override" else {}
+    return Restored(found, step, list(losses)[:step], overridden)
+
+
+def _restore_dcp(training: Training, found: Path, steps: int, policy: str) -> Restored:
+    """:func:`restore` of a ``step_N.dcp`` directory: the same checks, then torch's DCP load."""
+    extra = dcp_checkpoints.read_extra(found)
+    step = extra["step"]
+    if dcp_checkpoints.step_of(found) != step:
+        raise CheckpointError(
+            f"{found}: its name says step {dcp_checkpoints.step_of(found)} but it holds step {step}; rename it "
+            f"back to step_{step:08d}{dcp_checkpoints.SUFFIX} (a renamed checkpoint would skip or repeat steps)"
+        )
+    _check_step(found, step, steps)
+    mine = _hyperparameters(training.optimizer.param_groups)
+    if policy != "reset":
+        saved_class, saved_groups = extra[GROUP_CLASS_KEY], extra["param_groups"]
+        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
+    dcp_checkpoints.load(training, found, load_optimizer=policy != "reset")
+    if policy != "reset":
+        _load_loop_state(training, extra)
+    overridden = _override(training, mine) if policy == "override" else {}
+    return Restored(found, step, list(extra["losses"])[:step], overridden)
+
+
+def describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None:
+    """The class a checkpoint's state belongs to, in words a user picks an optim by. A chain
+    (``zero_lab.chained.ChainedOptimizer``, the local optimizer of ``optim=zero_muon``) is
+    named by the classes its groups name: ``torch.optim.muon.Muon + the default class (a
+    zero_lab.chained.ChainedOptimizer)``; any other class by its path."""
+    if path is None or not path.endswith(".ChainedOptimizer"):
+        return path
+    named = []
+    for group in groups:
+        value = group.get(GROUP_CLASS_KEY)
+        if value is None:
+            continue
+        try:
+            named.append(class_path(resolve_class(value)))
+        except (TypeError, ValueError):
+            named.append(str(value))
+    unique = list(dict.fromkeys(named))
+    return f"{' + '.join(unique)} + the default class (a {path})" if unique else path
+
+
+def _stepping_classes(training: Training) -> list[type[torch.optim.Optimizer]]:
+    """The class stepping each param group of this run's optimizer."""
+    optimizer = training.optimizer
+    if hasattr(optimizer, "group_classes"):  # ZeRO, or a plain chain
+        return list(optimizer.group_classes())  # type: ignore[operator]
+    return [type(optimizer)] * len(optimizer.param_groups)
+
+
+def _check_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
+    """A whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
+    optimizer) fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
+    groups = [list(g["params"]) for g in training.optimizer.param_groups]
+    names = {id(p): n for n, p in training.model.named_parameters()}
+    sharded.check_state_dict(found, state_dict, groups, _stepping_classes(training), names)
+
+
+def _check_step(found: Path, step: int, steps: int) -> None:
+    named = checkpoint_step(found)
+    if named is not None and named != step:
+        raise CheckpointError(
+            f"{found}: its name says step {named} but it holds step {step}; rename it back to "
+            f"step_{step:08d}{found.suffix} (a renamed checkpoint would skip or repeat steps)"
+        )
+    if step >= steps:
+        raise CheckpointError(f"{found} is at step {step}; steps={steps} leaves nothing to run (raise steps)")
+
+
+def _hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group's hyper-parameters as JSON would give them back (tuples as lists). Under an LR
+    scheduler (``initial_lr`` set) ``lr`` is the schedule's, not a setting: ``initial_lr`` is compared."""
+    out = json.loads(json.dumps(sharded.hyperparameters(groups)))
+    for group in out:
+        if "initial_lr" in group:
+            group.pop("lr", None)
+    return out
+
+
+def _differences(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``{"group0.lr": [saved, mine]}`` for every key whose value differs ("missing": absent)."""
+    out = {}
+    for index, (old, new) in enumerate(zip(_hyperparameters(saved), mine)):
+        for key in sorted(set(old) | set(new)):
+            if key == GROUP_CLASS_KEY and not (key in old and key in new):
+                continue  # a chain's state dict names its groups' classes, its live groups do not (load checks them)
+            if old.get(key, "missing") != new.get(key, "missing"):
+                out[f"group{index}.{key}"] = [old.get(key, "missing"), new.get(key, "missing")]
+    return out
+
+
+def _check_optimizer(
+    found: Path, saved_class: str | None, saved: list[dict[str, Any]], mine_class: str, mine: list[dict[str, Any]],
+    policy: str, training: Training,
+) -> None:  # fmt: skip
+    saved_class = canonical_class_path(saved_class)  # a file written as torch.optim.adam.Adam reads the same
+    if saved_class is not None and saved_class != mine_class:
+        theirs = describe_class(saved_class, saved)
+        ours = describe_class(mine_class, training.optimizer.param_groups)
+        raise ResumeMismatch(
+            f"{found} holds the state of {theirs}; this run builds {ours}. "
+            f"Pick the optim it was saved with, or resume_optimizer=reset to keep its weights and start this "
+            f"optimizer fresh"
+        )
+    changed = _differences(saved, mine)
+    if changed and policy == "strict":
+        listed = ", ".join(f"{key}: {old!r} in the checkpoint, {new!r} here" for key, (old, new) in changed.items())
+        raise ResumeMismatch(
+            f"{found} was saved with other optimizer hyper-parameters ({listed}). Set them back, or "
+            f"resume_optimizer=override (keep its state, use this run's values) or resume_optimizer=reset "
+            f"(fresh optimizer state)"
+        )
+
+
+def _override(training: Training, mine: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Put this run's hyper-parameters back after loading the checkpoint's; returns what changed."""
+    groups = training.optimizer.param_groups
+    changed = _differences(groups, mine)
+    for group, values in zip(groups, mine):
+        for key, value in values.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    return changed
+
+
+def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any], load_optimizer: bool) -> None:
+    if training.zero and load_optimizer:
+        sharded.load_checkpoint(directory, training.optimizer, training.model)  # type: ignore[arg-type]
+        return
+    training.model.load_state_dict(sharded.load_verified(directory, "model.pt", manifest))
+    if load_optimizer:  # a plain optimizer takes the whole state, merged from the (verified) shards
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = load_file(sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt"))
+            _check_plain_state(training, directory, plain)
+            training.optimizer.load_state_dict(plain)

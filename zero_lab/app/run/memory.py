@@ -1,0 +1,126 @@
+"""What one rank's training holds in memory, measured from its tensors (and, for the "÷ DDP"
+baseline, predicted by the planner): the figures behind ``memory/*`` in metrics and summary.json.
+
+The baseline compares like with like: DDP + the same optimizer, priced over the parameters
+that have state in this run (:func:`params_with_state`, OR-ed over the ranks). A parameter
+that never gets a gradient (left unused by the model) gets no state under either, so it is
+not counted as saved.
+
+    training_tensor_bytes(training)            # params + grads + buffers + local optimizer state, per storage
+    ddp_state_bytes(training.model, training.optimizer, held)   # what DDP + the same optimizer would hold
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from zero_lab.app.run.training import Training
+from zero_lab.chained import ChainedOptimizer
+from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.partition import ParamSpec
+from zero_lab.planner import plan_memory, specs_from_module
+
+__all__ = ["ddp_state_bytes", "master_weight_bytes", "optimizer_classes", "params_with_state", "training_tensor_bytes"]
+
+
+def master_weight_bytes(optimizer: Optimizer) -> int:
+    """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
+    measure = getattr(optimizer, "master_weight_bytes", None)
+    return measure() if measure is not None else 0
+
+
+def training_tensor_bytes(training: Training) -> int:
+    """Bytes of every distinct storage this rank trains with: parameters, gradients, module
+    buffers, the local optimizer's parameters (fp32 master shards) and state.
+
+    Counted per storage, so bucket views and flat slices are not counted twice. DDP's own
+    gradient buckets live in C++ and are not visible here (the planner prices them).
+    """
+    storages: dict[int, int] = {}
+
+    def add(tensor: object) -> None:
+        if torch.is_tensor(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for param in training.model.parameters():
+        add(param)
+        add(param.grad)
+    for buffer in training.model.buffers():
+        add(buffer)
+    local = getattr(training.optimizer, "optim", training.optimizer)
+    for group in local.param_groups:
+        for param in group["params"]:
+            add(param)
+    for state in local.state.values():
+        for value in state.values():
+            add(value)
+    storages.pop(0, None)  # empty storages
+    return sum(storages.values())
+
+
+def params_with_state(optimizer: Optimizer) -> list[bool]:
+    """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds optimizer
+    state for any of its elements. ZeRO: each local shard's tensor looked up in the local
+    optimizer's state; a plain optimizer: the parameter in its ``state``."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        state = optimizer.optim.state
+        held = [False] * len(params)
+        for shard in optimizer.local_shards():
+            held[shard.index] = held[shard.index] or bool(state.get(shard.tensor))
+        return held
+    return [bool(optimizer.state.get(p)) for p in params]
+
+
+def optimizer_classes(optimizer: Optimizer) -> list[type]:
+    """The classes that hold the state, each once, in param-group order (``[Muon, AdamW]``)."""
+    group_classes = getattr(optimizer, "group_classes", None)
+    local = getattr(optimizer, "optim", optimizer)
+    classes = group_classes() if group_classes is not None else [type(local)]
+    return list(dict.fromkeys(classes))
+
+
+def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
+    """Per-rank state of DDP + the same optimizer, as the planner predicts it
+    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline.
+
+    ``held``: per parameter of ``optimizer.param_groups``, whether any rank holds state for it
+    (:func:`params_with_state` OR-ed over the ranks); only those are priced. ``None``: every
+    trainable parameter of ``model``."""
+    device = next(model.parameters()).device
+    if held is None:
+        specs = specs_from_module(model, device)
+    else:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if len(held) != len(params):
+            raise ValueError(f"held: {len(held)} flags for {len(params)} parameters")
+        groups = [index for index, group in enumerate(optimizer.param_groups) for _ in group["params"]]
+        specs = [ParamSpec.of(p, group=g, device=device) for p, g, kept in zip(params, groups, held) if kept]
+    if isinstance(optimizer, (ZeroRedundancyOptimizer, ChainedOptimizer)) and len(set(optimizer.group_classes())) > 1:
+        classes = optimizer.group_classes()
+        if held is None:
+            specs = [
+                ParamSpec.of(p, group=index, device=device)
+                for index, group in enumerate(optimizer.param_groups)
+                for p in group["params"]
+            ]
+        per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]
+        plan = plan_memory(specs, 1, None, classes[0], group_optimizers=per_group)
+        return plan.ranks[0].state_bytes
+    local = getattr(optimizer, "optim", optimizer)
+    options = _plain_options(type(local), local.defaults)
+    plan = plan_memory(specs, 1, None, type(local), **options)
+    return plan.ranks[0].state_bytes
+
+
+def _plain_options(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` among ``values`` that a config could hold."""
+    accepted = inspect.signature(cls).parameters  # defaults may hold keys the constructor sets itself
+    return {k: v for k, v in values.items() if k in accepted and isinstance(v, (bool, int, float, str))}

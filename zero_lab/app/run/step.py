@@ -1,0 +1,165 @@
+"""One optimizer step of a rank, and the validation loss: the loop's arithmetic, importable.
+
+:func:`forward_backward` takes this rank's batch (:mod:`zero_lab.app.workloads.protocols`), cuts it
+into ``accumulate`` equal micro-batches and runs forward + backward on each; all but the last
+run inside DDP's ``no_sync``, so gradients are accumulated locally and all-reduced once, in
+the last backward. Each micro-batch's loss is divided by ``accumulate``, so the gradient is
+that of the mean over the rank's rows, exactly as without accumulation: the global batch and
+the world-size-invariant trajectory are kept (``accumulate`` must divide the rows per rank).
+With ``autocast`` the forward and the loss run under ``torch.autocast`` (bf16, or fp16 with
+torch's ``GradScaler`` scaling the loss).
+
+:func:`unscale_and_clip` then unscales (fp16) and clips (``optim.max_grad_norm``), and
+:func:`apply_step` steps through the scaler or directly and steps the LR scheduler once; the
+rank loop (:mod:`zero_lab.app.run.rank_loop`) calls the three in that order, timing between them.
+:func:`validation_loss` averages the loss of ``eval_batches`` held-out batches
+(``data.val_shard``) over every rank, without gradients.
+
+    loss = forward_backward(training, data, batch, StepOptions(accumulate=4, autocast="bf16"), device)
+    grad_norm = unscale_and_clip(training)
+    apply_step(training)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zero_lab.app.config.schema import enum_str
+from zero_lab.app.run.build import clip_gradients
+from zero_lab.app.run.training import Training
+from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, call_model, loss_of, to_device
+from zero_lab.comm import Communicator
+
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "StepOptions",
+    "apply_step",
+    "forward_backward",
+    "micro_batches",
+    "unscale_and_clip",
+    "validation_loss",
+]
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """The loop's keys that shape a step: ``output_key``, ``accumulate``, ``autocast``."""
+
+    output_key: str = OUTPUT_KEY
+    accumulate: int = 1
+    autocast: str | None = None
+
+    @classmethod
+    def of(cls, cfg: Any) -> StepOptions:
+        autocast = cfg.get("autocast")
+        return cls(
+            output_key=str(cfg.get("output_key", OUTPUT_KEY)),
+            accumulate=int(cfg.get("accumulate", 1)),
+            autocast=enum_str(autocast) if autocast is not None else None,
+        )
+
+
+def micro_batches(batch: Batch, count: int) -> list[Batch]:
+    """``batch`` cut into ``count`` equal consecutive row ranges (inputs, or each input of a mapping, and targets)."""
+    if count == 1:
+        return [batch]
+    inputs, targets = batch
+
+    def cut(tensor: torch.Tensor) -> list[torch.Tensor]:
+        if tensor.shape[0] % count:
+            raise ValueError(f"accumulate={count}: a batch of {tensor.shape[0]} rows per rank does not split evenly")
+        return list(tensor.chunk(count))
+
+    pieces: list[Inputs] = (
+        [dict(zip(inputs, parts)) for parts in zip(*(cut(v) for v in inputs.values()))]
+        if isinstance(inputs, Mapping)
+        else cut(inputs)
+    )
+    target_pieces = cut(targets) if torch.is_tensor(targets) else [targets] * count
+    return list(zip(pieces, target_pieces))
+
+
+def _on_device(batch: Batch, device: torch.device, dtype: torch.dtype) -> Batch:
+    """The batch on ``device``; floating inputs in ``dtype`` (bf16/fp16 models take inputs in their dtype)."""
+    inputs, targets = batch
+    return to_device(inputs, device, dtype), targets.to(device) if torch.is_tensor(targets) else targets
+
+
+def _autocast(options: StepOptions, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if options.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[options.autocast])
+
+
+def forward_backward(
+    training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device
+) -> torch.Tensor:
+    """Forward and backward over ``options.accumulate`` micro-batches; returns the (detached)
+    loss of the rank's whole batch. The caller zeroes gradients before and steps after."""
+    parts = micro_batches(_on_device(batch, device, training.param_dtype), options.accumulate)
+    total = torch.zeros((), device=device)
+    for index, (micro_inputs, micro_targets) in enumerate(parts):
+        last = index == len(parts) - 1
+        sync = contextlib.nullcontext() if last else training.ddp.no_sync()  # all-reduce once, in the last backward
+        with sync:
+            with _autocast(options, device):
+                output = call_model(training.ddp, micro_inputs)
+                loss = loss_of(output, micro_targets, data, options.output_key) / len(parts)
+            (training.scaler.scale(loss) if training.scaler is not None else loss).backward()
+        total += loss.detach()
+    return total
+
+
+def unscale_and_clip(training: Training) -> float | None:
+    """fp16: unscale the gradients (only when clipping: the scaler's step unscales otherwise);
+    clip to ``optim.max_grad_norm``. Returns the pre-clip norm, or None when not clipping."""
+    if training.scaler is not None and training.max_grad_norm is not None:
+        training.scaler.unscale_(training.optimizer)  # clip the true gradients, not the scaled ones
+    return clip_gradients(training)
+
+
+def apply_step(training: Training) -> None:
+    """Step (through the scaler, which skips a step with inf/nan gradients), then the scheduler."""
+    if training.scaler is not None:
+        training.scaler.step(training.optimizer)
+        training.scaler.update()
+    else:
+        training.optimizer.step()  # ZeRO: step own shards, then exchange parameters
+    if training.scheduler is not None:
+        training.scheduler.step()
+
+
+def validation_loss(
+    training: Training,
+    data: Any,
+    rank: int,
+    world_size: int,
+    batches: int,
+    options: StepOptions,
+    device: torch.device,
+    comm: Communicator,
+) -> float:
+    """Mean loss of held-out batches ``0..batches-1`` (``data.val_shard(index, rank, world_size)``)
+    over every rank, in eval mode and without gradients (the unwrapped model: no DDP hooks)."""
+    model = training.model
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        with torch.no_grad():
+            for index in range(batches):
+                inputs, targets = _on_device(data.val_shard(index, rank, world_size), device, training.param_dtype)
+                with _autocast(options, device):
+                    loss = loss_of(call_model(model, inputs), targets, data, options.output_key)
+                total += loss.double()
+    finally:
+        model.train(was_training)
+    comm.all_reduce(total, op="val_loss")
+    return float(total) / (batches * world_size)

@@ -1,0 +1,51 @@
+"""What one rank trains with: the model, its DDP wrapper, the optimizer and the loop's helpers.
+
+:func:`zero_lab.app.run.build.build_training` makes one; the loop, the checkpoints and the
+memory accounting read it. A module of its own so that they need not import the builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from zero_lab.app.record.metrics import LocalStepClock
+from zero_lab.comm import CommStats
+from zero_lab.grad_reduce import GradReduceHandle
+
+__all__ = ["Training"]
+
+
+@dataclass
+class Training:
+    """The model (unwrapped), its DDP wrapper and the optimizer of one rank.
+
+    ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
+    exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
+    broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
+    ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
+    ``grad_reducer``: the ``grad_reduce=`` hook (its ``stats`` meter the gradient reduction), or ``None``.
+    """
+
+    model: nn.Module
+    ddp: DDP
+    optimizer: Optimizer
+    zero: bool
+    exchange_stats: CommStats | None = None
+    grad_reducer: GradReduceHandle | None = None
+    max_grad_norm: float | None = None
+    scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
+    scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
+    step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
+
+    def __post_init__(self) -> None:
+        self.step_clock = LocalStepClock(self.optimizer)
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype

@@ -1,0 +1,181 @@
+"""torchvision beside torch: a pair that does not match, named in one line with its fix.
+
+zero_lab never needs torchvision, but ``transformers`` imports it whenever it is installed
+(its image utilities, reached from every model class). PyPI's torchvision wheels for Linux
+are CUDA builds: installed beside the CPU torch (``2.13.0+cpu``) their ops fail to register
+(``operator torchvision::nms does not exist``), and from then on every ``transformers``
+model fails to import with ``Could not import module 'GPT2LMHeadModel'``, the cause three
+exceptions down. An unpinned ``pip install torchvision`` is worse: it replaces torch itself
+with a CUDA build of the next version (about 6 GB). The CPU build comes from PyTorch's own
+index, pinned to the pair of the installed torch (torch 2.N ↔ torchvision 0.(N+15)):
+
+    pip install torch==2.13.0 torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu
+
+Two checks, both one line with that command:
+
+* :func:`torchvision_mismatch` — from the installed versions alone (package metadata; nothing
+  is imported): the minor versions are not a pair, or one is a CPU build (``+cpu``) and the
+  other is not. The app runs it before start for a model that imports torchvision through
+  ``transformers`` (:func:`model_extras_problem`).
+* :func:`explain_import_error` — an import that failed with torchvision anywhere in its
+  chain of causes: the root cause's line, said to be torchvision's, and the fix.
+
+    problem = model_extras_problem("transformers.GPT2LMHeadModel")   # None when all is well
+
+The install check, ``python -m zero_lab.app.workloads.torch_extras`` (``make setup`` runs it), prints
+torch's and torchvision's versions and exits 1 with the line above when they do not pair.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import re
+import sys
+
+import torch
+
+__all__ = [
+    "CPU_INDEX",
+    "NEEDS_TORCHVISION",
+    "TorchvisionError",
+    "explain_import_error",
+    "main",
+    "model_extras_problem",
+    "torchvision_fix",
+    "torchvision_mismatch",
+]
+
+#: PyTorch's own wheel index of CPU builds (torch, torchvision, torchaudio).
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+#: Model targets whose import reaches torchvision when it is installed (transformers imports it).
+NEEDS_TORCHVISION = ("transformers.", "torchvision.", "zero_lab.app.workloads.hf_models.")
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?[^+]*(?:\+(.+))?$")
+
+
+class TorchvisionError(ImportError):
+    """An import that failed because of torchvision; the message is one line with the fix."""
+
+
+def _parse(version: str) -> tuple[int, int, int, str | None] | None:
+    match = _VERSION.match(version)
+    if match is None:
+        return None
+    major, minor, patch, local = match.groups()
+    return int(major), int(minor), int(patch or 0), local
+
+
+def torchvision_fix(torch_version: str = torch.__version__) -> str:
+    """The pinned install of the CPU pair of ``torch_version`` (or the uninstall: nothing here needs it)."""
+    parsed = _parse(torch_version)
+    if parsed is None or parsed[0] != 2:
+        return f"pip uninstall torchvision (zero_lab does not need it), or install the pair of torch {torch_version}"
+    major, minor, patch, local = parsed
+    pins = f"torch=={major}.{minor}.{patch} torchvision==0.{minor + 15}.{patch}"
+    index = (
+        f" --index-url {CPU_INDEX}"
+        if local in (None, "cpu")
+        else f" --index-url https://download.pytorch.org/whl/{local}"
+    )
+    return f"pip install {pins}{index} (or pip uninstall torchvision: zero_lab does not need it)"
+
+
+def torchvision_mismatch(torch_version: str, vision_version: str | None) -> str | None:
+    """Why ``torchvision==vision_version`` cannot run beside ``torch==torch_version``; ``None``
+    when it can (or is not installed). Pairs: torch 2.N with torchvision 0.(N+15); a CPU build
+    (``+cpu``) only with a CPU build."""
+    if vision_version is None:
+        return None
+    torch_parsed, vision_parsed = _parse(torch_version), _parse(vision_version)
+    if torch_parsed is None or vision_parsed is None or torch_parsed[0] != 2:
+        return None  # a version scheme this rule does not know: not judged
+    pair = f"0.{torch_parsed[1] + 15}"
+    found = f"torchvision {vision_version} is installed beside torch {torch_version}"
+    if vision_parsed[:2] != (0, torch_parsed[1] + 15):
+        why = f"its pair is torchvision {pair}"
+    elif (torch_parsed[3] == "cpu") != (vision_parsed[3] == "cpu"):
+        cpu = "torch" if torch_parsed[3] == "cpu" else "torchvision"
+        why = f"only {cpu} is a CPU build (+cpu), so torchvision's ops fail (operator torchvision::nms does not exist)"
+    else:
+        return None
+    return f"{found}: {why}, and transformers imports it; fix: {torchvision_fix(torch_version)}"
+
+
+def _installed_torchvision() -> str | None:
+    try:
+        return importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _mentions_torchvision(error: BaseException) -> bool:
+    if "torchvision" in str(error) or "torchvision" in (getattr(error, "name", None) or ""):
+        return True
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any("torchvision" in name for name in frames)
+
+
+def explain_import_error(error: BaseException, what: str) -> TorchvisionError | None:
+    """A one-line :class:`TorchvisionError` when torchvision is in ``error``'s chain of causes
+    (``what``: what was being imported), else ``None``."""
+    chain = _causes(error)
+    if not any(_mentions_torchvision(e) for e in chain):
+        return None
+    root = chain[-1]
+    line = (str(root).strip().splitlines() or [type(root).__name__])[0]
+    return TorchvisionError(
+        f"{what} cannot be imported because torchvision is broken ({type(root).__name__}: {line}); "
+        f"fix: {torchvision_fix()}"
+    )
+
+
+def model_extras_problem(target: str) -> str | None:
+    """For ``model._target_=target``, before start: a torchvision that does not match the
+    installed torch (when ``target`` reaches it, :data:`NEEDS_TORCHVISION`), else an import of
+    ``target`` that fails because of torchvision; ``None`` otherwise (other import errors
+    are the config check's to report)."""
+    if target.startswith(NEEDS_TORCHVISION):
+        mismatch = torchvision_mismatch(torch.__version__, _installed_torchvision())
+        if mismatch is not None:
+            return f"model._target_={target}: {mismatch}"
+    module, _, name = target.rpartition(".")
+    if not module:
+        return None
+    try:
+        getattr(importlib.import_module(module), name)
+    except Exception as error:
+        explained = explain_import_error(error, f"model._target_={target}")
+        return None if explained is None else str(explained)
+    return None
+
+
+def main() -> int:
+    """The install check: 0 when torchvision is absent or pairs with torch, else 1 with the fix."""
+    vision = _installed_torchvision()
+    mismatch = torchvision_mismatch(torch.__version__, vision)
+    if mismatch is not None:
+        print(f"zero_lab: {mismatch}", file=sys.stderr)
+        return 1
+    shown = f"torchvision {vision}" if vision else "no torchvision (not needed)"
+    print(f"zero_lab: torch {torch.__version__}, {shown}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
