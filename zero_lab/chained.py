@@ -51,7 +51,8 @@ __all__ = [
     "split_state_dict",
 ]
 
-#: The param-group key naming the class that steps the group.
+#: The param-group key naming the class that steps the group; the same word names the default class
+#: (``ZeroRedundancyOptimizer(params, optimizer_class)``, the app's ``optim.optimizer_class``).
 GROUP_CLASS_KEY = "optimizer_class"
 
 
@@ -137,7 +138,7 @@ def class_defaults(cls: type[Optimizer], group: Mapping[str, Any]) -> dict[str, 
     probe = [torch.empty(tuple(p.shape), dtype=p.dtype, device="meta") for p in params[:1]]
     probe_group = {"params": probe or [torch.empty(2, 2, device="meta")], **_hyper(group)}
     built = cls([probe_group], **_required_args(cls, group))
-    return {k: v for k, v in built.param_groups[0].items() if k not in ("params", "param_names")}
+    return {k: v for k, v in built.param_groups[0].items() if k not in NOT_HYPERPARAMETERS}
 
 
 class _StateView(Mapping):
@@ -173,7 +174,7 @@ class ChainedOptimizer(Optimizer):
     """
 
     def __init__(self, params: Iterable[Any], optimizer_class: type[Optimizer], **defaults: Any):
-        self.optimizer_class = resolve_class(optimizer_class, "optimizer_class")
+        self.optimizer_class = resolve_class(optimizer_class, GROUP_CLASS_KEY)
         self.optimizers: list[Optimizer] = []
         self.classes: list[type[Optimizer]] = []
         self._routes: list[tuple[int, int]] = []  # global group -> (inner optimizer, its group)

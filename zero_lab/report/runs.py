@@ -33,6 +33,7 @@ from hydra.errors import OverrideParseException
 
 from zero_lab.app.config.overrides import read
 from zero_lab.app.launch.repeats import read_repeat
+from zero_lab.app.record.run_files import LOGS_DIR, META_FILE, METRICS_FILE
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
 
 __all__ = [
@@ -165,7 +166,7 @@ def find_repeats(root: Path, runs: list[Run]) -> list[Repeat]:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in ("meta.json", ".hydra", SUMMARY_FILE))
+    return any((path / name).exists() for name in (META_FILE, ".hydra", SUMMARY_FILE))
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -208,12 +209,12 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _load(path: Path) -> Run | Failed:
-    meta = _read_json(path / "meta.json") or {}
+    meta = _read_json(path / META_FILE) or {}
     lines = _read_yaml(path / ".hydra" / "overrides.yaml")
     overrides = parse_overrides(lines if isinstance(lines, list) else meta.get("overrides", []))
     config = _read_yaml(path / ".hydra" / "config.yaml") or {}
     summary = _read_json(path / SUMMARY_FILE)
-    rows = _read_rows(path / "metrics.jsonl")
+    rows = _read_rows(path / METRICS_FILE)
     reason = _why_incomplete(path, summary, rows, config)
     if reason is not None:
         return Failed(path, reason, overrides, config, meta)
@@ -230,7 +231,7 @@ def _why_incomplete(path: Path, summary: Any, rows: list[dict[str, Any]], config
         if done < wanted:
             return f"incomplete: {done} of {wanted} steps"
         return None
-    for error in sorted((path / "logs").glob("rank*.error.txt")):
+    for error in sorted((path / LOGS_DIR).glob("rank*.error.txt")):
         rank = error.name.removeprefix("rank").removesuffix(".error.txt")
         return f"rank {rank} failed: {_exception_line(error.read_text(encoding='utf-8', errors='replace'))}"
     if rows:
@@ -314,7 +315,7 @@ def label_runs(runs: list[Run | Failed], root: Path) -> None:
 
 def run_date(run: Run | Failed) -> datetime | None:
     """When the job started: the time ``meta.json`` (else the dir) was written, in UTC."""
-    for path in (run.path / "meta.json", run.path):
+    for path in (run.path / META_FILE, run.path):
         if path.exists():
             return datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
     return None

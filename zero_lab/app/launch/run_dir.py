@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.config.overrides import given
+from zero_lab.app.record.run_files import LOGS_DIR, METRICS_FILE, SUMMARY_FILE
 from zero_lab.runtime import external
 
 __all__ = [
@@ -66,7 +67,7 @@ __all__ = [
 
 LOCK_NAME = ".zero_lab.lock"
 #: What a run writes that a later run in the same dir would append to or be mistaken for.
-EARLIER_RUN_FILES = ("metrics.jsonl", "summary.json", "logs")
+EARLIER_RUN_FILES = (METRICS_FILE, SUMMARY_FILE, LOGS_DIR)
 #: Dirs no run may use as its own: the root and the top-level dirs that many users and the system share.
 SYSTEM_DIRS = ("/", "/home", "/mnt", "/media", "/opt", "/run", "/srv", "/tmp", "/var")
 #: Trees the system owns: neither they nor anything under them is a run dir.
@@ -140,8 +141,8 @@ def _lock(directory: Path) -> None:
 def set_aside_earlier_run(directory: Path) -> Path | None:
     """Move an earlier run's :data:`EARLIER_RUN_FILES` into ``<directory>/earlier/<k>/`` (the
     first free ``k``); returns that folder, or ``None`` when the dir held none of them."""
-    present = [directory / name for name in EARLIER_RUN_FILES if name != "logs" and (directory / name).exists()]
-    logs = directory / "logs"
+    present = [directory / name for name in EARLIER_RUN_FILES if name != LOGS_DIR and (directory / name).exists()]
+    logs = directory / LOGS_DIR
     rank_logs = sorted(p for p in logs.iterdir() if _RANK_FILE.fullmatch(p.name)) if logs.is_dir() else []
     if not present and not rank_logs:
         return None
@@ -155,9 +156,9 @@ def set_aside_earlier_run(directory: Path) -> Path | None:
     for path in present:
         os.replace(path, target / path.name)
     if rank_logs:  # only zero_lab's own files: a user's logs/ in a reused dir (hydra.run.dir=.) stays
-        (target / "logs").mkdir()
+        (target / LOGS_DIR).mkdir()
         for path in rank_logs:
-            os.replace(path, target / "logs" / path.name)
+            os.replace(path, target / LOGS_DIR / path.name)
         with contextlib.suppress(OSError):
             logs.rmdir()  # only if nothing of the user's is left in it
         present.append(logs)

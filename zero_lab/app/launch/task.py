@@ -62,6 +62,7 @@ from zero_lab.app.record.closing import closing_lines
 from zero_lab.app.record.failure_text import describe_failure, resume_hint
 from zero_lab.app.record.objective import objective_value
 from zero_lab.app.record.provenance import run_meta
+from zero_lab.app.record.run_files import META_FILE, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.run.rank_loop import RankResult, RunSpec, train_rank
@@ -101,14 +102,14 @@ def run(cfg: DictConfig) -> Objective | None:
     spec = RunSpec(config=config, run_dir=str(run_dir), plan=plan, meta=meta, logger_on_rank0=world is not None)
     if world is not None:
         return _run_as_external_rank(spec, cfg)
-    write_json(run_dir / "meta.json", spec.meta)
+    write_json(run_dir / META_FILE, spec.meta)
     if original is not None:
         return _repeat(original, cfg, plan, overrides, run_dir)
     _standard_start_method()
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
     make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
-    with JsonlFollower(run_dir / "metrics.jsonl", make_sink):  # W&B, from this idle process
+    with JsonlFollower(run_dir / METRICS_FILE, make_sink):  # W&B, from this idle process
         try:
             results = run_world(
                 train_rank,
@@ -190,7 +191,7 @@ def _run_as_external_rank(spec: RunSpec, cfg: DictConfig) -> Objective | None:
     returns the objective."""
     external.join(enum_str(cfg.dist.backend), cfg.dist.timeout_s, cfg.dist.master_port)
     if dist.get_rank() == 0:
-        write_json(Path(spec.run_dir) / "meta.json", spec.meta)
+        write_json(Path(spec.run_dir) / META_FILE, spec.meta)
     started = time.perf_counter()
     try:
         result = train_rank(spec)

@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from zero_lab.app.record.run_files import COMMAND, LOGS_DIR
 from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic
 from zero_lab.runtime.launch import RankFailure, RankStalled, describe_exit, last_line
@@ -26,7 +27,7 @@ def resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
     if found is None:
         return "no complete checkpoint to resume from"
     kept = [o for o in meta.get("overrides", []) if not o.startswith(("resume=", "hydra."))]
-    return "continue with: " + shlex.join(["python", "train.py", *kept, f"resume={hydra_quoted(str(run_dir))}"])
+    return "continue with: " + shlex.join([*COMMAND, *kept, f"resume={hydra_quoted(str(run_dir))}"])
 
 
 _HYDRA_PLAIN = re.compile(r"[\w./:@%+~-]+")
@@ -42,7 +43,7 @@ def describe_failure(failure: RankFailure, run_dir: Path) -> str:
     """Which rank failed and how (its error's own message, first line — or the signal / exit
     code it died of, or how it stalled), where its log is, and its full traceback saved in
     the run dir."""
-    path = run_dir / "logs" / f"rank{failure.rank}.error.txt"
+    path = run_dir / LOGS_DIR / f"rank{failure.rank}.error.txt"
     write_atomic(path, lambda f: f.write(failure.details.encode("utf-8")))
     if failure.exitcode is not None:
         what = (
@@ -56,7 +57,7 @@ def describe_failure(failure: RankFailure, run_dir: Path) -> str:
         echoes = "".join(f"\n  (rank {r}: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
     else:
         echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
-    log_path = run_dir / "logs" / f"rank{failure.rank}.log"
+    log_path = run_dir / LOGS_DIR / f"rank{failure.rank}.log"
     verb = "stalled" if isinstance(failure, RankStalled) else "failed"
     what = what.removeprefix("stalled: ")
     return f"rank {failure.rank} {verb}: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"

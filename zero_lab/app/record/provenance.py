@@ -16,6 +16,7 @@ import torch
 from hydra.types import RunMode
 
 from zero_lab.app.config.paths import SOURCE_DIR
+from zero_lab.app.record.run_files import COMMAND
 
 __all__ = ["git_revision", "run_meta"]
 
@@ -25,7 +26,7 @@ def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     meta: dict[str, Any] = {
-        "command": shlex.join(["python", "train.py", *overrides]),  # pasteable as is
+        "command": shlex.join([*COMMAND, *overrides]),  # pasteable as is
         "argv": list(sys.argv),
         "overrides": overrides,
         "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},

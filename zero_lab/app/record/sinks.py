@@ -211,7 +211,7 @@ class JsonlFollower:
     ranks start, polls the file, and on :meth:`close` drains it, adds ``summary.json``
     and closes the sink — also when a rank failed and the ranks were killed.
 
-        with JsonlFollower(run_dir / "metrics.jsonl", make_sink) as follower:
+        with JsonlFollower(run_dir / METRICS_FILE, make_sink) as follower:
             run_world(...)
     """
 

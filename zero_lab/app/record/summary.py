@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zero_lab.app.record.run_files import SUMMARY_FILE
+
 __all__ = ["MEDIAN_OF", "NAMESPACED", "PER_RANK", "PROVENANCE", "STEP_KEYS", "SUMMARY_FILE", "RunSummary", "step_key"]
 
-#: The summary's file in a run dir.
-SUMMARY_FILE = "summary.json"
 #: A per-rank measurement -> its metric key prefix (``memory/tensor_bytes/rank0``, ``/max``, ``/mean``).
 STEP_KEYS: dict[str, str] = {
     "step_s": "time/step_s",

@@ -55,6 +55,7 @@ from zero_lab.app.record.metrics import (
     step_record,
 )
 from zero_lab.app.record.progress import Progress
+from zero_lab.app.record.run_files import LOGS_DIR, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.record.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
 from zero_lab.app.run import checkpoints as run_checkpoints
@@ -290,7 +291,7 @@ def _settle(training: Training) -> None:
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:
     """metrics.jsonl, plus the configured logger when no job process follows the file
     (torchrun); each is closed (W&B finished) even on errors."""
-    sinks: list[MetricSink] = [JsonlSink(Path(spec.run_dir) / "metrics.jsonl")]
+    sinks: list[MetricSink] = [JsonlSink(Path(spec.run_dir) / METRICS_FILE)]
     if spec.logger_on_rank0:
         sinks.append(make_logger_sink(cfg, spec.run_dir, spec.config, spec.meta, spec.plan))
     for sink in sinks:
@@ -425,7 +426,7 @@ def _device(kind: str) -> torch.device:
 
 def _log_to_file(run_dir: Path, rank: int) -> Path:
     """Send the ``zero_lab`` loggers of this process to ``<run dir>/logs/rank{r}.log``."""
-    path = run_dir / "logs" / f"rank{rank}.log"
+    path = run_dir / LOGS_DIR / f"rank{rank}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(name)s %(levelname)s: %(message)s"))

@@ -1,0 +1,125 @@
+"""Each fact of the package is stated in one module; every other module imports it (issue 29).
+
+Read from the source with ``ast`` (no imports): string literals outside docstrings, numbers,
+tuples and function definitions. A second spelling of one of these facts is a second place to
+keep in step (the optimizer class was once written two ways, so a state dict and its manifest
+disagreed); the test names the module that owns the fact, where the copy should import it from.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import zero_lab
+
+PACKAGE = Path(zero_lab.__file__).parent
+
+
+@functools.cache
+def trees() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PACKAGE.parent)): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def docstrings(tree: ast.Module) -> set[int]:
+    """``id`` of every docstring node (a module's, class's or function's first string)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def literal(value: object) -> Callable[[ast.AST], bool]:
+    """A string or number constant equal to ``value`` (never a bool)."""
+    kind = type(value)
+    return lambda node: (
+        isinstance(node, ast.Constant) and type(node.value) in (kind, float) and node.value == value  # 25 and 25.0
+    )
+
+
+def tuple_of(*members: str) -> Callable[[ast.AST], bool]:
+    """A tuple, list or set literal holding every one of ``members``."""
+
+    def test(node: ast.AST) -> bool:
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return False
+        held = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+        return set(members) <= held
+
+    return test
+
+
+def defines(name: str) -> Callable[[ast.AST], bool]:
+    return lambda node: isinstance(node, (ast.FunctionDef, ast.Assign)) and name in _names(node)
+
+
+def _names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.FunctionDef):
+        return [node.name]
+    return [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+
+
+def strips_override_prefix(node: ast.AST) -> bool:
+    """``text.lstrip("+~")``-style: an override's key cut out by hand, not by Hydra's parser."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("lstrip", "removeprefix")
+        and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value[:1] in "+~" for a in node.args)
+    )
+
+
+#: fact -> (how it is spelled, the module that owns it, how many times it may appear there).
+FACTS: dict[str, tuple[Callable[[ast.AST], bool], str | None]] = {
+    "a param group's class key": (literal("optimizer_class"), "zero_lab/chained.py"),
+    "the keys that are not hyper-parameters": (tuple_of("params", "param_names"), "zero_lab/chained.py"),
+    "the spelling of an optimizer class in files": (defines("class_path"), "zero_lab/chained.py"),
+    "DDP's 25 MiB bucket cap": (literal(25), "zero_lab/ddp_buckets.py"),
+    "the default output key": (literal("logits"), "zero_lab/app/workloads/protocols.py"),
+    "the metrics file": (literal("metrics.jsonl"), "zero_lab/app/record/run_files.py"),
+    "the job's meta file": (literal("meta.json"), "zero_lab/app/record/run_files.py"),
+    "the summary file": (literal("summary.json"), "zero_lab/app/record/run_files.py"),
+    "the logs dir": (literal("logs"), "zero_lab/app/record/run_files.py"),
+    "the command a user pastes": (literal("train.py"), "zero_lab/app/record/run_files.py"),
+    "an override's key cut out by hand": (strips_override_prefix, None),  # Hydra's parser: app/config/overrides.py
+}
+
+
+def places(test: Callable[[ast.AST], bool]) -> Iterator[str]:
+    for module, tree in trees().items():
+        skip = docstrings(tree)
+        for node in ast.walk(tree):
+            if id(node) not in skip and test(node):
+                yield f"{module}:{getattr(node, 'lineno', '?')}"
+
+
+@pytest.mark.parametrize("fact", FACTS)
+def test_each_fact_is_stated_in_one_module(fact):
+    test, owner = FACTS[fact]
+    found = list(places(test))
+    if owner is None:
+        assert found == [], f"{fact}: {found} (read overrides with zero_lab.app.config.overrides)"
+    else:
+        assert [p.rsplit(":", 1)[0] for p in found] == [owner], f"{fact}: stated at {found}; import it from {owner}"
+
+
+def test_the_scan_finds_what_it_looks_for():
+    """The rules fire on code that restates a fact, and not on a docstring quoting it."""
+    tree = ast.parse(
+        '"""meta.json"""\n'
+        'KEYS = ("params", "param_names", "lr")\n'
+        'key = o.lstrip("+~").split("=")[0]\n'
+        "cap = 25 * 2**20\n"
+        "def class_path(cls): ...\n"
+    )
+    nodes = [n for n in ast.walk(tree) if id(n) not in docstrings(tree)]
+    assert not any(literal("meta.json")(n) for n in nodes)
+    for test in (tuple_of("params", "param_names"), strips_override_prefix, literal(25), defines("class_path")):
+        assert any(test(n) for n in nodes)
