@@ -71,3 +71,22 @@ def test_what_is_no_strategy_class_is_refused_naming_the_key(registries):
         "grad_reduce=ring: not a registered name (auto, all_reduce, reduce_scatter" in problems("grad_reduce=ring")[0]
     )
     assert grad_reduce_name(None) is None and grad_reduce_name("reduce_scatter") == "reduce_scatter"
+
+
+class KeepMine:
+    """A gradient reduction of the user's: DDP's all-reduce, then each rank keeps its own segment."""
+
+    name, label, scatters = "keep_mine", "grad_keep_mine", True
+
+    def issue(self, comm, segments, tag):
+        raise NotImplementedError  # never called: the check and the lookup build nothing
+
+    def sent_bytes(self, numels, itemsize, world_size):
+        return 2 * sum(numels) * itemsize * (world_size - 1) // world_size
+
+
+def test_a_gradient_reduction_of_yours_by_its_dotted_path(registries):
+    path = f"{__name__}.KeepMine"
+    assert problems(f"grad_reduce={path}") == []
+    assert grad_reduce_name(path) == "keep_mine" and grad_reduce_name("keep_mine") == "keep_mine"
+    assert grad_reduce.registered_grad_reduces()[-1] == "keep_mine"
