@@ -140,3 +140,5 @@ def test_this_process_s_world_is_detected_once(launchers, monkeypatch):
     monkeypatch.delenv("FAKE_RANK")  # a running rank's launcher variables do not change; the answer is kept
     assert external.rank() == 2 and CountingLauncher.calls == 1
     assert external.detect({}) is None and CountingLauncher.calls == 2  # a given environment is always read
+    assert external.detect(port=None).rank == 2 and CountingLauncher.calls == 2
+    assert external.detect(port=29999) is None and CountingLauncher.calls == 3  # another rendezvous port: read again

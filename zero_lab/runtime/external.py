@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -133,8 +133,8 @@ class Srun:
 
 #: The launchers :func:`detect` asks, in order: torchrun first (it may run inside an srun task).
 _LAUNCHERS: dict[str, ExternalLauncher] = {c.name: c() for c in (Torchrun, Srun)}
-#: :func:`detect`'s answer for this process, per ``port`` (cleared when a launcher is registered).
-_DETECTED: dict[int | None, ExternalWorld | None] = {}
+#: :func:`detect`'s answer for this process (``port``, ``world``; cleared when a launcher is registered).
+_DETECTED: dict[str, Any] = {}
 
 
 def register_launcher(cls: L) -> L:
@@ -173,17 +173,17 @@ def launcher_named(name: str) -> ExternalLauncher:
 
 def detect(environ: Mapping[str, str] | None = None, port: int | None = None) -> ExternalWorld | None:
     """The world a registered launcher started this process in (the first that recognises its
-    environment), or ``None``. Without ``environ`` it reads ``os.environ`` once per process (and
-    ``port``): every later call gets the same answer.
+    environment), or ``None``. Without ``environ`` it reads ``os.environ`` once per process: every
+    later call gets the same answer (one that names another ``port`` reads it again).
 
     ``port`` overrides the rendezvous port a launcher derives (srun: from the job id; ``dist.master_port``).
     """
-    if environ is None and port in _DETECTED:
-        return _DETECTED[port]
+    if environ is None and _DETECTED and port in (None, _DETECTED["port"]):
+        return _DETECTED["world"]  # a port only moves srun's rendezvous: rank() and active() take any
     env = os.environ if environ is None else environ
     world = next((w for w in (launcher.detect(env, port) for launcher in _LAUNCHERS.values()) if w), None)
     if environ is None:
-        _DETECTED[port] = world
+        _DETECTED.update(port=port, world=world)
     return world
 
 
