@@ -79,9 +79,14 @@ from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
 
-__all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
+__all__ = ["RANK_PRELOAD", "NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
 
 log = logging.getLogger("zero_lab.app")
+
+#: What a rank imports: this module, and the entry point that ``train.py`` (re-imported in each
+#: rank as ``__mp_main__``) imports. The forkserver the ranks fork from imports them once
+#: (:func:`zero_lab.runtime.launch.start_forkserver`).
+RANK_PRELOAD = (__name__, "zero_lab.app.launch.entry")
 
 
 @dataclass(frozen=True)
