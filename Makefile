@@ -22,12 +22,12 @@ train: setup
 # The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
 test: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # The edit-test loop: lint + the unit layer (config tests included), well under a minute.
 check: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n 2 --dist loadgroup
 
 test-all: setup
 	$(BIN)/python -m pytest -m ""
