@@ -76,6 +76,7 @@ from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.overlap import hook_with_zero_step_interleaved
 from zero_lab.partition import Partition, bucket_use
+from zero_lab.registry import Registry
 
 __all__ = [
     "GRAD_REDUCES",
@@ -202,46 +203,35 @@ class ReduceScatterNative:
         return max(numels) * world_size * itemsize * (world_size - 1) // world_size
 
 
-_REGISTRY: dict[str, GradReduce] = {c.name: c() for c in (AllReduce, P2PReduceScatter, ReduceScatterNative)}
+_REGISTRY: Registry[GradReduce] = Registry(
+    "grad_reduce",
+    GradReduce,
+    (AllReduce, P2PReduceScatter, ReduceScatterNative),
+    "name, label, scatters, issue() and sent_bytes()",
+)
 #: Built-in ``grad_reduce=`` values (``auto`` first), the app's choices.
-GRAD_REDUCES: tuple[str, ...] = ("auto", *_REGISTRY)
+GRAD_REDUCES: tuple[str, ...] = ("auto", *_REGISTRY.names())
 
 
 def register_grad_reduce(cls: G) -> G:
     """Make ``cls()`` the strategy of ``grad_reduce=cls.name`` (and a candidate of ``"auto"``);
     returns ``cls`` (a decorator). Registering the same class again is a no-op."""
-    strategy = cls()
-    if not isinstance(strategy, GradReduce):
-        raise TypeError(f"{cls.__name__} is not a GradReduce: it needs name, label, scatters, issue() and sent_bytes()")
-    if strategy.name == "auto":
-        raise ValueError(f"{cls.__name__}.name='auto' is taken: grad_reduce='auto' chooses among the strategies")
-    known = _REGISTRY.get(strategy.name)
-    if known is not None and type(known) is not cls:
-        raise ValueError(
-            f"grad_reduce={strategy.name!r} is already {type(known).__name__}; give {cls.__name__} another name"
-        )
-    _REGISTRY[strategy.name] = strategy
-    return cls
+    return _REGISTRY.register(cls)
 
 
 def unregister_grad_reduce(name: str) -> None:
     """Forget a registered strategy (tests that register deliberately slow ones)."""
-    if name in GRAD_REDUCES:
-        raise ValueError(f"grad_reduce={name!r} is built in and cannot be unregistered")
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def registered_grad_reduces() -> tuple[str, ...]:
     """Every registered strategy's name, built-in ones first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def grad_reduce_named(name: str) -> GradReduce:
     """The strategy registered as ``name``; a clear error listing the others if none is."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"grad_reduce={name!r} is not one of {['auto', *_REGISTRY]}") from None
+    return _REGISTRY.named(name)
 
 
 # ---------------------------------------------------------------------- bucket layout
@@ -551,10 +541,10 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[s
     numel = max(world, largest // first.element_size() // world * world)
     scratch = torch.zeros(numel, dtype=first.dtype, device=first.device)
     chunk = numel // world
-    candidates = [n for n in registered_grad_reduces() if scatter_ok or not _REGISTRY[n].scatters]
+    candidates = [n for n in registered_grad_reduces() if scatter_ok or not grad_reduce_named(n).scatters]
 
     def timed(name: str) -> float:
-        strategy = _REGISTRY[name]
+        strategy = grad_reduce_named(name)
         segments = [scratch] if not strategy.scatters else [scratch[r * chunk : (r + 1) * chunk] for r in range(world)]
         start = time.perf_counter()
         strategy.issue(comm, segments, tag=1 << 20).wait()

@@ -31,7 +31,7 @@ from zero_lab.comm import Communicator
 @pytest.fixture
 def registry(monkeypatch):
     """Registrations made in a test vanish after it."""
-    monkeypatch.setattr(collectives, "_REGISTRY", dict(collectives._REGISTRY))
+    monkeypatch.setattr(collectives, "_REGISTRY", collectives._REGISTRY.copy())
 
 
 def test_the_constants_are_derived_from_the_registry():
