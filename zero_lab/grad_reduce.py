@@ -320,8 +320,17 @@ class GradReduceHandle:
 
     ``hook`` is the DDP comm hook (``hook(state, bucket) -> Future``); :attr:`stats` the
     Communicator totals of the gradient reduction (its own process group, so its
-    point-to-point messages never interleave with the optimizer's collectives).
+    point-to-point messages never interleave with the optimizer's collectives). It is the
+    optimizer's gradient phase (:class:`zero_lab.pipeline.GradReducePhase`): not
+    ``joinable``, since a joined rank cannot shadow sends it does not know of.
     """
+
+    joinable = False
+
+    @property
+    def scatters(self) -> bool:
+        """Whether each rank receives only the reduced gradients it owns."""
+        return grad_reduce_named(self.strategy).scatters
 
     def __init__(self, zero: Any, comm: Communicator, strategy: str, requested: str, shard_grads: bool):
         self.zero = zero
@@ -503,14 +512,15 @@ def _install(
     def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return handles[0].hook(state, bucket)
 
-    # with overlap, the step hook attaches first: it may be what builds the partition, along DDP's buckets
+    # with overlap, the step hook wraps this one: it steps each bucket once this reduction lands
     comm_hook = _overlap_hook(ddp, zero, overlap_hook)(hook, ddp, zero) if zero.overlap_with_ddp else hook
     handle = GradReduceHandle(zero, Communicator(group), grad_reduce, grad_reduce, shard_grads)
     if grad_reduce == "auto":
-        scatter_ok = hasattr(zero, "partition")
+        scatter_ok = not isinstance(zero, _PlainOwner)
         handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, scatter_ok)
     handles.append(handle)
-    zero._grad_reducer = handle  # Join refuses it
+    if not isinstance(zero, _PlainOwner):
+        zero.pipeline.attach_grad_reduce(handle)  # the pipeline's gradient phase (Join refuses it)
     ddp.register_comm_hook(None, comm_hook)
     return handle
 

@@ -53,9 +53,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{cls.__name__}.name='auto' is taken: {self.key}='auto' chooses among the strategies")
         known = self._entries.get(name)
         if known is not None and type(known) is not cls:
-            raise ValueError(
-                f"{self.key}={name!r} is already {type(known).__name__}; give {cls.__name__} another name"
-            )
+            raise ValueError(f"{self.key}={name!r} is already {type(known).__name__}; give {cls.__name__} another name")
         self._entries[name] = strategy  # type: ignore[assignment]
         return cls
 

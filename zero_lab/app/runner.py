@@ -3,9 +3,10 @@
 :func:`train_rank` runs inside an initialised process group. Top to bottom:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. build model -> DDP -> optimizer (:func:`zero_lab.app.build.build_training`), then the data;
-   with unused parameters allowed, the ZeRO owners are balanced over the parameters that get
-   gradients (:func:`zero_lab.app.grad_reach.balance_over_gradients`);
+2. the data; with unused parameters allowed, the parameters that never get a gradient
+   (:func:`zero_lab.app.grad_reach.params_never_reached`), so the ZeRO owners are balanced over
+   the others from construction; then model -> DDP -> optimizer
+   (:func:`zero_lab.app.build.build_training`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.protocols.batch_stream`:
@@ -47,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from zero_lab.app import run_checkpoints
 from zero_lab.app.build import build_training
 from zero_lab.app.data import stream_seed
-from zero_lab.app.grad_reach import balance_over_gradients
+from zero_lab.app.grad_reach import params_never_reached
 from zero_lab.app.memory import (
     ddp_state_bytes,
     master_weight_bytes,
@@ -137,9 +138,9 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     torch.set_num_threads(cfg.dist.threads_per_rank)
     log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
 
-    training = build_training(cfg, device, spec.plan)
     data = instantiate(cfg.data)
-    balance_over_gradients(training, cfg, data)  # owners balanced over the parameters that get state
+    unused = params_never_reached(cfg, data, spec.plan.zero)  # owners balanced over the params that get state
+    training = build_training(cfg, device, spec.plan, without_grad=unused)
     losses: list[float] = []
     start = 0
     resumed: run_checkpoints.Restored | None = None
