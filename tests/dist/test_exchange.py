@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tests.dist.training import TiedLM
 from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.registry import choose
 from zero_lab.collectives import InFlight, register_collective
 from zero_lab.comm import Communicator
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
@@ -166,5 +167,5 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
         assert reports[0]["collective"] in ("broadcast", "all_gather")
         assert set(reports[0]["timings_s"]) == {"broadcast", "all_gather"}
         assert all(t > 0 for t in reports[0]["timings_s"].values())
-        assert reports[0]["collective"] == min(reports[0]["timings_s"], key=reports[0]["timings_s"].get)
+        assert reports[0]["collective"] == choose(reports[0]["timings_s"])  # the first within 10 % of the fastest
         assert all(r == reports[0] for r in reports), name  # every rank chose the same, from the same figures

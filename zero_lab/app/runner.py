@@ -249,7 +249,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
-    grad_bytes = held_grad_bytes(list(training.model.parameters()))
+    grad_bytes = held_grad_bytes(list(training.model.parameters()), reducer)  # + DDP's buckets, with grad_reduce=
     grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
     if grad_norm is not None and comm is not None:
         before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
