@@ -550,6 +550,8 @@ class _PlainOwner:
 def _install(
     ddp: Any, zero: Any, grad_reduce: str, shard_grads: bool, overlap_hook: Callable[..., Any] | None
 ) -> GradReduceHandle:
+    if not isinstance(zero, _PlainOwner):
+        zero.pipeline.require_ddp_all_reduce()  # before any group or hook exists
     ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
     group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
     handles: list[GradReduceHandle] = []

@@ -296,9 +296,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             the assignment torch's class makes; DDP-bucket with overlap).
         ddp_buckets: DDP's gradient bucket of each parameter, ``{id(param): bucket}``
             (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), for partitioners that follow
-            them (``DdpBucket``). With ``overlap_with_ddp=True`` and none given, the shards
-            are built when the overlap hook brings them (:meth:`attach_ddp`), as torch's
-            class waits for DDP's buckets too, or when something reads them first.
+            them (``DdpBucket``). With ``overlap_with_ddp=True`` and none given, DDP's
+            default caps modelled over ``params`` (:class:`zero_lab.ddp_buckets.DdpBuckets`):
+            the shards are built here either way, never when the hook attaches.
         master_weights: keep this rank's shards of low-precision (bf16/fp16) parameters
             as fp32 masters: the optimizer and its state work in fp32, each step writes
             the rounded result back into the parameter, and the low-precision copy is

@@ -104,12 +104,16 @@ class StepPipeline:
         two comm hooks on one DDP cannot both reduce)."""
         if not isinstance(phase, GradReducePhase):
             raise TypeError(f"{type(phase).__name__} is not a GradReducePhase (strategy, joinable, scatters, report())")
+        self.require_ddp_all_reduce()
+        self.grad_reduce = phase
+
+    def require_ddp_all_reduce(self) -> None:
+        """Raise unless the gradient phase is still DDP's own (what an attach checks first)."""
         if not isinstance(self.grad_reduce, DdpAllReduce):
             raise RuntimeError(
                 f"this optimizer's gradients are already reduced by {self.grad_reduce.strategy!r}; "
                 "call reduce_gradients once per DDP model and optimizer"
             )
-        self.grad_reduce = phase
 
     def attach_per_bucket(self) -> None:
         """Step and exchange run per DDP bucket inside DDP's hook (:mod:`zero_lab.overlap`)."""
