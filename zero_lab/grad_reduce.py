@@ -29,8 +29,9 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    longest (what wins on NCCL). ``auto`` times the registered strategies once, at
    :func:`reduce_gradients`, warm, on a scratch bucket the size of the largest real one
    (the figure that predicts a step: every bucket is at most that size), the slowest
-   rank's figures decide (one all-reduce MAX), so every rank picks the same: the first
-   registered within 10 % of the fastest (:func:`zero_lab.registry.choose`), a stable choice;
+   rank's figures decide (one all-reduce MAX), so every rank picks the same: of the strategies
+   within 10 % of the fastest, the one that sends the fewest bytes (registration order among
+   equals; :func:`zero_lab.registry.choose`), a stable choice;
    a later ``auto`` of the same world, model and candidates takes that decision again
    without a trial (:func:`zero_lab.registry.decided`).
 4. Issue happens in the hook, on the autograd thread, in bucket order; the waits and the
@@ -647,5 +648,8 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[s
     agreed = comm.all_reduce(mine.to(first.device), dist.ReduceOp.MAX, op="grad_reduce_tune").cpu().tolist()
     comm.stats = before  # the trial is not the training's traffic
     timings = dict(zip(candidates, agreed))
-    remember(key, choose(timings), timings, numel * first.element_size())
-    return choose(timings), timings, numel * first.element_size()
+    # near-ties go to the strategy that sends the fewest bytes (registration order among equals)
+    sent = {n: grad_reduce_named(n).sent_bytes([chunk] * world, first.element_size(), world) for n in candidates}
+    choice = choose({n: timings[n] for n in sorted(candidates, key=sent.__getitem__)})
+    remember(key, choice, timings, numel * first.element_size())
+    return choice, timings, numel * first.element_size()

@@ -259,7 +259,8 @@ def test_auto_reports_its_timings(w2):
     for row in w2["auto"]:
         report = row["report"]
         assert report["strategy"] in report["timings_s"]
-        assert report["strategy"] == choose(report["timings_s"])  # the first within 10 % of the fastest
+        fewest_bytes_first = ("reduce_scatter", "reduce_scatter_native", "all_reduce")  # at W=2, equal chunks
+        assert report["strategy"] == choose({n: report["timings_s"][n] for n in fewest_bytes_first})
         assert report["timings_s"][report["strategy"]] <= 1.1 * min(report["timings_s"].values())
         assert set(report["timings_s"]) >= {"all_reduce", "reduce_scatter", "reduce_scatter_native"}
 
