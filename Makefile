@@ -46,6 +46,7 @@ clean:
 # bench-quick: 99 s on 2 cores (`time python scripts/bench.py --quick`) (W=2, the strategies the targets compare).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
+	$(BIN)/pip install -q torch==2.13.0 -e ".[bench]"
 	$(BIN)/pip install -q --no-deps fairscale==0.4.13
 
 bench-quick: setup
