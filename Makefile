@@ -22,7 +22,7 @@ train: setup
 # The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
 test: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=30
 
 # The edit-test loop: lint + the unit layer (config tests included), well under a minute.
 check: setup
