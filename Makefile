@@ -22,12 +22,12 @@ train: setup
 # The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
 test: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=30
 
 # The edit-test loop: lint + the unit layer (config tests included), well under a minute.
 check: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n 2 --dist loadgroup
 
 test-all: setup
 	$(BIN)/python -m pytest -m ""
@@ -46,6 +46,7 @@ clean:
 # bench-quick: 99 s on 2 cores (`time python scripts/bench.py --quick`) (W=2, the strategies the targets compare).
 .PHONY: bench-deps bench-quick
 bench-deps: setup
+	$(BIN)/pip install -q torch==2.13.0 -e ".[bench]"
 	$(BIN)/pip install -q --no-deps fairscale==0.4.13
 
 bench-quick: setup

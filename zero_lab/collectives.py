@@ -14,7 +14,8 @@ a :class:`Collective` makes the whole of ``storage`` up to date on every rank:
 
 Each collective goes through :class:`~zero_lab.comm.Communicator`, so it is labelled
 ``zero_lab::<label>`` in the profiler, and its bytes, calls and seconds are metered. The
-registry maps ``exchange=`` names to collectives; :data:`COLLECTIVES` (the built-in
+registry (a :class:`zero_lab.registry.Registry`, the pattern every phase's strategies share)
+maps ``exchange=`` names to collectives; :data:`COLLECTIVES` (the built-in
 names, in the order ``exchange="auto"`` tries them) and :data:`EXCHANGES` (``"auto"``
 first) are derived from it. A new collective is one class plus its tests::
 
@@ -44,6 +45,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import torch
 
 from zero_lab.comm import Communicator, Pending
+from zero_lab.registry import Registry
 
 __all__ = [
     "COLLECTIVES",
@@ -55,6 +57,7 @@ __all__ = [
     "collective_named",
     "register_collective",
     "registered_collectives",
+    "unregister_collective",
 ]
 
 Bounds = Sequence[tuple[int, int]]
@@ -162,39 +165,30 @@ class AllGather:
 
 
 #: ``exchange=`` name -> collective, in the order ``exchange="auto"`` tries them (ties go to the first).
-_REGISTRY: dict[str, Collective] = {c.name: c() for c in (Broadcast, AllGather)}
+_REGISTRY: Registry[Collective] = Registry(
+    "exchange", Collective, (Broadcast, AllGather), "name, label, in_place_shards, issue() and nbytes()"
+)
 
 
 def register_collective(cls: C) -> C:
     """Make ``cls()`` the collective of ``exchange=cls.name`` (and a candidate of ``"auto"``);
     returns ``cls``, so it works as a decorator. Registering the same class again is a no-op."""
-    collective = cls()
-    if not isinstance(collective, Collective):
-        raise TypeError(
-            f"{cls.__name__} is not a Collective: it needs name, label, in_place_shards, issue() and nbytes()"
-        )
-    if collective.name == "auto":
-        raise ValueError(f"{cls.__name__}.name='auto' is taken: exchange='auto' chooses among the collectives")
-    known = _REGISTRY.get(collective.name)
-    if known is not None and type(known) is not cls:
-        raise ValueError(
-            f"exchange={collective.name!r} is already {type(known).__name__}; give {cls.__name__} another name"
-        )
-    _REGISTRY[collective.name] = collective
-    return cls
+    return _REGISTRY.register(cls)
+
+
+def unregister_collective(name: str) -> None:
+    """Forget a registered collective (built-in ones stay)."""
+    _REGISTRY.unregister(name)
 
 
 def registered_collectives() -> tuple[str, ...]:
     """Every registered collective's name, built-in ones first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def collective_named(name: str) -> Collective:
     """The collective registered as ``name``; a clear error listing the others if none is."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"exchange={name!r} is not one of {['auto', *_REGISTRY]}") from None
+    return _REGISTRY.named(name)
 
 
 #: The built-in collectives, in the order ``exchange="auto"`` tries them (ties go to the first).

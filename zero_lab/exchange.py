@@ -33,7 +33,8 @@ the sample and a quarter of it; each rank takes its fastest repetition per candi
 fits a cost line through the two (seconds per call + seconds per byte) and predicts the whole
 exchange as the sum over the units that candidate would issue — so per-call costs (``per_shard``'s
 one broadcast per tensor) count as well as bandwidth; an all-reduce MAX makes the slowest rank's
-predictions decide, so every rank picks the same (ties go to the first registered); then the
+predictions decide, so every rank picks the same: the first registered within
+:data:`~zero_lab.registry.AUTO_MARGIN` (10 %) of the fastest (:func:`zero_lab.registry.choose`); then the
 exchange runs with the choice. The choice, the predictions and the sample's
 size are in :meth:`ParamExchange.report`. On one host with Gloo broadcasts win by 4-6x;
 on NCCL all-gather usually does.
@@ -64,6 +65,7 @@ from zero_lab.bucket_views import standalone_view
 from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
 from zero_lab.comm import Communicator
 from zero_lab.partition import Partition
+from zero_lab.registry import choose, decided, remember
 
 __all__ = [
     "COLLECTIVES",
@@ -424,6 +426,19 @@ class ParamExchange:
         dtype, device, world, itemsize = first.dtype, first.device, self.comm.world_size, first.element_size()
         candidates = registered_collectives()
         units = {name: [_unit_numel(unit) * itemsize for unit in self._units(name)] for name in candidates}
+        key = (
+            "exchange",
+            tuple(self.comm.global_rank(r) for r in range(world)),
+            dist.get_backend(self.comm.group),
+            str(dtype),
+            device.type,
+            self.layout,
+            tuple((name, tuple(units[name])) for name in candidates),
+        )
+        earlier = decided(key)
+        if earlier is not None:  # this world measured the same exchange before: the same choice, no trial
+            self.collective, self.timings_s, self.sample_bytes = earlier
+            return
         largest = max((n for sizes in units.values() for n in sizes), default=itemsize * world)
         chunk = max(1, min(largest, TUNE_SAMPLE_BYTES) // itemsize // world)
         chunks = sorted({max(1, chunk // 4), chunk})  # two sizes: a per-call cost and a per-byte cost
@@ -455,7 +470,8 @@ class ParamExchange:
             torch.tensor(mine, dtype=torch.float64, device=device), dist.ReduceOp.MAX, op="exchange_tune"
         )
         self.timings_s = dict(zip(candidates, agreed.cpu().tolist()))
-        self.collective = min(candidates, key=lambda name: self.timings_s[name])
+        self.collective = choose(self.timings_s)
+        remember(key, self.collective, self.timings_s, self.sample_bytes)
 
 
 def _unit_numel(unit: _Unit) -> int:

@@ -29,7 +29,11 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    longest (what wins on NCCL). ``auto`` times the registered strategies once, at
    :func:`reduce_gradients`, warm, on a scratch bucket the size of the largest real one
    (the figure that predicts a step: every bucket is at most that size), the slowest
-   rank's figures decide (one all-reduce MAX), so every rank picks the same.
+   rank's figures decide (one all-reduce MAX), so every rank picks the same: of the strategies
+   within 10 % of the fastest, the one that sends the fewest bytes (registration order among
+   equals; :func:`zero_lab.registry.choose`), a stable choice;
+   a later ``auto`` of the same world, model and candidates takes that decision again
+   without a trial (:func:`zero_lab.registry.decided`).
 4. Issue happens in the hook, on the autograd thread, in bucket order; the waits and the
    sums run on one worker thread per hook, which completes the future DDP waits for.
    The bucket DDP gets back holds this rank's reduced segment and **zeros elsewhere**.
@@ -39,9 +43,11 @@ reduced gradient (mean over ranks, as DDP's) for the elements this rank owns, an
 **zero** for every element it does not own — never an unreduced local gradient. With
 ``shard_grads=True`` the gradients of parameters this rank owns no element of are
 released after backward (``param.grad is None``), once DDP has written them (with any
-strategy, ``all_reduce`` included: it saves the memory, not the traffic); what a rank
-then holds is its owned gradients (:func:`owned_grad_bytes`; DDP's own bucket buffers,
-``Ψ`` bytes it allocates at construction, are DDP's and stay).
+strategy, ``all_reduce`` included: it saves the memory, not the traffic), and so is the
+storage of DDP's own bucket buffers (``Ψ`` bytes DDP allocates at construction and only
+uses in backward: resized to 0 bytes, given back before the next backward's first
+gradient reaches DDP). What a rank then holds is its owned gradients
+(:func:`owned_grad_bytes`; measured from the real storages by :func:`held_grad_bytes`).
 
 Everything this rank's optimizer reads is correct: the local optimizer steps owned
 shards only, :meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.clip_grad_norm_` takes
@@ -76,6 +82,7 @@ from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.overlap import hook_with_zero_step_interleaved
 from zero_lab.partition import Partition, bucket_use
+from zero_lab.registry import Registry, choose, decided, remember
 
 __all__ = [
     "GRAD_REDUCES",
@@ -202,46 +209,35 @@ class ReduceScatterNative:
         return max(numels) * world_size * itemsize * (world_size - 1) // world_size
 
 
-_REGISTRY: dict[str, GradReduce] = {c.name: c() for c in (AllReduce, P2PReduceScatter, ReduceScatterNative)}
+_REGISTRY: Registry[GradReduce] = Registry(
+    "grad_reduce",
+    GradReduce,
+    (AllReduce, P2PReduceScatter, ReduceScatterNative),
+    "name, label, scatters, issue() and sent_bytes()",
+)
 #: Built-in ``grad_reduce=`` values (``auto`` first), the app's choices.
-GRAD_REDUCES: tuple[str, ...] = ("auto", *_REGISTRY)
+GRAD_REDUCES: tuple[str, ...] = ("auto", *_REGISTRY.names())
 
 
 def register_grad_reduce(cls: G) -> G:
     """Make ``cls()`` the strategy of ``grad_reduce=cls.name`` (and a candidate of ``"auto"``);
     returns ``cls`` (a decorator). Registering the same class again is a no-op."""
-    strategy = cls()
-    if not isinstance(strategy, GradReduce):
-        raise TypeError(f"{cls.__name__} is not a GradReduce: it needs name, label, scatters, issue() and sent_bytes()")
-    if strategy.name == "auto":
-        raise ValueError(f"{cls.__name__}.name='auto' is taken: grad_reduce='auto' chooses among the strategies")
-    known = _REGISTRY.get(strategy.name)
-    if known is not None and type(known) is not cls:
-        raise ValueError(
-            f"grad_reduce={strategy.name!r} is already {type(known).__name__}; give {cls.__name__} another name"
-        )
-    _REGISTRY[strategy.name] = strategy
-    return cls
+    return _REGISTRY.register(cls)
 
 
 def unregister_grad_reduce(name: str) -> None:
     """Forget a registered strategy (tests that register deliberately slow ones)."""
-    if name in GRAD_REDUCES:
-        raise ValueError(f"grad_reduce={name!r} is built in and cannot be unregistered")
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def registered_grad_reduces() -> tuple[str, ...]:
     """Every registered strategy's name, built-in ones first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def grad_reduce_named(name: str) -> GradReduce:
     """The strategy registered as ``name``; a clear error listing the others if none is."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"grad_reduce={name!r} is not one of {['auto', *_REGISTRY]}") from None
+    return _REGISTRY.named(name)
 
 
 # ---------------------------------------------------------------------- bucket layout
@@ -330,15 +326,36 @@ class GradReduceHandle:
 
     ``hook`` is the DDP comm hook (``hook(state, bucket) -> Future``); :attr:`stats` the
     Communicator totals of the gradient reduction (its own process group, so its
-    point-to-point messages never interleave with the optimizer's collectives).
+    point-to-point messages never interleave with the optimizer's collectives). It is the
+    optimizer's gradient phase (:class:`zero_lab.pipeline.GradReducePhase`): not
+    ``joinable``, since a joined rank cannot shadow sends it does not know of.
     """
 
-    def __init__(self, zero: Any, comm: Communicator, strategy: str, requested: str, shard_grads: bool):
+    joinable = False
+
+    @property
+    def scatters(self) -> bool:
+        """Whether each rank receives only the reduced gradients it owns."""
+        return grad_reduce_named(self.strategy).scatters
+
+    def __init__(
+        self,
+        zero: Any,
+        comm: Communicator,
+        strategy: str,
+        requested: str,
+        shard_grads: bool,
+        gradient_as_bucket_view: bool = False,
+    ):
         self.zero = zero
         self.comm = comm
         self.requested = requested
         self.strategy = strategy
         self.shard_grads = shard_grads
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        #: DDP's bucket buffers (their storages) as the hook last saw them, by bucket index
+        self.ddp_buffers: dict[int, torch.UntypedStorage] = {}
+        self._freed: list[tuple[torch.UntypedStorage, int]] = []  # shard_grads: (storage, bytes) freed after backward
         self.timings_s: dict[str, float] = {}
         self.sample_bytes = 0
         self._routes: dict[tuple[int, tuple[int, ...]], BucketRoute] = {}
@@ -380,6 +397,7 @@ class GradReduceHandle:
         strategy = grad_reduce_named(self.strategy)
         world = self.comm.world_size
         future: torch.futures.Future = torch.futures.Future()
+        self.ddp_buffers[bucket.index()] = flat.untyped_storage()
         if not self._in_backward:
             self._in_backward = True
             self._futures = []
@@ -425,11 +443,36 @@ class GradReduceHandle:
             torch.autograd.Variable._execution_engine.queue_callback(self._release_unowned)
 
     def _release_unowned(self) -> None:
-        """``shard_grads``: drop ``param.grad`` of parameters this rank owns no element of."""
+        """``shard_grads``, after DDP has written ``param.grad``: drop the gradients of parameters this
+        rank owns no element of, and free the storage of DDP's full-size bucket buffers (``Ψ`` bytes:
+        DDP only reads them in backward, and :meth:`_restore_buckets` gives them back their bytes
+        before the next backward writes into them). What stays is this rank's owned gradients."""
         owned = _owned_params(self.zero)
+        buffers = {storage.data_ptr() for storage in self.ddp_buffers.values() if storage.nbytes()}
         for index, param in enumerate(self.zero.all_params):
             if index not in owned:
                 param.grad = None
+            elif param.grad is not None and param.grad.untyped_storage().data_ptr() in buffers:
+                param.grad = param.grad.clone()  # gradient_as_bucket_view: keep the owned gradient, not its bucket
+        for storage in self.ddp_buffers.values():
+            nbytes = storage.nbytes()
+            if nbytes:
+                storage.resize_(0)
+                self._freed.append((storage, nbytes))
+
+    def _restore_buckets(self) -> None:
+        """``shard_grads``: give DDP's bucket buffers their bytes back (uninitialised: DDP overwrites
+        every element it reads). A post-accumulate-grad hook of every parameter, so it runs in the
+        next backward before DDP copies the first gradient into a bucket (tensor hooks run before
+        DDP's own, which are the gradient accumulator's post-hooks)."""
+        if self._freed:
+            freed, self._freed = self._freed, []
+            for storage, nbytes in freed:
+                storage.resize_(nbytes)
+
+    def held_bucket_bytes(self) -> int:
+        """Bytes DDP's bucket buffers hold now (their storages, as measured; 0 once freed)."""
+        return sum(storage.nbytes() for storage in self.ddp_buffers.values())
 
     def close(self) -> None:
         """Stop the worker thread (the hook must not be called afterwards)."""
@@ -449,16 +492,18 @@ def owned_grad_bytes(zero: Any) -> int:
     return sum(params[i].numel() * params[i].element_size() for i in _owned_params(zero) if params[i].requires_grad)
 
 
-def held_grad_bytes(params: Sequence[torch.Tensor]) -> int:
-    """Bytes of the distinct ``param.grad`` tensors held now (measured, not planned)."""
-    seen: set[int] = set()
-    total = 0
-    for param in params:
-        grad = param.grad
-        if grad is not None and id(grad) not in seen:
-            seen.add(id(grad))
-            total += grad.numel() * grad.element_size()
-    return total
+def held_grad_bytes(params: Sequence[torch.Tensor], handle: GradReduceHandle | None = None) -> int:
+    """Bytes of gradient storage held now, measured from the real storages (each counted once):
+    every ``param.grad``'s, plus, given the :func:`reduce_gradients` handle, DDP's bucket buffers
+    (which a bucket-view gradient shares). Without a handle DDP's buckets are not seen."""
+    storages = [param.grad.untyped_storage() for param in params if param.grad is not None]
+    if handle is not None:
+        storages.extend(handle.ddp_buffers.values())
+    sizes: dict[int, int] = {}
+    for storage in storages:
+        if storage.nbytes():
+            sizes[storage.data_ptr()] = max(sizes.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(sizes.values())
 
 
 # ---------------------------------------------------------------------- install
@@ -506,6 +551,8 @@ class _PlainOwner:
 def _install(
     ddp: Any, zero: Any, grad_reduce: str, shard_grads: bool, overlap_hook: Callable[..., Any] | None
 ) -> GradReduceHandle:
+    if not isinstance(zero, _PlainOwner):
+        zero.pipeline.require_ddp_all_reduce()  # before any group or hook exists
     ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
     group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
     handles: list[GradReduceHandle] = []
@@ -513,16 +560,37 @@ def _install(
     def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return handles[0].hook(state, bucket)
 
-    # with overlap, the step hook attaches first: it may be what builds the partition, along DDP's buckets
+    # with overlap, the step hook wraps this one: it steps each bucket once this reduction lands
     comm_hook = _overlap_hook(ddp, zero, overlap_hook)(hook, ddp, zero) if zero.overlap_with_ddp else hook
-    handle = GradReduceHandle(zero, Communicator(group), grad_reduce, grad_reduce, shard_grads)
+    handle = GradReduceHandle(
+        zero, Communicator(group), grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view)
+    )
+    if shard_grads:
+        restore = _weak_restore(handle)
+        for param in ddp.module.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(restore)
     if grad_reduce == "auto":
-        scatter_ok = hasattr(zero, "partition")
+        scatter_ok = not isinstance(zero, _PlainOwner)
         handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, scatter_ok)
     handles.append(handle)
-    zero._grad_reducer = handle  # Join refuses it
+    if not isinstance(zero, _PlainOwner):
+        zero.pipeline.attach_grad_reduce(handle)  # the pipeline's gradient phase (Join refuses it)
     ddp.register_comm_hook(None, comm_hook)
     return handle
+
+
+def _weak_restore(handle: GradReduceHandle) -> Callable[[torch.Tensor], None]:
+    """``handle._restore_buckets`` through a weak reference: a tensor's hooks live where the
+    garbage collector cannot see them, so a strong one would keep handle and optimizer alive."""
+    ref = weakref.ref(handle)
+
+    def restore(param: torch.Tensor) -> None:
+        live = ref()
+        if live is not None:
+            live._restore_buckets()
+
+    return restore
 
 
 def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -549,12 +617,18 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[s
     largest = max(per_bucket.values())
     world = comm.world_size
     numel = max(world, largest // first.element_size() // world * world)
+    candidates = [n for n in registered_grad_reduces() if scatter_ok or not grad_reduce_named(n).scatters]
+    ranks = tuple(comm.global_rank(r) for r in range(world))
+    key = ("grad_reduce", ranks, dist.get_backend(comm.group), str(first.dtype), first.device.type)
+    key += (tuple(candidates), numel, sum(sizes))
+    earlier = decided(key)
+    if earlier is not None:  # this world measured the same reduction before: the same choice, no trial
+        return earlier
     scratch = torch.zeros(numel, dtype=first.dtype, device=first.device)
     chunk = numel // world
-    candidates = [n for n in registered_grad_reduces() if scatter_ok or not _REGISTRY[n].scatters]
 
     def timed(name: str) -> float:
-        strategy = _REGISTRY[name]
+        strategy = grad_reduce_named(name)
         segments = [scratch] if not strategy.scatters else [scratch[r * chunk : (r + 1) * chunk] for r in range(world)]
         start = time.perf_counter()
         strategy.issue(comm, segments, tag=1 << 20).wait()
@@ -574,4 +648,8 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[s
     agreed = comm.all_reduce(mine.to(first.device), dist.ReduceOp.MAX, op="grad_reduce_tune").cpu().tolist()
     comm.stats = before  # the trial is not the training's traffic
     timings = dict(zip(candidates, agreed))
-    return min(candidates, key=lambda name: timings[name]), timings, numel * first.element_size()
+    # near-ties go to the strategy that sends the fewest bytes (registration order among equals)
+    sent = {n: grad_reduce_named(n).sent_bytes([chunk] * world, first.element_size(), world) for n in candidates}
+    choice = choose({n: timings[n] for n in sorted(candidates, key=sent.__getitem__)})
+    remember(key, choice, timings, numel * first.element_size())
+    return choice, timings, numel * first.element_size()

@@ -22,17 +22,23 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
    parameters or optimizer state waits for it first.
 
 With ``overlap_with_ddp=True`` a DDP comm hook (:mod:`zero_lab.overlap`) steps and
-exchanges each gradient bucket inside backward instead (``step()`` does nothing). The
-partition is built once: along ``ddp_buckets=`` when given (the app passes
-:func:`zero_lab.ddp_buckets.ddp_bucket_map`), else when the hook attaches with DDP's
-buckets (:meth:`attach_ddp`), as torch's class too waits for them.
+exchanges each gradient bucket inside backward instead (``step()`` does nothing).
 
-The shard API other modules use (overlap hooks, prefetch, checkpoints): :attr:`all_params`,
-:meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
-:meth:`load_shard_states`, :attr:`communicator`, :meth:`repartition` (the one way to
-change the partitioner, which rebuilds the local optimizer *and* the exchange),
-:meth:`attach_ddp` (the overlap hook), :meth:`wait_for_exchange`, :meth:`track_in_flight`,
-:meth:`start_prefetch` / :meth:`stop_prefetch` and :meth:`note_first_use`.
+Partition, local optimizer and exchange are one :class:`~zero_lab.pipeline.StepPipeline`
+(reduce gradients -> step owned shards -> exchange parameters), built in the constructor
+and never rebuilt. A partition that follows DDP's buckets follows ``ddp_buckets=`` (the app
+passes :func:`zero_lab.ddp_buckets.ddp_bucket_map`) or, when none are given, DDP's default
+caps as :mod:`zero_lab.ddp_buckets` models them over the parameters; a hook that later
+brings other buckets keeps the partition (each bucket is planned from its own parameters)
+and a warning names the argument that aligns it. Hooks attach phases to the pipeline
+(:meth:`attach_ddp`; :func:`zero_lab.grad_reduce.reduce_gradients`), they build nothing.
+
+The shard API other modules use (overlap hooks, prefetch, checkpoints): :attr:`pipeline`,
+:attr:`all_params`, :meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
+:meth:`load_shard_states`, :attr:`communicator`, :meth:`attach_ddp` (the overlap hook),
+:meth:`wait_for_exchange`, :meth:`track_in_flight`, :meth:`start_prefetch` /
+:meth:`stop_prefetch` and :meth:`note_first_use`. The partitioner is chosen at construction
+only (``partitioner=``).
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
@@ -51,9 +57,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -75,10 +80,12 @@ from zero_lab.chained import (
 )
 from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
+from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy, bucket_use
+from zero_lab.pipeline import StepPipeline
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.state_server import ShardStateServer, default_store, fetch_shard_states
 from zero_lab.torch_compat import TorchPrivateNames
@@ -232,26 +239,11 @@ class LocalShard:
     tensor: torch.Tensor
 
 
-@dataclass
-class _Shards:
-    """What the partition decides, built together once (``ZeroRedundancyOptimizer._shards``)."""
-
-    partition: Partition
-    trainable: list[bool]
-    exchange: ParamExchange
-    optim: ChainedOptimizer = field(init=False)
-    local_index: list[int] = field(default_factory=list)  # local position -> global index
-    # (tensor, param, start, stop): tensors standing in for a parameter, and the fp32 masters among them
-    proxies: list[tuple[torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)
-    masters: list[tuple[torch.Tensor, torch.Tensor, int, int]] = field(default_factory=list)
-
-
 @runtime_checkable
 class DdpStepHook(Protocol):
     """What steps the optimizer inside DDP's backward instead of :meth:`~ZeroRedundancyOptimizer.step`
-    (:mod:`zero_lab.overlap`'s hooks, registered with :meth:`~ZeroRedundancyOptimizer.attach_ddp`):
-    it exchanges the parameters itself, so it reports how (``requested``: the constructor's ``exchange=``).
-    """
+    (:mod:`zero_lab.overlap`'s hooks, attached with :meth:`~ZeroRedundancyOptimizer.attach_ddp`):
+    it exchanges each bucket's parameters itself, by broadcasts from their owners."""
 
     def exchange_report(self, requested: str) -> ExchangeReport: ...
 
@@ -303,9 +295,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             the assignment torch's class makes; DDP-bucket with overlap).
         ddp_buckets: DDP's gradient bucket of each parameter, ``{id(param): bucket}``
             (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), for partitioners that follow
-            them (``DdpBucket``). With ``overlap_with_ddp=True`` and none given, the shards
-            are built when the overlap hook brings them (:meth:`attach_ddp`), as torch's
-            class waits for DDP's buckets too, or when something reads them first.
+            them (``DdpBucket``). With ``overlap_with_ddp=True`` and none given, DDP's
+            default caps modelled over ``params`` (:class:`zero_lab.ddp_buckets.DdpBuckets`):
+            the shards are built here either way, never when the hook attaches.
         master_weights: keep this rank's shards of low-precision (bf16/fp16) parameters
             as fp32 masters: the optimizer and its state work in fp32, each step writes
             the rounded result back into the parameter, and the low-precision copy is
@@ -315,6 +307,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             buffer) or ``"auto"`` (time both at the first step, the slowest rank's figures
             decide so all ranks agree; see :meth:`exchange_report`). With overlap the
             hooks broadcast each DDP bucket: ``auto`` is broadcast, any other collective is refused.
+
+    The partitioner cannot change after construction: the partition, the local optimizer and
+    the exchange are one :class:`~zero_lab.pipeline.StepPipeline`, built here once.
     """
 
     def __init__(
@@ -355,30 +350,26 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self.parameters_as_bucket_view = parameters_as_bucket_view
         default = DdpBucket() if overlap_with_ddp else SortedGreedy()
         self._partitioner: Partitioner = partitioner if partitioner is not None else default
+        if ddp_buckets is None and overlap_with_ddp:
+            ddp_buckets = DdpBuckets().bucket_of(self.all_params)  # DDP's default caps, modelled
         self._ddp_buckets: dict[int, int] = dict(ddp_buckets or {})  # id(param) -> DDP bucket
-        # steps and exchanges instead of step() (attach_ddp); weak: DDP's reducer owns the hook, and the
-        # hook holds this optimizer, so a strong reference back would be a cycle only the collector frees
-        self._ddp_hook: weakref.ref[DdpStepHook] | None = None
         self.master_weights = master_weights
         self._optim_defaults = defaults
         self._default_device = self.all_params[0].device
         self._join_active = False
-        self._state_touched = False  # a step or load_state_dict happened (repartition must come before)
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
         self.local_step_seconds = 0.0  # running total of this rank's local optimizer steps (no exchange)
         self._async_exchange = False  # start_prefetch / stop_prefetch
         self._first_use = FirstUse()  # note_first_use (prefetch's pre-hooks): the exchange's issue order
-        self._built: _Shards | None = None
-        if not overlap_with_ddp or ddp_buckets is not None:
-            self._built = self._build_shards()  # else when the overlap hook brings DDP's buckets
+        self._pipeline = self._build_pipeline()
         self._init_state_protocol()
         self._initialized = True
 
-    def _build_shards(self) -> _Shards:
-        """Partition, exchange and local optimizer, always built together."""
+    def _build_pipeline(self) -> StepPipeline:
+        """Partition, exchange and local optimizer, built together once (the constructor)."""
         partition = self._compute_partition()
-        shards = _Shards(
+        shards = StepPipeline(
             partition,
             [p.requires_grad for p in self.all_params],
             ParamExchange(
@@ -390,30 +381,27 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return shards
 
     @property
-    def _shards(self) -> _Shards:
-        """The shards, built once: at construction, or with ``overlap_with_ddp=True`` and no
-        ``ddp_buckets`` by :meth:`attach_ddp` (or here, by whatever reads them first)."""
-        if self._built is None:
-            self._built = self._build_shards()
-        return self._built
+    def pipeline(self) -> StepPipeline:
+        """This optimizer's step: reduce gradients -> step owned shards -> exchange parameters."""
+        return self._pipeline
 
     @property
     def partition(self) -> Partition:
-        """Who steps which elements of which parameter (change it only via :meth:`repartition`)."""
-        return self._shards.partition
+        """Who steps which elements of which parameter (fixed at construction)."""
+        return self._pipeline.partition
 
     @property
     def _exchange(self) -> ParamExchange:
-        return self._shards.exchange
+        return self._pipeline.exchange
 
     @property
     def _optim(self) -> ChainedOptimizer:
-        return self._shards.optim
+        return self._pipeline.optim
 
     # ------------------------------------------------------------------ shard API
     @property
     def optim(self) -> Optimizer:
-        """The local optimizer over this rank's shards (replace it only via :meth:`repartition`).
+        """The local optimizer over this rank's shards (built once, at construction).
 
         With one class (torch's API) it is that class's instance. When param groups name
         several classes (``"optimizer_class"``), it is a
@@ -429,7 +417,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     @property
     def partitioner(self) -> Partitioner:
-        """The partitioner (change it only via :meth:`repartition`)."""
+        """The partitioner (fixed at construction: ``partitioner=``)."""
         return self._partitioner
 
     @property
@@ -449,7 +437,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def local_shards(self) -> list[LocalShard]:
         """The shards this rank steps, with the tensor its local optimizer holds for each."""
         params = self.all_params
-        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._shards.proxies}
+        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._pipeline.proxies}
         return [
             LocalShard(
                 s.param, params[s.param], s.start, s.stop, proxies.get((id(params[s.param]), s.start), params[s.param])
@@ -457,55 +445,35 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             for s in self.partition.shards_of(self.rank)
         ]
 
-    def repartition(self, partitioner: Partitioner | None = None, ddp_buckets: Mapping[int, int] | None = None) -> None:
-        """Re-partition (a new ``partitioner`` and/or DDP's buckets, ``{id(param): bucket}``),
-        rebuilding the local optimizer and the exchange. Only before the first step and
-        before ``load_state_dict``; collective in effect (call on every rank)."""
-        if self._state_touched:
-            raise RuntimeError("repartition must happen before the first step and before load_state_dict()")
-        if self._built is not None:
-            self._built.exchange.wait()
-        if partitioner is not None:
-            self._partitioner = partitioner
-        if ddp_buckets is not None:
-            self._ddp_buckets = dict(ddp_buckets)
-        self._built = self._build_shards()
-
     def attach_ddp(self, hook: DdpStepHook, ddp_buckets: Mapping[int, int], shard_buckets: bool = False) -> None:
         """Let ``hook`` step this optimizer inside DDP's backward (``overlap_with_ddp=True``;
         :mod:`zero_lab.overlap` calls this, on every rank, when its hook is created).
 
-        ``hook`` exchanges the parameters itself and provides :meth:`exchange_report`.
-        ``ddp_buckets`` (``{id(param): bucket}``) and ``shard_buckets`` (for ``DdpBucket``)
-        are what the partition follows. Shards not built yet are built now, along them.
-        Shards already built are kept, never rebuilt: the hook plans each bucket from the
-        parameters it holds, so a partition along other buckets is as correct, only less
-        aligned; a warning then names the constructor arguments that build it aligned once.
+        The pipeline's step and exchange then run per bucket in the hook, which broadcasts each
+        bucket's shards itself. Nothing is rebuilt: the hook plans each bucket from the parameters
+        it holds, so a partition along other buckets than ``ddp_buckets`` (``{id(param): bucket}``)
+        or another ``shard_buckets`` is as correct, only less aligned; a warning then names the
+        constructor arguments that build it aligned.
         """
         if not self._overlap_with_ddp:
             raise ValueError("attach_ddp: this optimizer steps itself; build it with overlap_with_ddp=True")
-        self._ddp_hook = weakref.ref(hook)
-        partitioner = self._partitioner
-        if bucket_use(partitioner) == (True, not shard_buckets):
-            partitioner = copy.copy(partitioner)  # the hook's shard_buckets (torch's argument) wins
-            partitioner.shard_buckets = shard_buckets
-        buckets = dict(ddp_buckets)
-        if self._built is None:
-            self._partitioner, self._ddp_buckets = partitioner, buckets
-            self._built = self._build_shards()
-            return
-        if not bucket_use(partitioner).needs_ddp_buckets or (
-            partitioner is self._partitioner and buckets == self._ddp_buckets
-        ):
-            return  # the partition does not follow DDP's buckets, or it was built along these
+        self._pipeline.attach_per_bucket()
+        use = bucket_use(self._partitioner)
+        if not use.needs_ddp_buckets:
+            return  # the partition does not follow DDP's buckets
+        other_split = use.shard_buckets != shard_buckets
+        if dict(ddp_buckets) == self._ddp_buckets and not other_split:
+            return  # built along these
         wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
-        if partitioner is not self._partitioner:
-            wanted += f" and partitioner={partitioner!r}"
+        if other_split:
+            aligned = copy.copy(self._partitioner)  # the optimizer's own stays as built
+            aligned.shard_buckets = shard_buckets  # type: ignore[attr-defined]
+            wanted += f" and partitioner={aligned!r}"
         logger.warning(
-            "zero_lab: the overlap hook brings DDP's buckets%s after this optimizer built its shards along other "
-            "ones; they are kept (every bucket is still stepped correctly, only less aligned with DDP's). To build "
-            "them along DDP's buckets once, pass %s to ZeroRedundancyOptimizer",
-            f" and shard_buckets={shard_buckets}" if partitioner is not self._partitioner else "",
+            "zero_lab: the overlap hook brings DDP's buckets%s, but this optimizer's partition was built at "
+            "construction along other ones; it is kept (every bucket is still stepped correctly, only less aligned "
+            "with DDP's). To build it along DDP's buckets, pass %s to ZeroRedundancyOptimizer",
+            f" and shard_buckets={shard_buckets}" if other_split else "",
             wanted,
         )
 
@@ -534,11 +502,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         """From now on ``step()`` only issues the exchange; whoever reads a parameter waits for
         it first (:func:`zero_lab.overlap.prefetch_exchange`'s forward pre-hooks)."""
         self._async_exchange = True
+        if self._pipeline.exchange_timing == "after_step":
+            self._pipeline.exchange_timing = "next_forward"
 
     def stop_prefetch(self) -> None:
         """Wait for an exchange in flight; ``step()`` exchanges synchronously again."""
         self._exchange.wait()
         self._async_exchange = False
+        if self._pipeline.exchange_timing == "next_forward":
+            self._pipeline.exchange_timing = "after_step"
 
     def note_first_use(self, params: Iterable[int]) -> None:
         """A forward is about to read the parameters with these global indices (see :attr:`first_use`)."""
@@ -547,11 +519,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first
         step also the measured time of each candidate (max over ranks). With an overlap
-        hook attached (:meth:`attach_ddp`), the hook's own report."""
-        hook = self._ddp_hook() if self._ddp_hook is not None else None
-        if hook is not None:
-            return hook.exchange_report(self._exchange_choice)
-        return self._exchange.report()
+        hook attached (:meth:`attach_ddp`), the hook's per-bucket broadcasts."""
+        return self._pipeline.exchange_report(self._exchange_choice)
 
     @property
     def exchange_units(self) -> int:
@@ -581,7 +550,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         check_partition_fits(partition, self._optimizer_class, self.partitioner, self.group_classes())
         return partition
 
-    def _local_param_groups(self, shards: _Shards, first_group: int = 0) -> list[dict[str, Any]]:
+    def _local_param_groups(self, shards: StepPipeline, first_group: int = 0) -> list[dict[str, Any]]:
         """Local groups for global groups ``first_group..``, holding this rank's shard tensors.
 
         Appends to ``shards.local_index`` (local position -> global index, in the order the
@@ -629,35 +598,18 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 if key not in _NOT_HYPERPARAMETERS:
                     dst_group[key] = value
 
-    def _point_proxy_grads(self) -> None:
-        for proxy, param, start, stop in self._shards.proxies:
-            grad = None if param.grad is None else param.grad.reshape(-1)[start:stop].view_as(proxy)
-            proxy.grad = grad if grad is None else grad.to(proxy.dtype)
-
-    def _release_proxy_grads(self) -> None:
-        for proxy, *_ in self._shards.proxies:
-            proxy.grad = None
-        self._write_back_masters()
-
-    def _write_back_masters(self, only: set[int] | None = None) -> None:
-        """Round the fp32 masters (all, or those whose ``id`` is in ``only``) into their parameters."""
-        for master, param, start, stop in self._shards.masters:
-            if only is None or id(master) in only:
-                param.data.reshape(-1)[start:stop].copy_(master.reshape(-1))
-
     def _refresh_trainability(self) -> None:
         trainable = [p.requires_grad for p in self.all_params]
-        if trainable != self._shards.trainable:
-            logger.info("zero_lab: trainable parameters changed; rebuilding the parameter exchange")
-            self._shards.trainable = trainable
+        if trainable != self._pipeline.trainable:
+            logger.info("zero_lab: trainable parameters changed; re-laying the parameter exchange")
+            self._pipeline.trainable = trainable
             self._exchange.rebuild()
 
     def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
         """Step this rank's shards only (no communication)."""
-        self._state_touched = True
         self._refresh_trainability()
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
-        self._point_proxy_grads()
+        self._pipeline.point_proxy_grads()
         started = time.perf_counter()
         try:
             if closure is None:
@@ -668,13 +620,13 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
                 def closure_then_point() -> float:
                     result = closure()
-                    self._point_proxy_grads()
+                    self._pipeline.point_proxy_grads()
                     return result
 
                 loss = self._optim.step(closure=closure_then_point, **kwargs)
         finally:
             self.local_step_seconds += time.perf_counter() - started
-            self._release_proxy_grads()
+            self._pipeline.release_proxy_grads()
         self._sync_param_groups(self._optim.param_groups, self.param_groups)
         return loss
 
@@ -709,7 +661,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
         Every other proxy has ``grad=None``, which every ``torch.optim`` optimizer skips.
         """
-        self._state_touched = True
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
         for proxy, grad in proxy_grads:
             proxy.grad = grad
@@ -720,7 +671,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             self.local_step_seconds += time.perf_counter() - started
             for proxy, _ in proxy_grads:
                 proxy.grad = None
-            self._write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})
+            self._pipeline.write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})
         self._sync_param_groups(self._optim.param_groups, self.param_groups)
 
     @torch.no_grad()
@@ -770,7 +721,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     def master_weight_bytes(self) -> int:
         """Bytes of this rank's fp32 master shards (0 without ``master_weights``)."""
-        return sum(master.numel() * master.element_size() for master, *_ in self._shards.masters)
+        return self._pipeline.master_bytes()
 
     @property
     def comm_stats(self) -> CommStats:
@@ -795,9 +746,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             super().add_param_group(param_group)
         else:
             self._add_group_of_class(param_group, cls)
-        if not self._initialized or self._built is None:
-            return  # not built yet: built later, with this group
-        shards = self._built
+        if not self._initialized:
+            return  # Optimizer.__init__ adding the constructor's groups: the pipeline is built after
+        shards = self._pipeline
         shards.exchange.wait()
         before = shards.partition
         after = self._compute_partition()
@@ -868,8 +819,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         local optimizer's state for the tensor stepping each shard (a slice shard's tensors
         are 1-D, its elements only). Empty before the first step and on a rank owning nothing,
         so "has this optimizer state?" (torchtitan's ``init_optim_state``) gets the truth."""
-        if not getattr(self, "_initialized", False) or self._built is None:
-            return {}  # shards not built yet (overlap waits for DDP's buckets): no state either
+        if not getattr(self, "_initialized", False):
+            return {}  # still in the constructor: no state yet
         return _ShardStateView(self)
 
     @state.setter
@@ -898,9 +849,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         params = self.all_params
         starts = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
         local_state = self._optim.state_dict()["state"]
-        masters = {(id(param), start): master for master, param, start, _ in self._shards.masters}
+        masters = {(id(param), start): master for master, param, start, _ in self._pipeline.masters}
         out = {}
-        for local_index, global_index in enumerate(self._shards.local_index):
+        for local_index, global_index in enumerate(self._pipeline.local_index):
             state = dict(local_state.get(local_index, {}))
             start, stop = starts.get(global_index, (0, params[global_index].numel()))
             master = masters.get((id(params[global_index]), start))
@@ -1074,9 +1025,9 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._exchange.wait()
         params = self.all_params
         bounds = {s.param: (s.start, s.stop) for s in self.partition.shards_of(self.rank)}
-        masters = {(id(param), start): master for master, param, start, _ in self._shards.masters}
+        masters = {(id(param), start): master for master, param, start, _ in self._pipeline.masters}
         local_state = {}
-        for local_index, global_index in enumerate(self._shards.local_index):
+        for local_index, global_index in enumerate(self._pipeline.local_index):
             start, stop = bounds[global_index]
             piece = state_of(global_index, start, stop)
             master = masters.get((id(params[global_index]), start))
@@ -1098,7 +1049,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             offset += len(local["params"])
             local_groups.append(packed)
         self._optim.load_state_dict({"state": local_state, "param_groups": local_groups})
-        self._state_touched = True
         self._state_changed()
         self._sync_param_groups(groups, self.param_groups)
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
@@ -1112,7 +1062,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         the parameters end as with DDP + the plain optimizer on the active ranks.
         List the DDP model before this optimizer in ``Join([...])``.
         """
-        if getattr(self, "_grad_reducer", None) is not None:
+        if not self._pipeline.grad_reduce.joinable:
             raise RuntimeError(
                 "Join with grad_reduce (zero_lab.grad_reduce.reduce_gradients): a joined rank cannot shadow the "
                 "point-to-point gradient reduction; use grad_reduce='all_reduce' (DDP's hook) with Join"

@@ -10,11 +10,12 @@ be built with ``overlap_with_ddp=True`` (its ``step()`` is then a no-op)::
 
 Creating the hook attaches it to the optimizer
 (:meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.attach_ddp`) with DDP's buckets as
-:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: an optimizer still waiting for
-them builds its partition now, once; one built already (``ddp_buckets=`` at construction, as
-the app passes) keeps it. The hook is then the optimizer's exchange:
-``exchange_report()`` is its ``overlap_per_bucket`` (broadcasts, so ``exchange="auto"`` means
-broadcast and ``"all_gather"`` is refused by the optimizer's constructor).
+:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: the optimizer's pipeline then
+steps and exchanges per bucket, in this hook. Nothing is rebuilt: the partition is the
+constructor's (along ``ddp_buckets=``, as the app passes, or DDP's default caps), and a
+warning names the argument when the hook's buckets differ. ``exchange_report()`` is then
+``overlap_per_bucket`` (broadcasts, so ``exchange="auto"`` means broadcast and
+``"all_gather"`` is refused by the optimizer's constructor).
 
 Algorithm. For each gradient bucket, DDP calls the hook when the bucket's gradients
 are ready. The hook starts the wrapped all-reduce hook; when it completes, this rank
@@ -132,7 +133,7 @@ class _OverlapEngine:
         self.find_unused = bool(ddp.find_unused_parameters)
         self.interleave = interleave and not self.find_unused
         ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
-        zero.attach_ddp(self, ddp_bucket_map(ddp), shard_buckets)  # builds the shards if still unbuilt
+        zero.attach_ddp(self, ddp_bucket_map(ddp), shard_buckets)  # per-bucket step and exchange; builds nothing
         ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces;
         # it is metered where the optimizer's exchange is.

@@ -781,8 +781,8 @@ class WithoutGradients:
 
     For parameters known before the first step never to be used (the app finds them with a
     forward and backward on ``meta`` tensors, :mod:`zero_lab.app.run.grad_reach`): pricing them as if
-    they got state left one rank of the own-model example holding all of it. Give it to an
-    optimizer before its first step: ``opt.repartition(WithoutGradients(opt.partitioner, names))``.
+    they got state left one rank of the own-model example holding all of it. Give it to the
+    optimizer's constructor: ``partitioner=WithoutGradients(SortedGreedy(), names)``.
     DDP-bucket use (``needs_ddp_buckets``, ``shard_buckets``) is ``inner``'s; ``repr`` is ``inner``'s
     with the parameters named.
     """

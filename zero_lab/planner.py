@@ -17,7 +17,8 @@ What each rank holds, per :class:`RankMemory`:
   ``shard_grads=True`` (``zero_lab.grad_reduce``) only those of the parameters the rank owns
   an element of, each whole (what ``param.grad`` holds after backward);
 * ``ddp_buffer_bytes`` — DDP's gradient buckets, a second copy of the gradients unless
-  DDP runs with ``gradient_as_bucket_view=True``;
+  DDP runs with ``gradient_as_bucket_view=True``; with ``shard_grads=True`` none after
+  backward (``zero_lab.grad_reduce`` frees their storage until the next backward);
 * ``state_bytes`` — the local optimizer's state for the shards this rank owns;
 * ``master_bytes`` — fp32 master copies of owned bf16/fp16 shards (``master_weights``).
 
@@ -252,13 +253,15 @@ def plan_memory(
     ``momentum``). ``group_optimizers[g]`` = ``(class, defaults)`` of param group ``g``
     (``ParamSpec.group``) when groups are stepped by different classes. Whole parameters
     are priced at their shape (:func:`whole_state_bytes`), slices by the per-element rule.
-    ``shard_grads``: each rank holds the gradients of the parameters it owns an element of only.
+    ``shard_grads``: each rank holds, after backward, the gradients of the parameters it owns an
+    element of only, and no DDP bucket buffer.
     O(number of shards + world_size).
     """
     trainable = [spec for spec in specs if spec.trainable]
     param_bytes = sum(spec.nbytes for spec in specs)
     grad_bytes = sum(spec.nbytes for spec in trainable)
-    ddp_buffer_bytes = 0 if gradient_as_bucket_view else grad_bytes
+    buckets_freed = gradient_as_bucket_view or (shard_grads and partitioner is not None)
+    ddp_buffer_bytes = 0 if buckets_freed else grad_bytes
 
     def stepper(spec: ParamSpec) -> tuple[type[torch.optim.Optimizer], dict[str, Any], torch.dtype]:
         cls, defaults = (optimizer_class, optimizer_defaults)

@@ -2,7 +2,7 @@
 ``dist.broadcast_buffers``) with every ZeRO mode, through the app's own build and step
 (``build_training``, ``protocols.batch_stream/call_model/loss_of``), on a model with a dict
 output, BatchNorm and a parameter its forward never uses (found by the meta probe and priced at
-nothing, as the app's loop does: ``balance_over_gradients``): the parameters equal those of DDP +
+nothing from construction, as the app's loop does: ``params_never_reached``): the parameters equal those of DDP +
 the plain optimizer with the same options. One 2-rank world runs every case."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from zero_lab.app.run.build import build_training
-from zero_lab.app.run.grad_reach import balance_over_gradients
+from zero_lab.app.run.grad_reach import params_never_reached
+from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.check.preflight import compose_job
 from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of
 from zero_lab.app.config.schema import register_configs
@@ -65,9 +66,9 @@ def config(overrides: list[str]) -> dict[str, Any]:
 
 def train(container: dict[str, Any], steps: int = 4) -> list[torch.Tensor]:
     cfg = OmegaConf.create(container)
-    training = build_training(cfg, torch.device("cpu"))
     data = instantiate(cfg.data)
-    unused = balance_over_gradients(training, cfg, data)  # as the app's loop does (run/rank_loop.py)
+    unused = params_never_reached(cfg, data, OptimPlan.of(cfg.optim).zero)  # as the app's loop does (runner.py)
+    training = build_training(cfg, torch.device("cpu"), without_grad=unused)
     if training.zero and not cfg.overlap:  # owners balanced over the parameters that get gradients
         assert unused == ["aux.weight", "aux.bias"]
         assert [s.gets_grad for s in training.optimizer.partition.specs if s.name.startswith("aux")] == [False] * 2

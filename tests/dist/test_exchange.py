@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tests.dist.training import TiedLM
 from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.registry import choose
 from zero_lab.collectives import InFlight, register_collective
 from zero_lab.comm import Communicator
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
@@ -58,25 +59,19 @@ def _digest(tensors: Any) -> str:
     return sha.hexdigest()[:16]
 
 
-def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, repartition: bool = False) -> dict:
+def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False) -> dict:
     model = TiedLM()
     ddp = DDP(model)
     partitioner, bucket_view = LAYOUTS[layout]
-    if repartition:  # built sorted-greedy, then switched: the exchange must follow
-        opt = ZeroRedundancyOptimizer(
-            model.parameters(), torch.optim.Adam, partitioner=SortedGreedy(), exchange=exchange, lr=1e-2
-        )
-        opt.repartition(partitioner)
-    else:
-        opt = ZeroRedundancyOptimizer(
-            model.parameters(),
-            torch.optim.Adam,
-            partitioner=partitioner,
-            parameters_as_bucket_view=bucket_view,
-            overlap_with_ddp=overlap,
-            exchange=exchange,
-            lr=1e-2,
-        )
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(),
+        torch.optim.Adam,
+        partitioner=partitioner,
+        parameters_as_bucket_view=bucket_view,
+        overlap_with_ddp=overlap,
+        exchange=exchange,
+        lr=1e-2,
+    )
     if overlap:
         ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
     with warnings.catch_warnings(record=True) as caught:
@@ -113,13 +108,12 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False, re
 
 
 def every_mode() -> dict[str, Any]:
-    """Rank program: every layout x collective x prefetch, plus repartition and overlap(+prefetch)."""
+    """Rank program: every layout x collective x prefetch, plus overlap(+prefetch)."""
     runs = {
         (layout, exchange, prefetch): _train(layout, exchange, prefetch)
         for layout, exchange, prefetch in itertools.product(LAYOUTS, ("broadcast", "all_gather", "auto"), (False, True))
     }
     out: dict[str, Any] = {f"{a}/{b}/{c}": run for (a, b, c), run in runs.items()}
-    out["repartitioned_flat"] = _train("flat", "broadcast", False, repartition=True)
     out["overlap"] = _train("per_shard", "broadcast", False, overlap=True)
     out["overlap_prefetch"] = _train("per_shard", "broadcast", True, overlap=True)
     register_collective(PaddedAllReduce)  # in this rank's process only; after the runs above
@@ -159,9 +153,6 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
                 assert run["single_buffer_warning"] == (run["units"] == 1), name
         assert rank_result["flat_capped/broadcast/True"]["units"] == 3
         assert rank_result["flat_view/broadcast/True"]["single_buffer_warning"]
-        repartitioned = rank_result["repartitioned_flat"]
-        assert repartitioned["params"] == plain["flat/broadcast/False"]["params"]
-        assert repartitioned["report"]["layout"] == "flat"
         assert rank_result["overlap_prefetch"]["params"] == rank_result["overlap"]["params"]
         assert rank_result["overlap_prefetch"]["evals"] == rank_result["overlap"]["evals"]
         assert {k for k in plain if "/all_reduce/" in k} == {f"{layout}/all_reduce/False" for layout in LAYOUTS}
@@ -176,5 +167,5 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
         assert reports[0]["collective"] in ("broadcast", "all_gather")
         assert set(reports[0]["timings_s"]) == {"broadcast", "all_gather"}
         assert all(t > 0 for t in reports[0]["timings_s"].values())
-        assert reports[0]["collective"] == min(reports[0]["timings_s"], key=reports[0]["timings_s"].get)
+        assert reports[0]["collective"] == choose(reports[0]["timings_s"])  # the first within 10 % of the fastest
         assert all(r == reports[0] for r in reports), name  # every rank chose the same, from the same figures

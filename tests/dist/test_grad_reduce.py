@@ -20,6 +20,7 @@ from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.grad_reduce import held_grad_bytes, owned_grad_bytes, reduce_gradients
 from zero_lab.partition import DdpBucket, Flat, Manual, SortedGreedy
 from zero_lab.planner import plan_memory, specs_from_module
+from zero_lab.registry import choose
 
 
 @dataclass
@@ -37,6 +38,7 @@ class GradCase:
     prefetch: bool = False
     steps: int = 4
     bucket_cap_mb: float = 0.002  # tiny buckets: the small model spans several
+    grad_as_bucket_view: bool = False  # DDP(gradient_as_bucket_view=): param.grad are views of DDP's buckets
 
 
 PARTITIONERS = ("sorted_greedy", "manual", "ddp_bucket", "flat")
@@ -69,6 +71,7 @@ CASES.update(
         "shard-grads": GradCase(shard_grads=True, partitioner="flat", bucket_view=True),
         "shard-grads-overlap": GradCase(shard_grads=True, overlap=True, partitioner="ddp_bucket"),
         "shard-grads-all-reduce": GradCase(shard_grads=True, grad_reduce="all_reduce"),
+        "shard-grads-grad-view": GradCase(shard_grads=True, grad_as_bucket_view=True, accumulate=2),
         "prefetch": GradCase(prefetch=True, partitioner="flat", bucket_view=True),
         "clip": GradCase(clip=0.05, partitioner="flat", bucket_view=True),  # the norm of owned elements only
     }
@@ -93,7 +96,12 @@ def _model(case: GradCase) -> nn.Module:
 def _train(case: GradCase, zero: bool) -> dict[str, Any]:
     rank = dist.get_rank()
     model = _model(case)
-    ddp = DDP(model, bucket_cap_mb=case.bucket_cap_mb, find_unused_parameters=case.unused)
+    ddp = DDP(
+        model,
+        bucket_cap_mb=case.bucket_cap_mb,
+        find_unused_parameters=case.unused,
+        gradient_as_bucket_view=case.grad_as_bucket_view,
+    )
     handle = None
     if zero:
         opt: torch.optim.Optimizer = ZeroRedundancyOptimizer(
@@ -126,7 +134,7 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             else:
                 with ddp.no_sync():
                     (loss_of(ddp, x) / case.accumulate).backward()
-        grad_bytes.append(held_grad_bytes(list(model.parameters())))
+        grad_bytes.append(held_grad_bytes(list(model.parameters()), handle))  # DDP's buckets too, where seen
         if zero and step == 0 and not case.overlap:
             grads_read = _read_grads(opt)  # type: ignore[arg-type]
         if case.clip is not None:
@@ -147,6 +155,8 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             grads_read=grads_read,
             owned_grad_bytes=owned_grad_bytes(opt),
             report=handle.report(),  # type: ignore[union-attr]
+            buckets_seen=len(handle.ddp_buffers),  # type: ignore[union-attr]
+            largest_bucket=max(s.numel() * 4 for s in _ddp_buckets(model, case.bucket_cap_mb)),
             psi=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
             planned_grad_bytes=[
                 r.grad_bytes
@@ -156,6 +166,19 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             ],
         )
     return out
+
+
+def _ddp_buckets(model: nn.Module, bucket_cap_mb: float) -> list[torch.Size]:
+    """DDP's buckets of ``model`` (as element counts), from the same model DDP uses."""
+    from zero_lab.ddp_buckets import DdpBuckets
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    sizes: dict[int, int] = {}
+    for param, bucket in zip(
+        params, DdpBuckets.from_bucket_cap_mb(bucket_cap_mb).assign([p.numel() * 4 for p in params])
+    ):
+        sizes[bucket] = sizes.get(bucket, 0) + param.numel()
+    return [torch.Size([n]) for n in sizes.values()]
 
 
 def _read_grads(opt: ZeroRedundancyOptimizer) -> dict[str, float]:
@@ -217,9 +240,15 @@ def test_reduce_scatter_moves_ddps_bytes(w2):
 
 
 def test_shard_grads_holds_only_owned_gradients_as_the_planner_prices(w2):
-    for row in w2["shard-grads"] + w2["shard-grads-overlap"] + w2["shard-grads-all-reduce"]:
-        assert row["grad_bytes"][-1] == row["owned_grad_bytes"]
-        assert row["grad_bytes"][-1] < row["ddp_grad_bytes"][-1] == row["psi"]
+    """Measured from the real storages after backward: ``param.grad``'s plus DDP's bucket buffers."""
+    for name in ("shard-grads", "shard-grads-overlap", "shard-grads-all-reduce", "shard-grads-grad-view"):
+        for row in w2[name]:
+            assert row["buckets_seen"] > 1, name  # the hook saw DDP's buckets, and their storage is freed ...
+            assert row["grad_bytes"][-1] == row["owned_grad_bytes"], name  # ... so only owned gradients stay
+            assert row["grad_bytes"][-1] < row["ddp_grad_bytes"][-1] == row["psi"], name
+            assert row["grad_bytes"][-1] <= row["psi"] / 2 + row["largest_bucket"], name  # Ψ/W + one bucket
+    for row in w2["all-reduce"]:  # without shard_grads DDP's buckets stay: Ψ of param.grad + Ψ of buckets
+        assert row["grad_bytes"][-1] == 2 * row["psi"]
     for rank, row in enumerate(w2["shard-grads"]):  # Flat: the planner sees the same partition
         assert row["grad_bytes"][-1] == row["planned_grad_bytes"][rank]
         largest = max(p.numel() * 4 for p in make_model().parameters())
@@ -230,7 +259,9 @@ def test_auto_reports_its_timings(w2):
     for row in w2["auto"]:
         report = row["report"]
         assert report["strategy"] in report["timings_s"]
-        assert report["timings_s"][report["strategy"]] == min(report["timings_s"].values())
+        fewest_bytes_first = ("reduce_scatter", "reduce_scatter_native", "all_reduce")  # at W=2, equal chunks
+        assert report["strategy"] == choose({n: report["timings_s"][n] for n in fewest_bytes_first})
+        assert report["timings_s"][report["strategy"]] <= 1.1 * min(report["timings_s"].values())
         assert set(report["timings_s"]) >= {"all_reduce", "reduce_scatter", "reduce_scatter_native"}
 
 
@@ -373,3 +404,59 @@ def test_a_model_with_a_grad_reduce_hook_is_freed(single_rank_group):
     refs = train_one_step()
     gc.collect()
     assert [ref() is None for ref in refs] == [True] * 4
+
+
+def test_auto_chooses_the_same_ten_times_out_of_ten_and_never_a_slow_strategy(world):
+    """``grad_reduce="auto"`` and ``exchange="auto"`` decided 10 times afresh in one world, with a
+    deliberately slow strategy and a slow collective registered: one choice every time, on every
+    rank, never the slow one (the rule: the first registered within 10 % of the fastest)."""
+    results = world(auto_decisions, 2, 10, timeout_s=240)
+    for rank_result in results:
+        for phase in ("grad_reduce", "exchange"):
+            chosen = rank_result[phase]
+            assert len(chosen) == 10 and len(set(chosen)) == 1, (phase, chosen, rank_result["timings"])
+            assert not chosen[0].startswith("slow_"), (phase, rank_result["timings"])
+        assert rank_result == results[0]  # every rank decides from the slowest rank's figures
+
+
+def auto_decisions(repeats: int) -> dict[str, Any]:
+    import time
+
+    from zero_lab.collectives import Broadcast, register_collective, unregister_collective
+    from zero_lab.grad_reduce import P2PReduceScatter, register_grad_reduce, unregister_grad_reduce
+
+    class SlowReduceScatter(P2PReduceScatter):
+        name, label = "slow_reduce_scatter", "grad_slow_reduce_scatter"
+
+        def issue(self, comm, segments, tag):  # type: ignore[no-untyped-def]
+            time.sleep(0.02)
+            return super().issue(comm, segments, tag)
+
+    class SlowBroadcast(Broadcast):
+        name, label = "slow_broadcast", "exchange_slow_broadcast"
+
+        def issue(self, comm, storage, bounds, op):  # type: ignore[no-untyped-def]
+            time.sleep(0.02)
+            return super().issue(comm, storage, bounds, op)
+
+    register_grad_reduce(SlowReduceScatter)
+    register_collective(SlowBroadcast)
+    chosen: dict[str, Any] = {"grad_reduce": [], "exchange": [], "timings": []}
+    try:
+        for _ in range(repeats):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 512))  # 6 MiB: buckets of 2 and 4 MiB
+            ddp = DDP(model)
+            opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, exchange="auto", lr=1e-3)
+            handle = reduce_gradients(ddp, opt, "auto")
+            ddp(torch.ones(4, 1024)).sum().backward()
+            opt.step()
+            handle.close()
+            chosen["grad_reduce"].append(handle.strategy)
+            chosen["exchange"].append(opt.exchange_report().collective)
+            chosen["timings"].append((handle.timings_s, opt.exchange_report().timings_s))
+    finally:
+        unregister_grad_reduce("slow_reduce_scatter")
+        unregister_collective("slow_broadcast")
+    del chosen["timings"][1:]  # one set of figures for the failure message
+    return chosen

@@ -31,7 +31,7 @@ from zero_lab.comm import Communicator
 @pytest.fixture
 def registry(monkeypatch):
     """Registrations made in a test vanish after it."""
-    monkeypatch.setattr(collectives, "_REGISTRY", dict(collectives._REGISTRY))
+    monkeypatch.setattr(collectives, "_REGISTRY", collectives._REGISTRY.copy())
 
 
 def test_the_constants_are_derived_from_the_registry():
@@ -99,3 +99,19 @@ def test_in_flight_then_runs_after_its_own_finish(single_rank_group):
     inflight = InFlight(Communicator().issue_broadcasts([]), lambda: done.append("unpad"))
     inflight.then(lambda: done.append("copy out")).wait()
     assert done == ["unpad", "copy out"]
+
+
+def test_auto_takes_the_first_registered_within_the_margin_and_remembers_per_key():
+    from zero_lab.registry import AUTO_MARGIN, choose, decided, forget_decisions, remember
+
+    assert AUTO_MARGIN == 0.10
+    assert choose({"broadcast": 10.5, "all_gather": 10.0}) == "broadcast"  # within 10 %: the first registered
+    assert choose({"broadcast": 11.5, "all_gather": 10.0}) == "all_gather"
+    with pytest.raises(ValueError, match="no candidate"):
+        choose({})
+    key = ("exchange", (0, 1), "gloo", "torch.float32", "cpu", "flat", (("broadcast", (64,)),))
+    assert decided(key) is None
+    remember(key, "broadcast", {"broadcast": 1.0}, 64)
+    assert decided(key) == ("broadcast", {"broadcast": 1.0}, 64)
+    forget_decisions()
+    assert decided(key) is None

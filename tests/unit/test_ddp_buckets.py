@@ -1,9 +1,9 @@
 """One model of DDP's gradient buckets: caps from DDP itself or from ``bucket_cap_mb``, and the
 overlap optimizer built once along it (in-process one-rank group).
 
-The optimizer with ``overlap_with_ddp=True`` builds its partition exactly once: from
-``ddp_buckets=`` at construction, or when the overlap hook attaches (torch's drop-in order);
-shards built before the hook are kept and a warning names the constructor argument;
+The optimizer with ``overlap_with_ddp=True`` builds its partition exactly once, at construction:
+along ``ddp_buckets=``, or DDP's default caps modelled over the parameters (torch's drop-in
+order); a hook that brings other buckets keeps it and a warning names the constructor argument;
 ``exchange="all_gather"`` is refused under overlap, ``auto`` reports broadcast.
 """
 
@@ -76,16 +76,20 @@ def _train(ddp: DDP, opt: ZeroRedundancyOptimizer, steps: int = 2) -> None:
 
 
 @pytest.mark.parametrize("hook", [hook_with_zero_step, hook_with_zero_step_interleaved])
-def test_torch_order_builds_the_partition_once_when_the_hook_attaches(single_rank_group, hook):
-    model, ddp = _overlapped()
+def test_torch_order_builds_the_partition_once_at_construction_along_ddps_default_buckets(single_rank_group, hook):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+    ddp = DDP(model)  # DDP's default caps: what the optimizer models when given no ddp_buckets
     partitioner = CountingDdpBucket()
     opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, partitioner=partitioner)
-    assert partitioner.calls == []  # waits for DDP's buckets, as torch's class does
+    buckets = ddp_bucket_map(ddp)
+    assert partitioner.calls == [[buckets[id(p)] for p in model.parameters()]]  # built now, along DDP's buckets
+    assert opt.exchange_report().mode != "overlap_per_bucket"  # no hook attached yet
     ddp.register_comm_hook(None, hook(allreduce_hook, ddp, opt))
     _train(ddp, opt)
-    buckets = ddp_bucket_map(ddp)
-    assert partitioner.calls == [[buckets[id(p)] for p in model.parameters()]]  # once, along DDP's buckets
+    assert len(partitioner.calls) == 1  # never rebuilt
     assert opt.exchange_report().mode == "overlap_per_bucket"
+    assert opt.pipeline.exchange_timing == "per_bucket"
 
 
 def test_buckets_given_at_construction_build_once_and_the_hook_keeps_them(single_rank_group, caplog):
@@ -106,11 +110,11 @@ def test_buckets_given_at_construction_build_once_and_the_hook_keeps_them(single
     assert len(partitioner.calls) == 1
 
 
-def test_shards_built_before_the_hook_are_kept_with_a_warning_naming_the_argument(single_rank_group, caplog):
+def test_shards_built_without_ddps_buckets_are_kept_with_a_warning_naming_the_argument(single_rank_group, caplog):
     model, ddp = _overlapped()
     partitioner = CountingDdpBucket()
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, overlap_with_ddp=True, partitioner=partitioner)
-    opt.local_shards()  # reads the shards: built now, without DDP's buckets
+    assert len(partitioner.calls) == 1  # built at construction, along DDP's default caps (modelled)
     partition = opt.partition
     with caplog.at_level(logging.WARNING, logger="zero_lab.optimizer"):
         ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, opt, shard_buckets=True))

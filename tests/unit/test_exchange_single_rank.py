@@ -49,19 +49,21 @@ def test_unknown_exchange_is_named(single_rank_group):
         ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, exchange="ring", lr=1e-2)
 
 
-def test_partitioner_and_optim_change_only_through_repartition(single_rank_group):
+def test_partitioner_optim_and_pipeline_are_built_once_at_construction(single_rank_group):
     model = _model()
-    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
-    with pytest.raises(AttributeError):
-        opt.partitioner = Flat()
-    with pytest.raises(AttributeError):
-        opt.optim = torch.optim.SGD(model.parameters(), lr=1.0)
-    opt.repartition(Flat())
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), lr=1e-2)
+    pipeline = opt.pipeline
     assert opt.exchange_report().layout == "flat" and repr(opt.partitioner) == "Flat()"
+    for name, value in (("partitioner", SortedGreedy()), ("optim", torch.optim.SGD(model.parameters(), lr=1.0))):
+        with pytest.raises(AttributeError):
+            setattr(opt, name, value)
+    assert not hasattr(opt, "repartition")
     model[0].weight.grad = torch.ones_like(model[0].weight)
     opt.step()
-    with pytest.raises(RuntimeError, match="before the first step"):
-        opt.repartition(SortedGreedy())
+    assert opt.pipeline is pipeline and opt.partition is pipeline.partition
+    assert opt.optim is pipeline.optim.optimizers[0]
+    assert opt.pipeline.report("auto")["param_exchange"]["timing"] == "after_step"
+    assert opt.pipeline.report("auto")["grad_reduce"]["strategy"] == "ddp_all_reduce"
 
 
 def test_world_of_one_overlap_hook_sends_nothing_and_matches_adam(single_rank_group):

@@ -156,3 +156,27 @@ def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
         "  gradients held per rank (shard_grads): 3.00 MiB at most",
     ]
     assert grad_reduce_lines(RunSummary(final_loss=1.0, losses=[1.0], world_size=2, steps=1)) == []
+
+
+def test_reduce_gradients_attaches_the_pipelines_gradient_phase_once(single_rank_group):
+    """The handle becomes the optimizer's gradient phase (not an attribute written from outside):
+    the pipeline reports it, Join refuses it, and a second reduction of the same optimizer is refused."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from zero_lab import ZeroRedundancyOptimizer
+    from zero_lab.grad_reduce import reduce_gradients
+    from zero_lab.pipeline import DdpAllReduce, GradReducePhase
+
+    model = torch.nn.Linear(4, 3)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    assert isinstance(opt.pipeline.grad_reduce, DdpAllReduce)
+    opt.join_hook()  # DDP's all-reduce: a joined rank can shadow it
+    opt._end_join()
+    handle = reduce_gradients(DDP(model), opt, "reduce_scatter", shard_grads=True)
+    assert opt.pipeline.grad_reduce is handle and isinstance(handle, GradReducePhase)
+    assert opt.pipeline.report("auto")["grad_reduce"]["strategy"] == "reduce_scatter"
+    with pytest.raises(RuntimeError, match="Join with grad_reduce"):
+        opt.join_hook()
+    with pytest.raises(RuntimeError, match="already reduced by 'reduce_scatter'; call reduce_gradients once"):
+        reduce_gradients(DDP(model), opt, "all_reduce")
+    handle.close()

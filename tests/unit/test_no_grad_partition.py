@@ -63,15 +63,15 @@ def test_the_planner_gives_parameters_without_gradients_no_state():
     assert sorted(r.state_bytes for r in plan.ranks) == [(1024 + 128 + 8) * 8 + 3 * 4, 4096 * 8 + 4]
 
 
-def test_without_gradients_marks_parameters_by_name_or_tensor_and_repartitions(single_rank_group):
+def test_without_gradients_marks_parameters_by_name_or_tensor_at_construction(single_rank_group):
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 4), "aux": torch.nn.Linear(4, 4)})
-    opt = ZeroRedundancyOptimizer(model.named_parameters(), torch.optim.Adam, lr=1e-2)
-    assert all(spec.gets_grad for spec in opt.partition.specs)
-    wrapped = WithoutGradients(opt.partitioner, ["aux.weight", model["aux"].bias])
+    plain = ZeroRedundancyOptimizer(model.named_parameters(), torch.optim.Adam, lr=1e-2)
+    assert all(spec.gets_grad for spec in plain.partition.specs)
+    wrapped = WithoutGradients(SortedGreedy(), ["aux.weight", model["aux"].bias])
     assert repr(wrapped) == "WithoutGradients(SortedGreedy(), ['aux.weight'])"
-    assert bucket_use(wrapped) == bucket_use(opt.partitioner)
-    opt.repartition(wrapped)
+    assert bucket_use(wrapped) == bucket_use(plain.partitioner)
+    opt = ZeroRedundancyOptimizer(model.named_parameters(), torch.optim.Adam, partitioner=wrapped, lr=1e-2)
     assert [spec.gets_grad for spec in opt.partition.specs] == [True, True, False, False]
     model["used"](torch.ones(2, 4)).sum().backward()
     opt.step()
@@ -90,5 +90,5 @@ def test_without_gradients_keeps_ddp_bucket_use_and_copies_inner_when_set():
     wrapped = WithoutGradients(inner, [])
     assert bucket_use(wrapped) == (True, False)
     twin = copy.copy(wrapped)
-    twin.shard_buckets = True  # as attach_ddp does on a copy: the original is untouched
+    twin.shard_buckets = True  # as attach_ddp's warning does on a copy: the original is untouched
     assert (bucket_use(twin), bucket_use(wrapped), inner.shard_buckets) == ((True, True), (True, False), False)

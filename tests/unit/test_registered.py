@@ -22,8 +22,8 @@ PADDED = "tests.padded_all_reduce.PaddedAllReduce"
 @pytest.fixture
 def registries(monkeypatch):
     """Registrations made in a test vanish after it."""
-    monkeypatch.setattr(collectives, "_REGISTRY", dict(collectives._REGISTRY))
-    monkeypatch.setattr(grad_reduce, "_REGISTRY", dict(grad_reduce._REGISTRY))
+    monkeypatch.setattr(collectives, "_REGISTRY", collectives._REGISTRY.copy())
+    monkeypatch.setattr(grad_reduce, "_REGISTRY", grad_reduce._REGISTRY.copy())
 
 
 def problems(*overrides: str) -> list[str]:

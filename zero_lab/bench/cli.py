@@ -91,7 +91,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.collectives:
         return _collectives(args)
     info = machine()
-    available = [n for n in STRATEGIES if n != "fairscale_oss" or info["fairscale_ok"]]
+    absent = {"fairscale_oss"} if not info["fairscale_ok"] else set()
+    absent |= {"deepspeed_z1", "deepspeed_z2"} if not info["deepspeed_ok"] else set()
+    available = [n for n in STRATEGIES if n not in absent]
+    missing = sorted(set(args.strategies or ()) & absent)
+    if missing:
+        peers = {"fairscale": info["fairscale"], "deepspeed": info["deepspeed"]}
+        why = "; ".join(f"{name}: {peers[name.split('_')[0]]}" for name in missing)
+        raise SystemExit(f"--strategies {' '.join(missing)}: the optional peer is absent here ({why})")
     strategies = args.strategies or [n for n in available if not args.quick or n in strategies_compared()]
     settings = Settings(
         tuple(args.models),
@@ -106,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(
         f"$ {command}\n# torch {info['torch']}, {info['cpu_count']} CPUs (load {info['load_average'][0]:.1f}), "
-        f"Gloo, 1 thread per rank; FairScale: {info['fairscale']}",
+        f"Gloo, 1 thread per rank; FairScale: {info['fairscale']}; DeepSpeed: {info['deepspeed']}",
         flush=True,
     )
     runs = []

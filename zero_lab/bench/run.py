@@ -25,7 +25,7 @@ import torch
 from zero_lab.bench import host
 from zero_lab.bench.rank import RankJob, bench_rank, collectives_rank
 from zero_lab.bench.rounds import plan_rounds, strategy_cost_bytes
-from zero_lab.bench.strategies import STRATEGIES, fairscale_status
+from zero_lab.bench.strategies import STRATEGIES, deepspeed_status, fairscale_status
 from zero_lab.bench.summary import merge_ranks, planned_state, summarize
 from zero_lab.bench.workloads import MODELS
 from zero_lab.runtime.launch import run_world
@@ -52,6 +52,7 @@ class Settings:
 def machine() -> dict[str, Any]:
     """Where the figures come from: versions, cores, free memory, git revision."""
     ok, fairscale = fairscale_status()
+    ds_ok, ds = deepspeed_status()
     try:
         revision = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -67,6 +68,8 @@ def machine() -> dict[str, Any]:
         "mem_available_gib": host.available_bytes() / 2**30,
         "fairscale": fairscale,
         "fairscale_ok": ok,
+        "deepspeed": ds,
+        "deepspeed_ok": ds_ok,
         "git_revision": revision,
         "backend": "gloo",
         "threads_per_rank": 1,

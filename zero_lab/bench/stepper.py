@@ -61,6 +61,8 @@ class Runner:
     by a partition); ``report`` returns what the optimizer says about itself (zero_lab's
     exchange choice); ``on_close`` breaks reference cycles (hooks) so ``del`` frees memory;
     ``step_deferred`` and ``settle`` (wait for an exchange in flight): see the module docstring.
+    ``backward``: what backpropagates the loss when it is not ``loss.backward()`` (DeepSpeed's
+    ``engine.backward``, which also reduces the last gradient buckets).
     """
 
     model: nn.Module
@@ -74,6 +76,7 @@ class Runner:
     on_close: list[Callable[[], None]] = field(default_factory=list)
     step_deferred: bool = False
     settle: Callable[[], None] | None = None
+    backward: Callable[[torch.Tensor], None] | None = None  # how the loss is backpropagated (default: .backward())
     _grads_pending: bool = field(default=False, init=False, repr=False)
     _local_s: float = field(default=0.0, init=False, repr=False)
     _local_start: float = field(default=0.0, init=False, repr=False)
@@ -102,13 +105,13 @@ class Runner:
             self._step_pending()
             middle = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            loss_fn(self.forward(x), y).backward()  # forward pre-hooks wait for the exchange, module by module
+            self._backward(loss_fn(self.forward(x), y))  # forward pre-hooks wait for the exchange, module by module
             self._grads_pending = True
             self._settle()  # normally a no-op: the forward used every parameter
             end = time.perf_counter()
             step_s, local_s = middle - start, self._local_s
         else:
-            loss_fn(self.forward(x), y).backward()
+            self._backward(loss_fn(self.forward(x), y))
             middle = time.perf_counter()
             local_in_backward = self._local_s
             if not self.steps_in_backward:  # with overlap, step() is a no-op that warns
@@ -125,6 +128,12 @@ class Runner:
             metered_s=moved.seconds,
             exposed_s=moved.exposed_seconds,
         )
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.backward is None:
+            loss.backward()
+        else:
+            self.backward(loss)
 
     def _step_pending(self) -> None:
         if self._grads_pending:

@@ -24,7 +24,12 @@ the data-parallel state is held and moved:
   ``shard_grads=True`` (ZeRO-2 gradient memory). Their reference is ``ddp``;
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
   and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
-  state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like).
+  state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like);
+* ``deepspeed_z1`` / ``deepspeed_z2`` — DeepSpeed's ZeRO stage 1 / 2 (the optional ``[bench]``
+  peer; left out, and the header says why, where it does not import): on CPU
+  (``DS_ACCELERATOR=cpu``, its communication on the same Gloo world), the client optimizer
+  ``torch.optim.Adam`` (``zero_allow_untested_optimizer``), fp32, ``engine.backward`` and
+  ``engine.step``. Their reference is ``ddp``.
 
 ``Strategy.reference`` is the strategy a row's "÷ torch" ratio is taken against (the
 torch setup at equal settings); ``family`` groups strategies the round planner keeps
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +61,7 @@ from zero_lab.grad_reduce import reduce_gradients
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 
-__all__ = ["LR", "STRATEGIES", "Strategy", "fairscale_status", "imbalance"]
+__all__ = ["LR", "STRATEGIES", "Strategy", "deepspeed_status", "fairscale_status", "imbalance"]
 
 LR = 1e-3
 #: zl_prefetch's Flat buffer cap, MiB: buffers never split a module, so this is one per layer (or module)
@@ -129,6 +135,53 @@ def _fairscale_oss(template: nn.Module) -> Runner:
     return Runner(model, ddp, oss, oss.optim, imbalance=balance)
 
 
+def _deepspeed(stage: int) -> Callable[[nn.Module], Runner]:
+    """DeepSpeed ZeRO ``stage`` (1 or 2) over the bench's Gloo world, fp32, client ``torch.optim.Adam``."""
+
+    def build(template: nn.Module) -> Runner:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        import deepspeed  # optional peer: the [bench] extra
+
+        deepspeed.init_distributed(dist_backend="gloo")  # adopts the world already initialised
+        model = copy.deepcopy(template)
+        client = torch.optim.Adam(model.parameters(), lr=LR)
+        config = {
+            "train_micro_batch_size_per_gpu": 1,  # the bench feeds the batches; this only sizes DeepSpeed's counters
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": stage},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+        }
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
+        return Runner(model, engine, _DeepSpeedStep(engine), client, backward=engine.backward)
+
+    return build
+
+
+class _DeepSpeedStep:
+    """The bench's ``optimizer`` for a DeepSpeed engine: ``step`` is ``engine.step()`` (which also
+    zeroes the gradients), ``zero_grad`` the engine's."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.engine.zero_grad()
+
+
+def deepspeed_status() -> tuple[bool, str]:
+    """Whether DeepSpeed imports here (on CPU), and its version or the error."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+    except Exception as error:  # ImportError, or an accelerator / build problem raised at import
+        return False, f"not importable ({type(error).__name__}: {error}); pip install 'zero_lab[bench]' installs it"
+    return True, f"deepspeed {deepspeed.__version__}"
+
+
 def _zero_lab(
     partitioner: Callable[[], Partitioner], bucket_view: bool, **kwargs: Any
 ) -> Callable[[nn.Module], Runner]:
@@ -185,7 +238,7 @@ def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
         zero = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=LR)
         make_hook = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
         ddp.register_comm_hook(None, make_hook(allreduce_hook, ddp, zero))
-        return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)  # after the hook: it builds zero.optim
+        return _zero_lab_runner(model, ddp, zero, steps_in_backward=True)
 
     return build
 
@@ -408,5 +461,23 @@ STRATEGIES: dict[str, Strategy] = {
             exchange_in_step=False,
         ),
         *_grad_rows(),
+        Strategy(
+            "deepspeed_z1",
+            "DeepSpeed ZeRO-1 (CPU, Gloo), client torch.optim.Adam, fp32",
+            _deepspeed(1),
+            "ddp",
+            "deepspeed",
+            planned=False,
+            transient=True,
+        ),
+        Strategy(
+            "deepspeed_z2",
+            "DeepSpeed ZeRO-2 (CPU, Gloo), client torch.optim.Adam, fp32",
+            _deepspeed(2),
+            "ddp",
+            "deepspeed",
+            planned=False,
+            transient=True,
+        ),
     )
 }

@@ -225,7 +225,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "grads/rank",
         lambda r, _: _bytes(_max(r.summary.grad_bytes) if r.summary.grad_bytes else None),
-        "param.grad bytes held after backward, fullest rank (shard_grads=true: owned gradients only)",
+        "gradient bytes held after backward (param.grad + DDP's buckets with grad_reduce=), fullest rank",
     ),
     Column(
         "exchange",

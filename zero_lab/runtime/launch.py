@@ -44,6 +44,7 @@ On Linux every rank also dies with its parent (``PR_SET_PDEATHSIG``), so even a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing as mp
@@ -55,6 +56,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from multiprocessing import forkserver
 from typing import Any
 
 import torch
@@ -73,6 +75,7 @@ __all__ = [
     "describe_exit",
     "last_line",
     "run_world",
+    "start_forkserver",
 ]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "zero_lab"]
@@ -177,7 +180,9 @@ def _rank_main(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    _release_forkserver()
     _die_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM,))  # blocked only to keep a forkserver alive
     heartbeat.attach(beats, rank)
     torch.set_num_threads(threads)
     code = 0
@@ -198,6 +203,20 @@ def _rank_main(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _release_forkserver() -> None:
+    """In a rank forked from a forkserver: close this rank's copy of the server's "alive" pipe.
+
+    multiprocessing hands every forked child the pipe's write end, and the server runs until
+    every holder is gone; ranks that held it would keep their parent, the server, alive after
+    the job's process died, and so never get their ``PR_SET_PDEATHSIG``. Without it the server
+    ends with the job's process, and its ranks with the server."""
+    fd = forkserver._forkserver._forkserver_alive_fd
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        forkserver._forkserver._forkserver_alive_fd = None
 
 
 def _die_with_parent() -> None:
@@ -238,8 +257,37 @@ class _ForwardSignals:
 def _context(start_method: str):
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD + [m for m in _extra_preload if m not in _PRELOAD])
+        start_forkserver()
     return ctx
+
+
+#: Signals the forkserver starts with blocked, so every rank forked from it does too (the mask
+#: survives fork): SIGUSR2 as in :func:`~zero_lab.runtime.signals.blocked_for_children`, and
+#: SIGTERM, which Slurm's ``scancel`` and a process-group kill send to every process: the
+#: forkserver must not die of it (its ranks would then die of ``PR_SET_PDEATHSIG`` mid-step,
+#: unsaved), and a rank still starting takes it once its loop handles it.
+_FORKSERVER_BLOCKS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+def start_forkserver(*modules: str) -> None:
+    """Start the forkserver that ranks are forked from, now, without waiting for it.
+
+    The server is a fresh interpreter that imports :data:`_PRELOAD` and ``modules`` once; each
+    rank started later (``start_method="forkserver"``) is a fork of it, so W ranks cost one
+    import of torch and the app instead of W, and a job that calls this before its config check
+    has the imports done on another core meanwhile. The same server serves every later world of
+    this process (a sweep's jobs). It starts with :data:`_FORKSERVER_BLOCKS` blocked and ends with
+    this process: at exit it is stopped and waited for (it also ends by itself when this process
+    dies, and its ranks with it). Modules named after the server started are not imported by it.
+    A no-op when it already runs."""
+    _extra_preload.extend(m for m in modules if m not in _extra_preload)
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        return
+    forkserver.set_forkserver_preload(_PRELOAD + [m for m in _extra_preload if m not in _PRELOAD])
+    with blocked_for_children(_FORKSERVER_BLOCKS):
+        forkserver.ensure_running()
+    atexit.register(server._stop)
 
 
 _extra_preload: list[str] = []
@@ -247,7 +295,7 @@ _extra_preload: list[str] = []
 
 def preload(*modules: str) -> None:
     """Modules a forkserver should import once for all worlds (call before the first world)."""
-    _extra_preload.extend(modules)
+    _extra_preload.extend(m for m in modules if m not in _extra_preload)
 
 
 def run_world(

@@ -41,8 +41,10 @@ from zero_lab.app.check.before_start import check_external_world, fail, share_ru
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.hydra_errors import describe_hydra_error
 from zero_lab.app.record.objective import check_directions
+from zero_lab.app.run.rank_loop import RANK_PRELOAD
 from zero_lab.app.workloads.torch_extras import model_extras_problem
 from zero_lab.runtime import external
+from zero_lab.runtime.launch import start_forkserver
 
 __all__ = [
     "MAX_JOBS",
@@ -166,6 +168,8 @@ class CheckConfig(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _SEEN.composed = True
         world = external.detect(port=config.dist.master_port)
+        if world is None:  # this job will start its ranks: their imports run on another core during the check
+            start_forkserver(*RANK_PRELOAD)
         try:
             if world is not None:
                 os.environ.setdefault("LOCAL_RANK", str(world.local_rank))  # srun's: the check counts no ranks per core

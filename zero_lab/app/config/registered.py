@@ -34,7 +34,7 @@ from zero_lab.grad_reduce import register_grad_reduce, registered_grad_reduces
 __all__ = [
     "EXCHANGE",
     "GRAD_REDUCE",
-    "Registry",
+    "RegisteredKey",
     "chosen",
     "exchange_name",
     "grad_reduce_name",
@@ -44,8 +44,8 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Registry:
-    """One config key and the core registry its values name."""
+class RegisteredKey:
+    """A config key whose values name a strategy of one core registry (:class:`zero_lab.registry.Registry`)."""
 
     key: str  # the config key: exchange, grad_reduce
     names: Callable[[], tuple[str, ...]]  # the registered names, now
@@ -53,11 +53,13 @@ class Registry:
     protocol: str  # the Protocol a class must satisfy, for the message
 
 
-EXCHANGE = Registry("exchange", registered_collectives, register_collective, "zero_lab.collectives.Collective")
-GRAD_REDUCE = Registry("grad_reduce", registered_grad_reduces, register_grad_reduce, "zero_lab.grad_reduce.GradReduce")
+EXCHANGE = RegisteredKey("exchange", registered_collectives, register_collective, "zero_lab.collectives.Collective")
+GRAD_REDUCE = RegisteredKey(
+    "grad_reduce", registered_grad_reduces, register_grad_reduce, "zero_lab.grad_reduce.GradReduce"
+)
 
 
-def chosen(registry: Registry, value: Any) -> str:
+def chosen(registry: RegisteredKey, value: Any) -> str:
     """The registered name ``value`` picks (module docstring); ``ValueError`` naming the key otherwise."""
     value = enum_str(value)
     names = ("auto", *registry.names())
@@ -92,7 +94,7 @@ def grad_reduce_name(value: Any) -> str | None:
     return None if value is None else chosen(GRAD_REDUCE, value)
 
 
-def name_or_value(registry: Registry, value: Any) -> str:
+def name_or_value(registry: RegisteredKey, value: Any) -> str:
     """The name ``value`` picks, or ``value`` itself where it picks none (for a rule's message;
     :func:`registry_problems` reports why)."""
     try:

@@ -65,10 +65,10 @@ from zero_lab.app.record.provenance import run_meta
 from zero_lab.app.record.run_files import META_FILE, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
-from zero_lab.app.run.rank_loop import RankResult, RunSpec, train_rank
+from zero_lab.app.run.rank_loop import RANK_PRELOAD, RankResult, RunSpec, train_rank
 from zero_lab.files import write_json
 from zero_lab.runtime import external
-from zero_lab.runtime.launch import Interrupted, RankFailure, run_world
+from zero_lab.runtime.launch import Interrupted, RankFailure, run_world, start_forkserver
 from zero_lab.runtime.signals import hand_back, signal_name
 
 __all__ = ["run"]
@@ -106,6 +106,7 @@ def run(cfg: DictConfig) -> Objective | None:
     if original is not None:
         return _repeat(original, cfg, plan, overrides, run_dir)
     _standard_start_method()
+    start_forkserver(*RANK_PRELOAD)  # running already when the check callback started it
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
     started = time.perf_counter()
     make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
@@ -117,7 +118,7 @@ def run(cfg: DictConfig) -> Objective | None:
                 (spec,),
                 backend=enum_str(cfg.dist.backend),
                 timeout_s=cfg.dist.timeout_s,
-                start_method="spawn",
+                start_method="forkserver",
                 threads_per_rank=cfg.dist.threads_per_rank,
                 stop_grace_s=cfg.dist.stop_grace_s,
                 stall_timeout_s=cfg.dist.stall_timeout_s,

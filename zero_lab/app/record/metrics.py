@@ -82,7 +82,7 @@ class RankStep:
     exchange_sent_bytes: float = 0.0
     grad_reduce_s: float = 0.0  # the gradient reduction's collectives in flight (issue to last wait), in backward
     grad_reduce_exposed_s: float = 0.0  # of it, what backward waited for after its own work was done
-    grad_bytes: float = 0.0  # bytes of the param.grad tensors this rank holds after backward
+    grad_bytes: float = 0.0  # gradient storage held after backward: param.grad (+ DDP's buckets, with grad_reduce=)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))

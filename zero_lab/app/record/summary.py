@@ -142,7 +142,7 @@ class RunSummary:
     # grad_reduce=: GradReduceHandle.report() (the strategy, auto's timings); None without it
     grad_reduce: dict[str, Any] | None = None
     shard_grads: bool = False
-    grad_bytes: list[float] = field(default_factory=list)  # param.grad bytes held after the last backward, per rank
+    grad_bytes: list[float] = field(default_factory=list)  # gradient storage held after the last backward, per rank
     # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
     # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}
     bytes_per_step: dict[str, list[float] | None] | None = None

@@ -31,6 +31,7 @@ three together (the optimizer steps inside DDP's communication hook):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.run.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
-from zero_lab.partition import bucket_use
+from zero_lab.partition import WithoutGradients, bucket_use
 
 __all__ = [
     "build_training",
@@ -62,9 +63,13 @@ __all__ = [
 ]
 
 
-def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None = None) -> Training:
+def build_training(
+    cfg: DictConfig, device: torch.device, plan: OptimPlan | None = None, without_grad: Sequence[str] = ()
+) -> Training:
     """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why. ``plan``: the
-    job's :class:`~zero_lab.app.plan.optim_plan.OptimPlan` (made from ``cfg.optim`` when not given)."""
+    job's :class:`~zero_lab.app.plan.optim_plan.OptimPlan` (made from ``cfg.optim`` when not given).
+    ``without_grad``: names of parameters that never get a gradient
+    (:func:`zero_lab.app.run.grad_reach.params_never_reached`), which the partitioner prices at nothing."""
     torch.manual_seed(cfg.seed)
     model = instantiate(cfg.model)
     if cfg.dist.get("sync_batchnorm"):
@@ -89,7 +94,7 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         )
     optimizer = make_optimizer(
         groups if groups is not None else model.named_parameters(),
-        partitioner=instantiate(cfg.partitioner),
+        partitioner=_partitioner(cfg, without_grad),
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
         exchange=exchange_name(cfg.exchange),
@@ -185,6 +190,12 @@ def optimizer_factory(optim_cfg: DictConfig) -> Any:
     """``cfg.optim`` as a partial ``(params, **kwargs) -> Optimizer``, without the loop's keys."""
     kept = OmegaConf.create({k: v for k, v in optim_cfg.items() if k not in APP_KEYS["optim"]})
     return instantiate(kept)
+
+
+def _partitioner(cfg: DictConfig, without_grad: Sequence[str]) -> Any:
+    """``partitioner=``, wrapped in :class:`~zero_lab.partition.WithoutGradients` when some never get a gradient."""
+    partitioner = instantiate(cfg.partitioner)
+    return WithoutGradients(partitioner, without_grad) if without_grad else partitioner
 
 
 def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle | None:

@@ -8,13 +8,14 @@ owner nothing to hold: the page's example at W=2 put ``aux`` (its largest matrix
 and everything else on rank 1, ``optim_state_bytes`` ``[0, 44120]``, and sharding saved
 nothing.
 
-Algorithm (:func:`balance_over_gradients`): rank 0 builds the model a second time on
+Algorithm (:func:`params_never_reached`): rank 0 builds the model a second time on
 ``meta`` tensors (no memory, no arithmetic), runs its own first batch forward, the loss and
 backward — the same probe the pre-start check runs (:func:`zero_lab.app.workloads.protocols.forward_problems`)
 — and lists the parameters left without a gradient; the list is broadcast so every rank
-partitions alike, and the optimizer re-partitions (``repartition``, before the first step)
-with its partitioner wrapped in :class:`zero_lab.partition.WithoutGradients`, which prices
-those at nothing (``ParamSpec.gets_grad=False``).
+partitions alike. The runner finds them *before* it builds the optimizer and passes them
+to :func:`zero_lab.app.run.build.build_training` (``without_grad=``), which constructs the
+optimizer with its partitioner wrapped in :class:`zero_lab.partition.WithoutGradients`
+(those priced at nothing, ``ParamSpec.gets_grad=False``): the partition is built once.
 
 Why a meta probe and not the first real backward: the partition must exist before the first
 step (a resume loads its state into it), and the probe costs no memory. What it cannot see:
@@ -34,11 +35,9 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.protocols import OUTPUT_KEY, batch_stream, call_model, loss_of, to_device
-from zero_lab.partition import WithoutGradients
 
-__all__ = ["balance_over_gradients", "params_without_grad"]
+__all__ = ["params_never_reached", "params_without_grad"]
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +58,17 @@ def params_without_grad(cfg: DictConfig, data: Any, world_size: int) -> list[str
     return [name for name, param in model.named_parameters() if param.requires_grad and param.grad is None]
 
 
-def balance_over_gradients(training: Training, cfg: DictConfig, data: Any) -> list[str]:
-    """Tell a ZeRO optimizer which parameters never get a gradient (see the module docstring);
-    returns their names (empty when nothing is left unused or nothing applies). Collective:
-    call on every rank, before the first step and before a resume loads state."""
+def params_never_reached(cfg: DictConfig, data: Any, zero: bool) -> list[str]:
+    """The names of the parameters a ZeRO optimizer should price at nothing (see the module
+    docstring): empty when nothing is left unused or nothing applies (a plain optimizer,
+    ``overlap=true``, or DDP that allows no unused parameter). Collective: call on every rank,
+    before building the optimizer (``build_training(..., without_grad=names)``)."""
     unused_allowed = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))
-    if not (training.zero and unused_allowed) or cfg.get("overlap"):
+    if not (zero and unused_allowed) or cfg.get("overlap"):
         return []
     found = [params_without_grad(cfg, data, dist.get_world_size()) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(found, src=0)  # every rank partitions alike; bounded by the group's timeout
     names = found[0] or []
     if names:
         log.info("parameters without gradients, priced at nothing when partitioning: %s", ", ".join(names))
-        optimizer = training.optimizer
-        optimizer.repartition(WithoutGradients(optimizer.partitioner, names))  # type: ignore[attr-defined]
     return names

@@ -3,9 +3,10 @@
 :func:`train_rank` runs inside an initialised process group. Top to bottom:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. build model -> DDP -> optimizer (:func:`zero_lab.app.run.build.build_training`), then the data;
-   with unused parameters allowed, the ZeRO owners are balanced over the parameters that get
-   gradients (:func:`zero_lab.app.run.grad_reach.balance_over_gradients`);
+2. the data; with unused parameters allowed, the parameters that never get a gradient
+   (:func:`zero_lab.app.run.grad_reach.params_never_reached`), so the ZeRO owners are balanced over
+   the others from construction; then model -> DDP -> optimizer
+   (:func:`zero_lab.app.run.build.build_training`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.workloads.protocols.batch_stream`:
@@ -60,7 +61,7 @@ from zero_lab.app.record.sinks import JsonlSink, MetricSink, make_logger_sink
 from zero_lab.app.record.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
 from zero_lab.app.run import checkpoints as run_checkpoints
 from zero_lab.app.run.build import build_training
-from zero_lab.app.run.grad_reach import balance_over_gradients
+from zero_lab.app.run.grad_reach import params_never_reached
 from zero_lab.app.run.memory import (
     ddp_state_bytes,
     master_weight_bytes,
@@ -80,9 +81,14 @@ from zero_lab.measure import optimizer_state_bytes
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
 
-__all__ = ["NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
+__all__ = ["RANK_PRELOAD", "NonFiniteLoss", "RankResult", "RunSpec", "train_rank"]
 
 log = logging.getLogger("zero_lab.app")
+
+#: What a rank imports: this module, and the entry point that ``train.py`` (re-imported in each
+#: rank as ``__mp_main__``) imports. The forkserver the ranks fork from imports them once
+#: (:func:`zero_lab.runtime.launch.start_forkserver`).
+RANK_PRELOAD = (__name__, "zero_lab.app.launch.entry")
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,9 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     torch.set_num_threads(cfg.dist.threads_per_rank)
     log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
 
-    training = build_training(cfg, device, spec.plan)
     data = instantiate(cfg.data)
-    balance_over_gradients(training, cfg, data)  # owners balanced over the parameters that get state
+    unused = params_never_reached(cfg, data, spec.plan.zero)  # owners balanced over the params that get state
+    training = build_training(cfg, device, spec.plan, without_grad=unused)
     losses: list[float] = []
     start = 0
     resumed: run_checkpoints.Restored | None = None
@@ -249,7 +255,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
-    grad_bytes = held_grad_bytes(list(training.model.parameters()))
+    grad_bytes = held_grad_bytes(list(training.model.parameters()), reducer)  # + DDP's buckets, with grad_reduce=
     grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
     if grad_norm is not None and comm is not None:
         before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
