@@ -64,6 +64,7 @@ from zero_lab.app.config.schema import (
 )
 from zero_lab.app.config.targets import build, check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.strategy import PlainDdp
 from zero_lab.app.record.objective import check_objective
 from zero_lab.app.run.build import param_groups
 from zero_lab.app.run.checkpoints import find_any, step_of_any
@@ -132,7 +133,7 @@ def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
 
 
 #: The top-level keys a plain optimizer does not use (every rank keeps the full state).
-UNUSED_BY_PLAIN = ("partitioner", "bucket_view")
+UNUSED_BY_PLAIN = PlainDdp.unused_keys
 
 
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:

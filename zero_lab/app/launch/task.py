@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.check.callback import check_unless_checked
-from zero_lab.app.check.rules import UNUSED_BY_PLAIN, notices, to_container
+from zero_lab.app.check.rules import notices, to_container
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
 from zero_lab.app.launch.requeue import continue_requeued_run
@@ -140,7 +140,7 @@ def _note(text: str) -> None:
 
 def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
     """The top-level keys a job's optimizer ignores (a plain optimizer: the partitioner and the bucket view)."""
-    return () if plan.zero else UNUSED_BY_PLAIN
+    return plan.strategy.unused_keys
 
 
 def _earlier_identical_job(

@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.utils import get_object
 
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.chained import group_class
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
@@ -49,6 +50,11 @@ class OptimPlan:
         inner = optim.get("optimizer_class")
         stepping = target if inner is None else _looked_up(inner, "optim.optimizer_class")
         return cls(target, stepping, zero, routed=optim.get("param_groups") is not None)
+
+    @property
+    def strategy(self) -> Strategy:
+        """Plain DDP or ZeRO, as a :class:`~zero_lab.app.plan.strategy.Strategy` (what differs, asked of it)."""
+        return Strategy.of(self.zero)
 
     @property
     def name(self) -> str:

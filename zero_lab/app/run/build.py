@@ -165,11 +165,7 @@ def clip_gradients(training: Training) -> float | None:
     """
     if training.max_grad_norm is None:
         return None
-    if training.zero:
-        norm = training.optimizer.clip_grad_norm_(training.max_grad_norm)  # type: ignore[attr-defined]
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
-    return float(norm)
+    return float(training.strategy.clip_grad_norm(training.model, training.optimizer, training.max_grad_norm))
 
 
 def param_groups(optim_cfg: DictConfig, model: nn.Module) -> list[dict[str, Any]] | None:

@@ -36,7 +36,6 @@ from omegaconf import DictConfig
 
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of, to_device
-from zero_lab.partition import WithoutGradients
 
 __all__ = ["balance_over_gradients", "params_without_grad"]
 
@@ -64,13 +63,12 @@ def balance_over_gradients(training: Training, cfg: DictConfig, data: Any) -> li
     returns their names (empty when nothing is left unused or nothing applies). Collective:
     call on every rank, before the first step and before a resume loads state."""
     unused_allowed = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))
-    if not (training.zero and unused_allowed) or cfg.get("overlap"):
+    if not (training.strategy.shards_state and unused_allowed) or cfg.get("overlap"):
         return []
     found = [params_without_grad(cfg, data, dist.get_world_size()) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(found, src=0)  # every rank partitions alike; bounded by the group's timeout
     names = found[0] or []
     if names:
         log.info("parameters without gradients, priced at nothing when partitioning: %s", ", ".join(names))
-        optimizer = training.optimizer
-        optimizer.repartition(WithoutGradients(optimizer.partitioner, names))  # type: ignore[attr-defined]
+        training.strategy.repartition_without(training.optimizer, names)
     return names
