@@ -82,10 +82,11 @@ def run(cfg: DictConfig) -> Objective | None:
     """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise)."""
     hydra_cfg = HydraConfig.get()
     world = external.detect(port=cfg.dist.master_port)
-    check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
-    plan = OptimPlan.of(cfg.optim)  # the job's one answer: ZeRO or not, which class steps
+    run_plan = check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
+    plan = run_plan.optim  # the job's one answer: ZeRO or not, which class steps
+    assert plan is not None, "a checked config's optimizer can be looked up"
     overrides = list(hydra_cfg.overrides.task)
-    said = notices(cfg, overrides, plan)
+    said = notices(cfg, overrides, run_plan)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     config = to_container(cfg)
     original = (

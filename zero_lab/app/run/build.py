@@ -45,6 +45,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from zero_lab import overlap
 from zero_lab.app.config.schema import APP_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import param_groups
 from zero_lab.app.run.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
@@ -166,14 +167,6 @@ def clip_gradients(training: Training) -> float | None:
     if training.max_grad_norm is None:
         return None
     return float(training.strategy.clip_grad_norm(training.model, training.optimizer, training.max_grad_norm))
-
-
-def param_groups(optim_cfg: DictConfig, model: nn.Module) -> list[dict[str, Any]] | None:
-    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
-    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
-    to ``model``; ``None`` when unset (every parameter in one group)."""
-    node = optim_cfg.get("param_groups")
-    return None if node is None else instantiate(node)(model)
 
 
 def optimizer_factory(optim_cfg: DictConfig) -> Any:
