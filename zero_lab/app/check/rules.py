@@ -407,18 +407,18 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> 
     """Build the real optimizer class with the configured arguments (torch's own checks)."""
     if plan.optim is None:  # reported by check() or _check_arguments
         return []
-    zero, cls = plan.optim.strategy.shards_state, plan.optim.optimizer_class
+    sharded, cls = plan.optim.strategy.shards_state, plan.optim.optimizer_class
     optim = _choice(choices, "optim", cfg)
     out = []
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
-    if cfg.get("prefetch") and not zero:
+    if cfg.get("prefetch") and not sharded:
         out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     kwargs = _optimizer_kwargs(cfg, plan.optim)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         out += _check_on_real_shapes(plan, optim, cls, kwargs)
-    if cfg.overlap and not zero:
+    if cfg.overlap and not sharded:
         out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
@@ -518,8 +518,8 @@ def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
     available = available_memory_bytes()
     if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ or plan.optim is None:
         return []  # GPU memory and torchrun's hosts are not priced here
-    zero = plan.optim.strategy.shards_state
-    if plan.specs is None or (zero and plan.partitioner.value is None) or cfg.dist.world_size < 1:
+    sharded = plan.optim.strategy.shards_state
+    if plan.specs is None or (sharded and plan.partitioner.value is None) or cfg.dist.world_size < 1:
         return []  # an unbuildable model or partitioner is reported by its own check
     # each param group priced by the class that steps it, stepped once on meta tensors (the class's own code)
     priced = attempt(lambda: plan.memory(plan.partitioner.value))

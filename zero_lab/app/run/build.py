@@ -71,17 +71,17 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
     ddp = make_ddp(model, cfg.dist, device)
-    zero = (plan or OptimPlan.of(cfg.optim)).zero
+    strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
     groups = param_groups(cfg.optim, model)
-    if not zero:
+    if not strategy.shards_state:
         optimizer = make_optimizer(groups if groups is not None else model.parameters())
         return Training(
             model=model,
             ddp=compiled(ddp, cfg),
             optimizer=optimizer,
-            zero=False,
+            zero=strategy.shards_state,
             grad_reducer=_grad_reducer(cfg, ddp, optimizer),
             max_grad_norm=max_grad_norm,
             scheduler=make_scheduler(cfg, optimizer),
@@ -104,7 +104,7 @@ def build_training(cfg: DictConfig, device: torch.device, plan: OptimPlan | None
         model=model,
         ddp=compiled(ddp, cfg),
         optimizer=optimizer,
-        zero=True,
+        zero=strategy.shards_state,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
         grad_reducer=reducer,
         max_grad_norm=max_grad_norm,
