@@ -161,6 +161,8 @@ def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.Ext
     problem; returns the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` (the check's own)."""
     if (plan := _SEEN.plans.get(_fingerprint(cfg))) is not None:
         return plan
+    if was_checked(cfg):  # checked here, its plan since let go (more than MAX_JOBS jobs): plan it, not check it
+        return RunPlan.of(cfg)
     try:
         if world is not None:
             check_external_world(cfg, list(hydra.overrides.task), False, world)
