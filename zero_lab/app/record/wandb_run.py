@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from zero_lab.app.config.schema import HYDRA_KEYS
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
 
 __all__ = ["identity", "run_config", "run_summary", "where"]
@@ -62,7 +63,7 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
     out["name"] = out.get("name") or meta.get("name")
     if "tags" in out:
         choices = meta.get("choices") or {}
-        groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
+        groups = Strategy.of(zero).identity_groups
         own = out["tags"] or []  # null unless the user set logger.tags
         tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
         for override in meta.get("overrides", []):
