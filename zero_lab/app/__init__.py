@@ -8,7 +8,8 @@ From the bottom up (``tests/unit/test_layers.py`` holds the order):
 * ``workloads/`` — what is trained: model and data protocols, the bundled models and data.
 * ``config/`` — what a config is: the typed schema, the YAMLs' package, ``_target_``s,
   Hydra's errors worded, one problem per line.
-* ``plan/`` — what a config implies, answered once: the optimizer plan.
+* ``plan/`` — what a config implies, answered once per job: the run plan (one meta model,
+  the specs, the partition, the memory), the optimizer plan, the DDP/ZeRO strategy.
 * ``record/`` — what a run records and says: metrics, sinks, W&B, summary.json, meta.json,
   the closing lines, the sweeper's objective.
 * ``run/`` — one rank's training: build, the rank loop, one step, memory, checkpoints.

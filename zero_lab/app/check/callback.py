@@ -40,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zero_lab.app.check.before_start import check_external_world, fail, share_run_dir
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.hydra_errors import describe_hydra_error
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.objective import check_directions
 from zero_lab.app.run.rank_loop import RANK_PRELOAD
 from zero_lab.app.workloads.torch_extras import model_extras_problem
@@ -68,6 +69,7 @@ class _Record:
 
     composed: bool = False
     checked: set[str] = field(default_factory=set)
+    plans: dict[str, RunPlan] = field(default_factory=dict)  # the newest MAX_JOBS checked jobs' plans
 
 
 _SEEN = _Record()
@@ -96,18 +98,24 @@ def job_config(config: DictConfig) -> DictConfig:
     return cfg
 
 
-def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> None:
-    """Check one job (``cfg``; ``hydra``: its hydra node) and record it; raises ConfigError naming ``job``."""
+def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> RunPlan:
+    """Check one job (``cfg``; ``hydra``: its hydra node), record it and keep its plan; returns the
+    plan; raises ConfigError naming ``job``."""
     try:
         if extras := model_extras_problem(str(cfg.model.get("_target_"))):  # torchvision: one line, not N
             raise ConfigError([extras])
-        check(cfg, OmegaConf.to_container(hydra.runtime.choices))  # type: ignore[arg-type]
+        plan = check(cfg, OmegaConf.to_container(hydra.runtime.choices))  # type: ignore[arg-type]
         directions = hydra.sweeper.get("direction")  # Optuna's; other sweepers have none
         if directions is not None and (problems := check_directions(cfg.objective, directions)):
             raise ConfigError(problems)
     except ConfigError as error:
         raise ConfigError(error.problems, job=job) from None
     _SEEN.checked.add(_fingerprint(cfg))
+    plan.release_data()  # the task reads the plan's model, specs and partition, not the data source
+    _SEEN.plans[_fingerprint(cfg)] = plan
+    while len(_SEEN.plans) > MAX_JOBS:  # a long Optuna study: only the jobs still to run
+        del _SEEN.plans[next(iter(_SEEN.plans))]
+    return plan
 
 
 def check_run(config: DictConfig) -> None:
@@ -149,15 +157,18 @@ def check_sweep(config: DictConfig) -> list[DictConfig]:
     return configs
 
 
-def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.ExternalWorld | None) -> None:
+def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.ExternalWorld | None) -> RunPlan:
     """The task's check (``cfg``, ``hydra``: HydraConfig's node): only a job no callback of this
-    process checked; under the Slurm launcher's multi-node mode also its world. Exits on a problem."""
-    if was_checked(cfg):
-        return
+    process checked; under the Slurm launcher's multi-node mode also its world. Exits on a
+    problem; returns the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` (the check's own)."""
+    if (plan := _SEEN.plans.get(_fingerprint(cfg))) is not None:
+        return plan
+    if was_checked(cfg):  # checked here, its plan since let go (more than MAX_JOBS jobs): plan it, not check it
+        return RunPlan.of(cfg)
     try:
         if world is not None:
             check_external_world(cfg, list(hydra.overrides.task), False, world)
-        _check_job(cfg, hydra)
+        return _check_job(cfg, hydra)
     except ConfigError as error:
         fail(error)
 

@@ -17,19 +17,20 @@ from omegaconf import DictConfig
 
 from zero_lab.app.config.paths import group_options
 from zero_lab.app.config.schema import enum_str
-from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import RunPlan
 
 __all__ = ["check_grad_reduce"]
 
 
-def check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """One line per problem with ``grad_reduce=`` / ``shard_grads=``, naming the keys and the fix."""
     name = enum_str(cfg.grad_reduce) if cfg.get("grad_reduce") is not None else None
     shard = bool(cfg.get("shard_grads", False))
-    zero = plan is not None and plan.zero
+    strategy = plan.strategy  # None: the optimizer cannot be looked up (reported elsewhere)
+    steps_every_parameter = strategy is not None and not strategy.shards_state
     optim = choices.get("optim") or "this optimizer"
     out = []
-    if name is not None and name != "all_reduce" and plan is not None and not zero:
+    if name is not None and name != "all_reduce" and steps_every_parameter:
         zeros = [o for o in group_options("optim") if o.startswith("zero_")]
         out.append(
             f"grad_reduce={name}: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
@@ -41,7 +42,7 @@ def check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPl
             "shard_grads=true with grad_reduce=null: DDP's own all-reduce keeps every gradient; add "
             "grad_reduce=reduce_scatter (or auto, or all_reduce: DDP's traffic, owned gradients kept only)"
         )
-    elif shard and plan is not None and not zero:
+    elif shard and steps_every_parameter:
         out.append(
             f"shard_grads=true: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
             "optimizer, or shard_grads=false"

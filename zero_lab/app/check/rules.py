@@ -12,10 +12,14 @@ here the real objects are built and run, without a process group and without mem
 * the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
   configured arguments on a one-element tensor, so torch's own range checks run
   (``optim.lr=-1``, ``optim.betas=[1.5,0.9]``); non-finite numbers anywhere are refused;
-* the model is built on the ``meta`` device, its parameter specs made by the planner's
-  :func:`~zero_lab.planner.specs_from_module` (the same :meth:`ParamSpec.of` the optimizer
-  uses), and the real partitioner partitions them at ``dist.world_size``; the core's
-  :func:`~zero_lab.optimizer.check_partition_fits` says whether the optimizer can step it;
+* the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` is made once: the model built on the
+  ``meta`` device, ``optim.param_groups`` applied, the parameter specs routed to the classes
+  that step them (the same :meth:`ParamSpec.of` the optimizer uses), the partitioner and the
+  data source built; every rule reads it, none builds again, and an object that could not be
+  built is reported by its own rule (the others skip it). The real partitioner partitions the
+  specs at ``dist.world_size``; the core's :func:`~zero_lab.optimizer.check_partition_fits`
+  says whether the optimizer can step it; the memory the planner prices routes as the
+  partition does;
 * the data source is built (a missing or empty corpus) and its vocabulary fitted to the model's
   embedding; the scheduler is built and stepped on a meta-tensor optimizer
   (:mod:`zero_lab.app.check.scheduler`);
@@ -37,7 +41,6 @@ import inspect
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +67,16 @@ from zero_lab.app.config.schema import (
     enum_str,
     forwarded_classes,
 )
-from zero_lab.app.config.targets import build, check_targets, refusal
+from zero_lab.app.config.targets import check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import RunPlan, attempt, buildable
+from zero_lab.app.plan.strategy import PlainDdp
 from zero_lab.app.record.objective import check_objective
-from zero_lab.app.run.build import param_groups
 from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
-from zero_lab.ddp_buckets import DdpBuckets
-from zero_lab.elementwise import is_elementwise
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
-from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.routing import muon_param_groups, never_to_muon
 
 __all__ = [
@@ -99,60 +100,46 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config ({count}){where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`ConfigError` listing every problem in ``cfg``; return if none."""
+def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> RunPlan:
+    """Raise :class:`ConfigError` listing every problem in ``cfg``; return the job's
+    :class:`~zero_lab.app.plan.run_plan.RunPlan` (which every rule read) if none."""
     choices = dict(choices or {})
     problems = check_targets(cfg)  # before anything is built: a _target_ that does not fit its key is never called
     if problems:
         raise ConfigError(problems)
-    plan = _optim_plan(cfg, problems)  # is it ZeRO, which class steps: once, for every rule
+    plan = RunPlan.of(cfg)  # one meta model, one partitioner, one data source: for every rule
+    if plan.optim_problem:
+        problems.append(plan.optim_problem)
     unresolved: list[InterpolationResolutionError] = []
     for rule in _RULES:
         try:
             problems.extend(rule(cfg, choices, plan))
         except InterpolationResolutionError as error:  # every rule that resolves meets it: one line per key
             unresolved.append(error)
-        except Exception as error:  # a broken node is itself a problem to report
-            problems.append(f"{rule.__name__.removeprefix('_check_')}: {error}")
     problems += unresolved_problems(unresolved, problems, choices)
     if problems:
         raise ConfigError(problems)
-
-
-def _optim_plan(cfg: DictConfig, problems: list[str]) -> OptimPlan | None:
-    """What ``cfg.optim`` builds (:class:`~zero_lab.app.plan.optim_plan.OptimPlan`); ``None``, with the
-    problem added, when it cannot be looked up (an unimportable ``_target_`` is _check_arguments')."""
-    try:
-        get_object(str(cfg.optim.get("_target_")))
-    except Exception:
-        return None
-    try:
-        return OptimPlan.of(cfg.optim)
-    except Exception as error:
-        problems.append(f"optim: {error}")
-        return None
+    return plan
 
 
 #: The top-level keys a plain optimizer does not use (every rank keeps the full state).
-UNUSED_BY_PLAIN = ("partitioner", "bucket_view")
+UNUSED_BY_PLAIN = PlainDdp.unused_keys
 
 
-def notices(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan | None = None) -> list[str]:
+def notices(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan | None = None) -> list[str]:
     """Lines printed when a job starts: the overrides a plain optimizer will not use (a
     partitioner or a bucket view: every rank keeps the full state); ranks that
     ``partitioner=ddp_bucket`` leaves without state; ``to_muon`` globs that match parameters
-    Muon never takes."""
-    plan = plan or OptimPlan.of(cfg.optim)  # a checked config: it can be looked up
-    if plan.zero:
-        return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg)
-    unused = [o.text for o in read(overrides) if o.root in UNUSED_BY_PLAIN]
-    if not unused:
-        return _muon_glob_notice(cfg)
-    return [
-        *_muon_glob_notice(cfg),
+    Muon never takes. ``plan``: the job's, as the check made it (made here when not given)."""
+    plan = plan or RunPlan.of(cfg)
+    assert plan.optim is not None, "notices of a checked config: its optimizer can be looked up"
+    unused_keys = plan.optim.strategy.unused_keys
+    unused = [o.text for o in read(overrides) if o.root in unused_keys]
+    said = [
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
-        "full state); pick optim=zero_* to shard",
+        "full state); pick optim=zero_* to shard"
     ]
+    return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg, plan) + (said if unused else [])
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
@@ -176,7 +163,7 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix.rstrip("."), node
 
 
-def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Top-level and ``dist.`` keys are :class:`~zero_lab.app.config.schema.Config`'s fields: one added
     with ``+`` (``+warmup_steps=10``) would be accepted and ignored, so it is refused as a typo is."""
     out = []
@@ -192,7 +179,7 @@ def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPl
     return out
 
 
-def _check_finite(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_finite(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0)."""
     out = []
     for key, value in _leaves(to_container(cfg)):
@@ -205,7 +192,7 @@ _INT64 = (-(2**63), 2**63 - 1)
 _WIDER = {"seed": (0, 2**64 - 1)}  # torch.manual_seed takes any unsigned 64-bit seed
 
 
-def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Every integer fits 64 bits (torch, JSON readers and W&B take no wider ones):
     ``seed=18446744073709551616`` is refused here, not by a rank's ``manual_seed``."""
     out = []
@@ -217,7 +204,7 @@ def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: Opt
     return out
 
 
-def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``dist.stall_timeout_s``: seconds past the slowest step, or null (off)."""
     value = cfg.dist.get("stall_timeout_s")
     if value is not None and value <= 0:
@@ -225,26 +212,7 @@ def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: Opti
     return []
 
 
-def _buildable(node: DictConfig, key: str, base: type) -> None:
-    """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
-    else is called while checking: ``model._target_=builtins.open`` must not run)."""
-    target = get_object(str(node.get("_target_")))
-    if not (isinstance(target, type) and _is_kind_of(target, base)):
-        raise ValueError(
-            f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
-            "it was not called"
-        )
-
-
-def _is_kind_of(target: type, base: type) -> bool:
-    """``issubclass``, except for a Protocol with data members (``Partitioner``: a class whose
-    instances are callable is enough; its attributes are read with defaults)."""
-    if getattr(base, "_is_protocol", False):
-        return any("__call__" in vars(klass) for klass in target.__mro__[:-1])
-    return issubclass(target, base)
-
-
-def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     out = []
     bounds: list[tuple[str, Any, float, str]] = [
         ("dist.world_size", cfg.dist.world_size, 1, "a positive number of ranks"),
@@ -268,7 +236,7 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan |
     return out
 
 
-def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     device, backend = enum_str(cfg.dist.device), enum_str(cfg.dist.backend)
     world = cfg.dist.world_size
     out = []
@@ -296,7 +264,7 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan 
     return out
 
 
-def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """DDP's options against what they cannot work with. ``find_unused_parameters``,
     ``static_graph`` and ``broadcast_buffers`` train to DDP + the plain optimizer's parameters with
     every ZeRO mode (partitioners, bucket views, both overlap hooks, prefetch:
@@ -314,7 +282,7 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimP
     return out
 
 
-def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``accumulate``, ``autocast``, ``eval_every``/``eval_batches``, ``scheduler.warmup_steps``, ``compile``."""
     out = []
     accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
@@ -353,7 +321,7 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: Opti
     return out
 
 
-def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """The model/data protocol (:mod:`zero_lab.app.workloads.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
     model_cls, data_cls = get_object(cfg.model._target_), get_object(cfg.data._target_)
@@ -371,12 +339,10 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPl
     return out
 
 
-def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Rank 0's first batch through the model built on ``meta``, then the loss (protocols.forward_problems)."""
-    try:
-        model = _meta_model(cfg)
-        data = instantiate(cfg.data)
-    except Exception:  # reported by _check_model / _check_model_data
+    model, data = plan.model.value, plan.data.value
+    if model is None or data is None:  # reported by _check_model / _check_data
         return []
     if _check_model_data(cfg, choices, plan):
         return []
@@ -386,7 +352,7 @@ def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan 
     return [f"model={_choice(choices, 'model', cfg)} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
 
 
-def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Bind every group node to its ``_target_``'s signature: unknown and missing keys named."""
     out = []
     for group in GROUPS:
@@ -396,7 +362,7 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
         target_name = str(node.get("_target_"))
         try:
             target = get_object(target_name)
-        except Exception as error:
+        except (ImportError, ValueError) as error:
             out.append(f"{group}._target_={target_name}: cannot be imported ({error})")
             continue
         given = SUPPLIED_BY_APP.get(group, frozenset())
@@ -432,29 +398,29 @@ def _has_var_keyword(target: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _optimizer_kwargs(cfg: DictConfig, plan: OptimPlan) -> dict[str, Any]:
+def _optimizer_kwargs(cfg: DictConfig, optim: OptimPlan) -> dict[str, Any]:
     """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
-    own = inspect.signature(plan.target).parameters if GROUP_CLASS_KEY in cfg.optim else {}
+    own = inspect.signature(optim.target).parameters if GROUP_CLASS_KEY in cfg.optim else {}
     optim = to_container(cfg)["optim"]
     return {k: v for k, v in optim.items() if k not in HYDRA_KEYS and k not in APP_KEYS["optim"] and k not in own}
 
 
-def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Build the real optimizer class with the configured arguments (torch's own checks)."""
-    if plan is None:  # reported by check() or _check_arguments
+    if plan.optim is None:  # reported by check() or _check_arguments
         return []
-    zero, cls = plan.zero, plan.optimizer_class
+    sharded, cls = plan.optim.strategy.shards_state, plan.optim.optimizer_class
     optim = _choice(choices, "optim", cfg)
     out = []
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
-    if cfg.get("prefetch") and not zero:
+    if cfg.get("prefetch") and not sharded:
         out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
-    kwargs = _optimizer_kwargs(cfg, plan)
+    kwargs = _optimizer_kwargs(cfg, plan.optim)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
-        out += _check_on_real_shapes(cfg, optim, cls, kwargs)
-    if cfg.overlap and not zero:
+        out += _check_on_real_shapes(plan, optim, cls, kwargs)
+    if cfg.overlap and not sharded:
         out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
@@ -466,19 +432,15 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | 
     return out
 
 
-def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[str, Any]) -> list[str]:
+def _check_on_real_shapes(plan: RunPlan, optim: str, cls: type, kwargs: dict[str, Any]) -> list[str]:
     """Build each param group's optimizer class on ``meta`` tensors of the model's real shapes
     (``optim.param_groups`` applied, so Muon sees the matrices it will step): a class that
     checks shapes or arguments refuses for the real reason. Without a buildable model (that is
     _check_model's to report) the class is built on one 1-element tensor."""
-    try:
-        model = _meta_model(cfg)
-    except Exception:
-        model = None
-    try:
-        groups = param_groups(cfg.optim, model) if model is not None else None
-    except Exception as error:
-        return [f"optim.param_groups: cannot be applied to the model: {error}"]
+    model = plan.model.value
+    if plan.groups.error is not None:
+        return [f"optim.param_groups: cannot be applied to the model: {plan.groups.error}"]
+    groups = plan.groups.value
     if model is None:
         groups = [{"params": [torch.zeros(1, device="meta", requires_grad=True)]}]
     elif groups is None:
@@ -506,34 +468,6 @@ def _check_on_real_shapes(cfg: DictConfig, optim: str, cls: type, kwargs: dict[s
     return []
 
 
-def _routed_specs(
-    cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan
-) -> tuple[list[ParamSpec], list[type] | None]:
-    """The specs the optimizer will partition: with ``optim.param_groups``, one group per
-    routed group, each marked elementwise or not by the class that steps it."""
-    device = enum_str(cfg.dist.device)
-    try:
-        groups = param_groups(cfg.optim, model)
-    except Exception:  # reported by _check_optim
-        groups = None
-    if groups is None:
-        return specs_from_module(model, device=device), None
-    classes = plan.group_classes(groups)
-    specs = [
-        ParamSpec.of(
-            param,
-            name=name,
-            group=index,
-            device=torch.device(device),
-            elementwise=is_elementwise(classes[index]),
-            stepper=classes[index].__name__,
-        )
-        for index, group in enumerate(groups)
-        for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
-    ]
-    return specs, classes
-
-
 def _binds(cls: type, kwargs: dict[str, Any]) -> bool:
     try:
         inspect.signature(cls).bind_partial(**kwargs)
@@ -547,7 +481,7 @@ def _mentions(message: str, value: Any) -> bool:
     return any(isinstance(v, (int, float)) and not isinstance(v, bool) and str(v) in message for v in values)
 
 
-def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``optim.max_grad_norm``: positive, and every gradient must exist before the step."""
     out = []
     max_norm = cfg.optim.get("max_grad_norm")
@@ -561,17 +495,9 @@ def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan
     return out
 
 
-def _meta_model(cfg: DictConfig) -> torch.nn.Module:
-    """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
-    _buildable(cfg.model, "model", torch.nn.Module)
-    with torch.device("meta"):
-        return build(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
-
-
-def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
-    try:
-        _meta_model(cfg)
-    except Exception as error:  # any constructor error is the user's to fix
+def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """The model builds (on ``meta``, once, in the plan): a constructor's error is the user's to fix."""
+    if (error := plan.model.error) is not None:
         return [f"model={_choice(choices, 'model', cfg)}: cannot be built: {refusal('model', cfg.model, error)}"]
     return []
 
@@ -587,23 +513,19 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """CPU ranks started here: refuse a model whose planned memory (parameters, gradients,
     DDP buffers, optimizer state, masters; activations not counted) exceeds what this host
     has available, with the numbers, instead of a rank dying of it while building."""
     available = available_memory_bytes()
-    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ or plan is None:
+    if enum_str(cfg.dist.device) != "cpu" or available is None or "LOCAL_RANK" in os.environ or plan.optim is None:
         return []  # GPU memory and torchrun's hosts are not priced here
-    try:
-        model = _meta_model(cfg)
-        cls = plan.optimizer_class
-        partitioner = None
-        if plan.zero:
-            _buildable(cfg.partitioner, "partitioner", Partitioner)  # nothing else is called
-            partitioner = instantiate(cfg.partitioner)
-        master = bool(cfg.optim.get("master_weights", False))
-        memory = plan_memory(specs_from_module(model), cfg.dist.world_size, partitioner, cls, master_weights=master)
-    except Exception:  # an unbuildable model or partitioner is reported by its own check
+    sharded = plan.optim.strategy.shards_state
+    if plan.specs is None or (sharded and plan.partitioner.value is None) or cfg.dist.world_size < 1:
+        return []  # an unbuildable model or partitioner is reported by its own check
+    # each param group priced by the class that steps it, stepped once on meta tensors (the class's own code)
+    priced = attempt(lambda: plan.memory(plan.partitioner.value))
+    if (memory := priced.value) is None:  # a partition or a class the planner cannot price: their checks name it
         return []
     needed = sum(rank.total_bytes for rank in memory.ranks)
     if needed <= available:
@@ -619,32 +541,26 @@ def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimP
     ]
 
 
-def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Run the real partitioner on the model's real parameter specs at ``dist.world_size``."""
     world = cfg.dist.world_size
-    if plan is None or not plan.zero or world < 1:
-        return []
-    try:
-        model = _meta_model(cfg)
-    except Exception:  # reported by _check_model
-        return []
+    if plan.optim is None or not plan.optim.strategy.shards_state or world < 1 or plan.specs is None:
+        return []  # no model: reported by _check_model
     name = f"partitioner={_choice(choices, 'partitioner', cfg)}"
     if conflicting := exclusive_key_problems(cfg.partitioner, name):
         return conflicting
-    try:
-        _buildable(cfg.partitioner, "partitioner", Partitioner)
-        partitioner = build(cfg.partitioner)
-    except Exception as error:
+    if (error := plan.partitioner.error) is not None:
         return [f"{name}: cannot be built: {refusal('partitioner', cfg.partitioner, error)}"]
+    partitioner = plan.partitioner.value
+    assert partitioner is not None
     if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
             f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
         ]
-    specs, classes = _routed_specs(cfg, model, plan)
-    specs = _with_ddp_buckets(cfg, specs)
+    specs, classes, cls = plan.specs, plan.classes, plan.optim.optimizer_class
     try:
-        partition = partitioner(specs, world)
+        partition = plan.partition()
     except ValueError as error:
         names = ", ".join(s.name or "?" for s in specs[:6])
         return [
@@ -652,39 +568,21 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPla
             f"(parameter names look like: {names}, ...)"
         ]
     try:
-        check_partition_fits(partition, plan.optimizer_class, partitioner, classes)
+        check_partition_fits(partition, cls, partitioner, classes)
     except ValueError as error:
-        fitting = _fitting_partitioners(specs, world, plan.optimizer_class, classes)
+        fitting = _fitting_partitioners(specs, world, cls, classes)
         return [f"{name}: {error} In the config: {_either('partitioner', fitting)}"]
     return []
 
 
-def _specs(cfg: DictConfig, model: torch.nn.Module, plan: OptimPlan) -> list[ParamSpec]:
-    """The specs the optimizer will partition; with overlap, with the buckets DDP would make."""
-    return _with_ddp_buckets(cfg, _routed_specs(cfg, model, plan)[0])
-
-
-def _with_ddp_buckets(cfg: DictConfig, specs: list[ParamSpec]) -> list[ParamSpec]:
-    """With overlap the optimizer partitions along DDP's buckets: give the specs the buckets DDP would make."""
-    if cfg.overlap:
-        model = DdpBuckets.from_bucket_cap_mb(cfg.dist.bucket_cap_mb)
-        buckets = iter(model.assign([s.nbytes for s in specs if s.trainable]))
-        specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
-    return specs
-
-
-def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: OptimPlan) -> list[str]:
+def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan) -> list[str]:
     """``partitioner=ddp_bucket`` gives each DDP bucket wholly to one rank: a model that fits
     fewer buckets than ranks leaves ranks without state (one bucket: all of it on rank 0)."""
     world = cfg.dist.world_size
-    if not (plan.zero and cfg.overlap) or world < 2:
+    partitioner, specs = plan.partitioner.value, plan.specs  # None unless ZeRO and built
+    if partitioner is None or specs is None or not cfg.overlap or world < 2:
         return []
-    try:
-        partitioner = instantiate(cfg.partitioner)
-        if bucket_use(partitioner) != (True, False):  # only whole buckets can leave a rank idle
-            return []
-        specs = _specs(cfg, _meta_model(cfg), plan)
-    except Exception:  # the checks report it
+    if bucket_use(partitioner) != (True, False):  # only whole buckets can leave a rank idle
         return []
     buckets = len({s.bucket for s in specs if s.trainable})
     if buckets >= world:
@@ -710,7 +608,7 @@ def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
         try:
             if test(node):
                 out.append(name)
-        except Exception:
+        except (ImportError, TypeError, ValueError, OmegaConfBaseException):  # it does not fit, or needs keys set
             continue
     return out
 
@@ -728,7 +626,7 @@ def _target(node: DictConfig) -> Any:
 
 def _zero_options() -> list[str]:
     """The ``optim`` options that build a ZeRO optimizer."""
-    return _options_where("optim", lambda node: OptimPlan.of(node).zero)
+    return _options_where("optim", lambda node: OptimPlan.of(node).strategy.shards_state)
 
 
 def _on_device(device: str) -> list[str]:
@@ -750,7 +648,7 @@ def _fitting_partitioners(
         if bucket_use(_target(node)).needs_ddp_buckets:
             return False
         kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
-        _buildable(kept, "partitioner", Partitioner)
+        buildable(kept, "partitioner", Partitioner)
         partitioner = instantiate(kept)
         check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
         return True
@@ -767,7 +665,7 @@ def _list_syntax(node: DictConfig, world: int) -> str:
     return ""
 
 
-def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     if cfg.resume is None:
         return []
     path = Path(str(cfg.resume)).expanduser()
@@ -785,7 +683,7 @@ def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan |
     return []
 
 
-def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     if enum_str(cfg.logger.get("mode")) != "online":
         return []
     netrc = Path.home() / ".netrc"
@@ -798,28 +696,23 @@ def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan |
     return []
 
 
-def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     return check_objective(cfg.objective)
 
 
-def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """The data source is built (its constructor's checks: ``data=text`` with a missing or empty
     corpus), and a vocabulary it declares (``vocab_size``) fits the model's input embedding
     (:func:`~zero_lab.app.workloads.protocols.embedding_rows`): ids past it fail in every rank's lookup."""
     data_name = f"data={_choice(choices, 'data', cfg)}"
-    try:
-        data = build(cfg.data)
-    except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
-        return []
-    except Exception as error:
+    if isinstance(plan.data.error, OmegaConfBaseException):  # an interpolation that does not resolve: the
+        return []  # composition's to name
+    if (error := plan.data.error) is not None:
         return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
-    vocab = getattr(data, "vocab_size", None)
-    if not isinstance(vocab, int):
+    vocab = getattr(plan.data.value, "vocab_size", None)
+    if not isinstance(vocab, int) or plan.model.value is None:  # no model: reported by _check_model
         return []
-    try:
-        rows = embedding_rows(_meta_model(cfg))
-    except Exception:  # reported by _check_model
-        return []
+    rows = embedding_rows(plan.model.value)
     if rows is None or vocab <= rows:
         return []
     own = "vocab_size" in cfg.model
@@ -832,22 +725,21 @@ def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | N
     ]
 
 
-def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: OptimPlan | None) -> list[str]:
+def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """The scheduler built and stepped by torch's class on a dummy optimizer, and under
     ``resume_optimizer=strict`` the kind of the checkpoint's (:mod:`zero_lab.app.check.scheduler`)."""
     return scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
 
 
-def _muon_glob_notice(cfg: DictConfig) -> list[str]:
+def _muon_glob_notice(cfg: DictConfig, plan: RunPlan) -> list[str]:
     """``optim.param_groups.to_muon`` globs that match parameters that are not 2-D: those never go
     to Muon (:func:`zero_lab.routing.never_to_muon`); say so rather than drop them silently."""
     node = cfg.optim.get("param_groups")
     if node is None or not node.get("to_muon") or get_object(str(node.get("_target_"))) is not muon_param_groups:
         return []
-    try:
-        left_out = never_to_muon(_meta_model(cfg), list(node.to_muon))
-    except Exception:  # the checks report it
+    if plan.model.value is None:  # the checks report it
         return []
+    left_out = never_to_muon(plan.model.value, list(node.to_muon))
     out = []
     for glob, names in left_out.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -859,7 +751,7 @@ def _muon_glob_notice(cfg: DictConfig) -> list[str]:
     return out
 
 
-_RULES: list[Callable[[DictConfig, Mapping[str, Any], OptimPlan | None], list[str]]] = [
+_RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_known_keys,
     _check_finite,
     _check_integer_widths,

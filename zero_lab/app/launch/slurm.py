@@ -46,20 +46,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra.utils import instantiate
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.check.before_start import fail, world_size_given
 from zero_lab.app.check.rules import ConfigError
-from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
-from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.config.schema import enum_str
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.closing import FIRST_LINE
-from zero_lab.planner import plan_memory, specs_from_module
 from zero_lab.runtime import external
 
 __all__ = [
@@ -84,10 +81,7 @@ def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
 
 def _planned_rank_bytes(cfg: DictConfig) -> int:
     """What the planner prices for one rank of plain DDP + this optimizer (an upper bound for ZeRO)."""
-    with torch.device("meta"):
-        model = instantiate(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
-    plan = plan_memory(specs_from_module(model), 1, None, OptimPlan.of(cfg.optim).optimizer_class)
-    return plan.ranks[0].total_bytes
+    return RunPlan.of(cfg).memory(None, world_size=1, master_weights=False).ranks[0].total_bytes
 
 
 def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.check.callback import check_unless_checked
-from zero_lab.app.check.rules import UNUSED_BY_PLAIN, notices, to_container
+from zero_lab.app.check.rules import notices, to_container
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
@@ -84,10 +84,11 @@ def run(cfg: DictConfig) -> Objective | None:
     """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise)."""
     hydra_cfg = HydraConfig.get()
     world = external.detect(port=cfg.dist.master_port)
-    check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
-    plan = OptimPlan.of(cfg.optim)  # the job's one answer: ZeRO or not, which class steps
+    run_plan = check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
+    plan = run_plan.optim  # the job's one answer: ZeRO or not, which class steps
+    assert plan is not None, "a checked config's optimizer can be looked up"
     overrides = list(hydra_cfg.overrides.task)
-    said = notices(cfg, overrides, plan)
+    said = notices(cfg, overrides, run_plan)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     config = to_container(cfg)
     original = (
@@ -143,7 +144,7 @@ def _note(text: str) -> None:
 
 def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
     """The top-level keys a job's optimizer ignores (a plain optimizer: the partitioner and the bucket view)."""
-    return () if plan.zero else UNUSED_BY_PLAIN
+    return plan.strategy.unused_keys
 
 
 def _earlier_identical_job(

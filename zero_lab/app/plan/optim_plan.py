@@ -1,13 +1,13 @@
 """What ``cfg.optim`` builds, answered once from the config: is it ZeRO, which class steps.
 
-Every part of the app that asks "is this a ZeRO run?" or "which ``torch.optim`` class holds
-the state?" reads one :class:`OptimPlan` (the checks, the builder, the W&B tags, the Slurm
-launcher's memory estimate, the closing lines) instead of importing targets itself. Making
+Every part of the app that asks "which ``torch.optim`` class holds the state?" reads one
+:class:`OptimPlan` (the run plan, the builder, the W&B tags, the closing lines) instead of
+importing targets itself; what ZeRO changes is asked of :attr:`OptimPlan.strategy`. Making
 one looks classes up and calls nothing: ``optim.optimizer_class`` must be a
 ``{_target_: hydra.utils.get_class, path: <class>}`` lookup.
 
     plan = OptimPlan.of(cfg.optim)
-    plan.zero, plan.optimizer_class.__name__, plan.name     # True, "Adam", "Adam"
+    plan.strategy.name, plan.optimizer_class.__name__, plan.name     # "zero", "Adam", "Adam"
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.utils import get_object
 
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.chained import GROUP_CLASS_KEY, group_class
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
@@ -49,6 +50,11 @@ class OptimPlan:
         inner = optim.get(GROUP_CLASS_KEY)
         stepping = target if inner is None else _looked_up(inner, "optim.optimizer_class")
         return cls(target, stepping, zero, routed=optim.get("param_groups") is not None)
+
+    @property
+    def strategy(self) -> Strategy:
+        """Plain DDP or ZeRO, as a :class:`~zero_lab.app.plan.strategy.Strategy` (what differs, asked of it)."""
+        return Strategy.of(self.zero)
 
     @property
     def name(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.summary import RunSummary
 
 __all__ = ["FIRST_LINE", "closing_lines"]
@@ -36,7 +37,7 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
     lines.append(f"  optimizer state per rank: {_state(summary, classes)}")
     if _local_steps_differ(summary):
         lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
-    exchange = _exchange_share(summary) if summary.zero else "none (plain DDP: every rank steps every parameter)"
+    exchange = Strategy.of(summary.zero).exchange_line(_exchange_share(summary))
     lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), f"  run dir: {run_dir}"]
     return lines
 
@@ -64,19 +65,10 @@ def _state(summary: RunSummary, classes: str) -> str:
     ``ddp_state_bytes`` is priced over the parameters that have state on some rank, so the
     ranks together hold at least that much and the fullest at least 1/W of it: a larger
     "÷" would be a measurement or planner error, and is never printed."""
-    world = summary.world_size
     held = max(summary.optim_state_bytes) if summary.optim_state_bytes else 0.0
-    if not summary.zero:
-        return f"{_size(held)}, all of it on every rank (DDP + {classes}; a zero_* optimizer shards it)"
-    plain = summary.ddp_state_bytes or 0
-    assert plain <= world * held * (1 + 1e-9), (
-        f"DDP + {classes} priced at {plain} B but the fullest of {world} rank(s) holds {held} B: a saving above "
-        "the world size cannot be; the planner and the measurement disagree"
-    )
-    return (
-        f"{_size(held)} on the fullest of {world} rank(s) (imbalance {summary.imbalance:.2f}); "
-        f"DDP + the same {classes} would hold {_size(plain)} on every rank (planner): ÷ {plain / max(held, 1):.2f}"
-    )
+    strategy = Strategy.of(summary.zero)
+    ddp_bytes = summary.ddp_state_bytes or 0
+    return strategy.state_line(held, ddp_bytes, summary.world_size, summary.imbalance, classes, _size)
 
 
 def _local_steps_differ(summary: RunSummary) -> bool:

@@ -201,12 +201,12 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
         "grad_bytes": [last[step_key("grad_bytes", f"rank{k}")] for k in range(world_size)],
         "bytes_per_step": {
             "grad_reduce": per_rank("grad_reduce_bytes") if reducer is not None else None,
-            "param_exchange": per_rank("exchange_sent_bytes") if training.zero else None,
+            "param_exchange": training.strategy.of_exchange(per_rank("exchange_sent_bytes")),
         },
         "phase_time_s": {
             "grad_reduce": slowest("grad_reduce_s") if reducer is not None else None,
             "grad_reduce_exposed": slowest("grad_reduce_exposed_s") if reducer is not None else None,
-            "param_exchange": slowest("exchange_s") if training.zero else None,
-            "param_exchange_exposed": slowest("exchange_exposed_s") if training.zero else None,
+            "param_exchange": training.strategy.of_exchange(slowest("exchange_s")),
+            "param_exchange_exposed": training.strategy.of_exchange(slowest("exchange_exposed_s")),
         },
     }

@@ -24,6 +24,7 @@ from typing import Any
 
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import HYDRA_KEYS
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
 
 __all__ = ["identity", "run_config", "run_summary", "where"]
@@ -66,7 +67,7 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
             out[key] = out[key] or meta.get(key)
     if "tags" in out:
         choices = meta.get("choices") or {}
-        groups = ("optim", "partitioner", "model") if zero else ("optim", "model")
+        groups = Strategy.of(zero).identity_groups
         own = out["tags"] or []  # null unless the user set logger.tags
         tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
         for override in read(meta.get("overrides", [])):

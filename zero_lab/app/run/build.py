@@ -47,6 +47,7 @@ from zero_lab import overlap
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
 from zero_lab.app.config.schema import APP_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import param_groups
 from zero_lab.app.run.training import Training
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
@@ -76,17 +77,17 @@ def build_training(
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
     ddp = make_ddp(model, cfg.dist, device)
-    zero = (plan or OptimPlan.of(cfg.optim)).zero
+    strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
     make_optimizer = optimizer_factory(cfg.optim)
     max_grad_norm = cfg.optim.get("max_grad_norm")
     groups = param_groups(cfg.optim, model)
-    if not zero:
+    if not strategy.shards_state:
         optimizer = make_optimizer(groups if groups is not None else model.parameters())
         return Training(
             model=model,
             ddp=compiled(ddp, cfg),
             optimizer=optimizer,
-            zero=False,
+            zero=strategy.shards_state,
             grad_reducer=_grad_reducer(cfg, ddp, optimizer),
             max_grad_norm=max_grad_norm,
             scheduler=make_scheduler(cfg, optimizer),
@@ -109,7 +110,7 @@ def build_training(
         model=model,
         ddp=compiled(ddp, cfg),
         optimizer=optimizer,
-        zero=True,
+        zero=strategy.shards_state,
         exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
         grad_reducer=reducer,
         max_grad_norm=max_grad_norm,
@@ -171,19 +172,7 @@ def clip_gradients(training: Training) -> float | None:
     """
     if training.max_grad_norm is None:
         return None
-    if training.zero:
-        norm = training.optimizer.clip_grad_norm_(training.max_grad_norm)  # type: ignore[attr-defined]
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(training.model.parameters(), training.max_grad_norm)
-    return float(norm)
-
-
-def param_groups(optim_cfg: DictConfig, model: nn.Module) -> list[dict[str, Any]] | None:
-    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
-    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
-    to ``model``; ``None`` when unset (every parameter in one group)."""
-    node = optim_cfg.get("param_groups")
-    return None if node is None else instantiate(node)(model)
+    return float(training.strategy.clip_grad_norm(training.model, training.optimizer, training.max_grad_norm))
 
 
 def optimizer_factory(optim_cfg: DictConfig) -> Any:

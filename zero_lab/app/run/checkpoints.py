@@ -40,6 +40,7 @@ import torch
 
 from zero_lab import checkpoint as sharded
 from zero_lab.app.config.schema import FORMATS, POLICIES
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
@@ -66,7 +67,7 @@ class ResumeMismatch(CheckpointError):
 
 def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
     """``<run_dir>/checkpoints/step_<step>`` (a directory for ZeRO, ``.pt`` otherwise)."""
-    return Path(run_dir) / "checkpoints" / (f"step_{step:08d}" + ("" if zero else ".pt"))
+    return Strategy.of(zero).checkpoint_path(run_dir, step)
 
 
 def save(
@@ -83,26 +84,19 @@ def save(
     """
     if checkpoint_format == "dcp":
         return _save_dcp(training, run_dir, next_step, losses, keep)
-    path = checkpoint_path(run_dir, next_step, training.zero)
+    path = training.strategy.checkpoint_path(run_dir, next_step)
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
-    if training.zero:
-        extra = {"step": next_step, "losses": list(losses), "world_size": world, **_loop_state(training)}
-        sharded.save_checkpoint(path, training.optimizer, training.model, extra=extra)  # type: ignore[arg-type]
-    elif rank == 0:
-        state = {
-            "format": FORMAT,
-            "step": next_step,
-            "model": {k: v.detach().cpu().clone() for k, v in training.model.state_dict().items()},
-            "optimizer": training.optimizer.state_dict(),
-            GROUP_CLASS_KEY: optimizer_class(training),
-            "losses": list(losses),
-            "rng": torch.get_rng_state(),
-            "world_size": world,
-            "zero": False,
-            **_loop_state(training),
-        }
-        sharded.save_file(state, path)
+    whole = {
+        "format": FORMAT,
+        "step": next_step,
+        GROUP_CLASS_KEY: optimizer_class(training),
+        "losses": list(losses),
+        "rng": torch.get_rng_state(),
+        "world_size": world,
+        **_loop_state(training),
+    }  # ZeRO's manifest takes the step, losses, world size and loop state; a plain file all of it
+    training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)
     if rank == 0 and keep:
         sharded.prune_checkpoints(path.parent, keep)
     return path
@@ -116,7 +110,7 @@ def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: l
         "step": next_step,
         "losses": list(losses),
         "world_size": torch.distributed.get_world_size(),
-        "zero": training.zero,
+        "zero": training.strategy.shards_state,
         GROUP_CLASS_KEY: optimizer_class(training),
         "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
         **_loop_state(training),
@@ -160,7 +154,7 @@ def _load_loop_state(training: Training, saved: dict[str, Any]) -> None:
 
 def optimizer_class(training: Training) -> str:
     """The ``torch.optim`` class doing the steps (ZeRO's local ``optim``), as a dotted path."""
-    return class_path(type(training.optimizer.optim if training.zero else training.optimizer))
+    return class_path(type(training.strategy.local_optimizer(training.optimizer)))
 
 
 class Restored:
@@ -329,8 +323,7 @@ def _override(training: Training, mine: list[dict[str, Any]]) -> dict[str, list[
 
 
 def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any], load_optimizer: bool) -> None:
-    if training.zero and load_optimizer:
-        sharded.load_checkpoint(directory, training.optimizer, training.model)  # type: ignore[arg-type]
+    if load_optimizer and training.strategy.load_sharded(directory, training.model, training.optimizer):
         return
     training.model.load_state_dict(sharded.load_verified(directory, "model.pt", manifest))
     if load_optimizer:  # a plain optimizer takes the whole state, merged from the (verified) shards

@@ -58,13 +58,13 @@ def params_without_grad(cfg: DictConfig, data: Any, world_size: int) -> list[str
     return [name for name, param in model.named_parameters() if param.requires_grad and param.grad is None]
 
 
-def params_never_reached(cfg: DictConfig, data: Any, zero: bool) -> list[str]:
+def params_never_reached(cfg: DictConfig, data: Any, shards_state: bool) -> list[str]:
     """The names of the parameters a ZeRO optimizer should price at nothing (see the module
     docstring): empty when nothing is left unused or nothing applies (a plain optimizer,
     ``overlap=true``, or DDP that allows no unused parameter). Collective: call on every rank,
     before building the optimizer (``build_training(..., without_grad=names)``)."""
     unused_allowed = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))
-    if not (zero and unused_allowed) or cfg.get("overlap"):
+    if not (shards_state and unused_allowed) or cfg.get("overlap"):
         return []
     found = [params_without_grad(cfg, data, dist.get_world_size()) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(found, src=0)  # every rank partitions alike; bounded by the group's timeout

@@ -20,9 +20,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.run.training import Training
-from zero_lab.chained import ChainedOptimizer
-from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import ParamSpec
 from zero_lab.planner import plan_memory, specs_from_module
 
@@ -31,8 +30,7 @@ __all__ = ["ddp_state_bytes", "master_weight_bytes", "optimizer_classes", "param
 
 def master_weight_bytes(optimizer: Optimizer) -> int:
     """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
-    measure = getattr(optimizer, "master_weight_bytes", None)
-    return measure() if measure is not None else 0
+    return Strategy.of_optimizer(optimizer).master_weight_bytes(optimizer)
 
 
 def training_tensor_bytes(training: Training) -> int:
@@ -54,7 +52,7 @@ def training_tensor_bytes(training: Training) -> int:
         add(param.grad)
     for buffer in training.model.buffers():
         add(buffer)
-    local = getattr(training.optimizer, "optim", training.optimizer)
+    local = training.strategy.local_optimizer(training.optimizer)
     for group in local.param_groups:
         for param in group["params"]:
             add(param)
@@ -69,22 +67,12 @@ def params_with_state(optimizer: Optimizer) -> list[bool]:
     """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds optimizer
     state for any of its elements. ZeRO: each local shard's tensor looked up in the local
     optimizer's state; a plain optimizer: the parameter in its ``state``."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        state = optimizer.optim.state
-        held = [False] * len(params)
-        for shard in optimizer.local_shards():
-            held[shard.index] = held[shard.index] or bool(state.get(shard.tensor))
-        return held
-    return [bool(optimizer.state.get(p)) for p in params]
+    return Strategy.of_optimizer(optimizer).params_with_state(optimizer)
 
 
 def optimizer_classes(optimizer: Optimizer) -> list[type]:
     """The classes that hold the state, each once, in param-group order (``[Muon, AdamW]``)."""
-    group_classes = getattr(optimizer, "group_classes", None)
-    local = getattr(optimizer, "optim", optimizer)
-    classes = group_classes() if group_classes is not None else [type(local)]
-    return list(dict.fromkeys(classes))
+    return list(dict.fromkeys(Strategy.of_optimizer(optimizer).group_classes(optimizer)))
 
 
 def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
@@ -103,8 +91,9 @@ def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool]
             raise ValueError(f"held: {len(held)} flags for {len(params)} parameters")
         groups = [index for index, group in enumerate(optimizer.param_groups) for _ in group["params"]]
         specs = [ParamSpec.of(p, group=g, device=device) for p, g, kept in zip(params, groups, held) if kept]
-    if isinstance(optimizer, (ZeroRedundancyOptimizer, ChainedOptimizer)) and len(set(optimizer.group_classes())) > 1:
-        classes = optimizer.group_classes()
+    strategy = Strategy.of_optimizer(optimizer)
+    classes = strategy.group_classes(optimizer)
+    if len(set(classes)) > 1:  # routed: each group priced by the class that steps it
         if held is None:
             specs = [
                 ParamSpec.of(p, group=index, device=device)
@@ -114,7 +103,7 @@ def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool]
         per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]
         plan = plan_memory(specs, 1, None, classes[0], group_optimizers=per_group)
         return plan.ranks[0].state_bytes
-    local = getattr(optimizer, "optim", optimizer)
+    local = strategy.local_optimizer(optimizer)
     options = _plain_options(type(local), local.defaults)
     plan = plan_memory(specs, 1, None, type(local), **options)
     return plan.ranks[0].state_bytes

@@ -145,7 +145,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
 
     data = instantiate(cfg.data)
-    unused = params_never_reached(cfg, data, spec.plan.zero)  # owners balanced over the params that get state
+    unused = params_never_reached(cfg, data, spec.plan.strategy.shards_state)  # owners balanced over params with state
     training = build_training(cfg, device, spec.plan, without_grad=unused)
     losses: list[float] = []
     start = 0
@@ -155,7 +155,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         start, losses = resumed.step, resumed.losses
         log.info("resumed from %s at step %d (resume_optimizer=%s)", resumed.path, start, cfg.resume_optimizer)
     gather = MetricsGather(device)
-    imbalance = training.optimizer.partition.report().imbalance if training.zero else 1.0
+    imbalance = training.strategy.imbalance(training.optimizer)
     records: list[dict[str, Any]] = []
 
     saved: Path | None = None
@@ -180,8 +180,8 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
             losses.append(record["train/loss"])
             diverged = not all(math.isfinite(r.loss) for r in per_rank)  # every rank sees every loss: all stop
-            if rank == 0 and step == start and training.zero:  # exchange=auto decides in the first step
-                record.update(_exchange_record(training))
+            if rank == 0 and step == start:  # exchange=auto decides in the first step
+                record.update(training.strategy.first_step_record(training.optimizer, NAMESPACED))
             if training.scheduler is not None:
                 record["train/lr"] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
@@ -290,8 +290,7 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
 def _settle(training: Training) -> None:
     """Finish a parameter exchange still in flight (``prefetch=true`` leaves the last step's to
     the next forward) before the parameters are read whole: a checkpoint, the final checksum."""
-    if training.zero:
-        training.optimizer.wait_for_exchange()  # type: ignore[attr-defined]
+    training.strategy.settle(training.optimizer)
 
 
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:
@@ -376,8 +375,8 @@ def _summary(
         zero=training.zero,
         bucket_view=bool(cfg.bucket_view),
         overlap=bool(cfg.overlap),
-        exchange_mode=getattr(training.optimizer, "exchange_mode", None),
-        exchange=training.optimizer.exchange_report().as_dict() if training.zero else None,
+        exchange_mode=training.strategy.exchange_mode(training.optimizer),
+        exchange=training.strategy.exchange_report(training.optimizer),
         prefetch=bool(cfg.get("prefetch", False)),
         model_params=sum(p.numel() for p in training.model.parameters()),
         global_batch=cfg.data.global_batch,
@@ -403,7 +402,7 @@ def _summary(
         compiled_graphs=_compiled_graphs() if cfg.get("compile") else None,
         **local_step_summary(timed, world),  # time/optim_step_s: per-rank medians, slowest ÷ mean
         state_vs_ddp=max(optim_state) / planned if planned else None,
-        partition=training.optimizer.partition.report().as_dict() if training.zero else None,
+        partition=training.strategy.partition_report(training.optimizer),
         provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
         **phase_summary(training, timed, world),
     )
@@ -412,14 +411,6 @@ def _summary(
 def _compiled_graphs() -> int:
     """How many graphs ``torch.compile`` made on this rank (1 + graph breaks + recompiles)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
-def _exchange_record(training: Training) -> dict[str, Any]:
-    """The exchange's mode and, with ``exchange=auto``, each candidate's measured time (once, first step)."""
-    report = training.optimizer.exchange_report()  # type: ignore[attr-defined]
-    record: dict[str, Any] = {NAMESPACED["exchange_mode"]: report.mode}
-    record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
-    return record
 
 
 def _device(kind: str) -> torch.device:

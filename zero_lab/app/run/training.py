@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.metrics import LocalStepClock
 from zero_lab.comm import CommStats
 from zero_lab.grad_reduce import GradReduceHandle
@@ -29,6 +30,7 @@ class Training:
     exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
     broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
     ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
+    ``zero``: the optimizer shards its state (:attr:`strategy` answers what that changes).
     ``grad_reducer``: the ``grad_reduce=`` hook (its ``stats`` meter the gradient reduction), or ``None``.
     """
 
@@ -45,6 +47,11 @@ class Training:
 
     def __post_init__(self) -> None:
         self.step_clock = LocalStepClock(self.optimizer)
+
+    @property
+    def strategy(self) -> Strategy:
+        """Plain DDP or ZeRO (:mod:`zero_lab.app.plan.strategy`): what differs between them, asked of one object."""
+        return Strategy.of(self.zero)
 
     @property
     def param_dtype(self) -> torch.dtype:

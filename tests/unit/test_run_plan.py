@@ -1,0 +1,80 @@
+"""The run plan (zero_lab/app/plan/run_plan.py): one meta model per job, read by every check and
+by the task; specs routed to the classes that step them, so memory and partition agree."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from tests.unit.configs import problems
+from zero_lab.app.check.callback import check_unless_checked
+from zero_lab.app.check.preflight import compose_job, preflight
+from zero_lab.app.check.rules import notices
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.plan.run_plan import RunPlan
+from zero_lab.app.workloads.models import MLP
+from zero_lab.optimizer import check_partition_fits
+from zero_lab.planner import plan_memory, whole_state_bytes
+
+register_configs()
+
+
+class CountingMLP(MLP):
+    """The shipped MLP, counting how often it is built (and on which device)."""
+
+    built: ClassVar[list[str]] = []
+
+    def __init__(self, *args: object, **kwargs: object):
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        CountingMLP.built.append(next(self.parameters()).device.type)
+
+
+def test_a_checked_job_builds_its_model_once_and_the_task_reads_that_plan():
+    CountingMLP.built.clear()
+    overrides = [f"model._target_={__name__}.CountingMLP", "optim=zero_adam", "overlap=true", "dist.world_size=2"]
+    cfg, hydra = preflight(overrides)  # every rule: arguments, forward, partition, memory, notices' inputs
+    assert CountingMLP.built == ["meta"]
+    plan = check_unless_checked(cfg, hydra, None)  # the task: the check's own plan, nothing built again
+    assert notices(cfg, overrides, plan) == []
+    assert CountingMLP.built == ["meta"]
+    assert [s.name for s in plan.specs] == [name for name, _ in plan.model.value.named_parameters()]
+
+
+def test_zero_muon_prices_memory_by_the_classes_its_partition_routes_to():
+    cfg, _, _ = compose_job(["optim=zero_muon", "dist.world_size=2"])
+    plan = RunPlan.of(cfg)
+    specs = plan.specs
+    assert {s.stepper for s in specs} == {"Muon", "AdamW"}
+    assert all(s.stepper == "Muon" and not s.elementwise for s in specs if s.shape and len(s.shape) == 2 and
+               s.name not in ("layers.0.weight", f"layers.{cfg.model.depth - 1}.weight"))  # fmt: skip
+    classes = {"Muon": torch.optim.Muon, "AdamW": torch.optim.AdamW}
+    assert {s.kind for s in specs} == {"cpu/torch.float32"}
+    whole = sum(whole_state_bytes(classes[s.stepper], s.shape, torch.float32) for s in specs if s.trainable)
+    assert plan.memory(None, world_size=1).ranks[0].state_bytes == whole
+    as_adamw = plan_memory(specs, 1, None, torch.optim.AdamW).ranks[0].state_bytes
+    assert as_adamw > whole  # what the memory check priced before: every parameter as AdamW
+    partition = plan.partition()
+    check_partition_fits(partition, torch.optim.AdamW, plan.partitioner.value, plan.classes)
+    sharded = plan.memory(plan.partitioner.value)
+    assert len(sharded.ranks) == 2 and sum(r.state_bytes for r in sharded.ranks) >= whole
+
+
+def test_with_overlap_the_specs_carry_the_buckets_ddp_will_make_last_layers_first():
+    cfg, _, _ = compose_job(["optim=zero_adam", "overlap=true", "dist.bucket_cap_mb=0.0001"])
+    specs = RunPlan.of(cfg).specs
+    buckets = [s.bucket for s in specs]
+    assert None not in buckets and len(set(buckets)) > 1
+    assert buckets[-1] == 0 and buckets[0] == max(buckets)  # DDP numbers its buckets from the last layer
+    plain, _, _ = compose_job(["optim=zero_adam"])
+    assert {s.bucket for s in RunPlan.of(plain).specs} == {None}
+
+
+def test_a_model_that_cannot_be_built_is_kept_with_its_error_and_named_once():
+    cfg, _, _ = compose_job(["model.activation=swish"])
+    plan = RunPlan.of(cfg)
+    assert isinstance(plan.model.error, ValueError) and plan.model.value is None
+    assert plan.specs is None and plan.groups.value is None
+    message = problems("model.activation=swish")
+    assert message.count("cannot be built") == 1
+    assert "model=mlp: cannot be built: model.activation=swish: MLP refuses it: activation must be one of" in message

@@ -1,0 +1,258 @@
+"""The run's plan: what a composed config implies, computed once per job on one meta model.
+
+:meth:`RunPlan.of` looks the optimizer up (:class:`~zero_lab.app.plan.optim_plan.OptimPlan`:
+ZeRO or not, which class steps), builds the model once on the ``meta`` device in
+``param_dtype`` (names, shapes and dtypes, no memory), applies ``optim.param_groups`` to it
+once, builds the partitioner (ZeRO) and the data source once. From those it answers, each
+computed once:
+
+* :attr:`~RunPlan.specs` — one :class:`~zero_lab.partition.ParamSpec` per parameter, in the
+  optimizer's order: shape, dtype, trainability, the param group and the class that steps it
+  (routing: elementwise or not), and with ``overlap=true`` the DDP bucket it lands in
+  (:class:`~zero_lab.ddp_buckets.DdpBuckets` at ``dist.bucket_cap_mb``, DDP's bucket map);
+  the app's one place that builds specs for a config;
+* :attr:`~RunPlan.classes` — the optimizer class of each param group (``None``: one group);
+* :meth:`~RunPlan.partition` — the real partitioner's partition of those specs at
+  ``dist.world_size``, with its costs;
+* :meth:`~RunPlan.memory` — the planner's per-rank memory (:func:`zero_lab.planner.plan_memory`),
+  every group priced by the class that steps it (Muon's groups as Muon, the rest as AdamW),
+  so the memory and the partition answer for the same routing.
+
+What could not be built is kept with its error (:class:`Attempt`): the check that owns it
+reports it (:mod:`zero_lab.app.check.rules`), every other reader skips what is missing. The
+checks, the job's notices, the W&B config and the Slurm launcher's memory estimate read one
+plan; the check callback keeps it for the task (:func:`zero_lab.app.check.callback.checked_plan`).
+
+    plan = RunPlan.of(cfg)
+    plan.specs[0].name, plan.partition().report().imbalance, plan.memory().ranks[0].total_bytes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any, Generic, TypeVar
+
+import torch
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig
+
+from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
+from zero_lab.app.config.targets import build
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.strategy import Strategy
+from zero_lab.ddp_buckets import DdpBuckets
+from zero_lab.elementwise import is_elementwise
+from zero_lab.partition import ParamSpec, Partition, Partitioner
+from zero_lab.planner import MemoryPlan, plan_memory
+
+__all__ = ["Attempt", "RunPlan", "attempt", "buildable", "param_groups"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Attempt(Generic[T]):
+    """Something built from the config (``value``), or why it could not be (``error``)."""
+
+    value: T | None = None
+    error: Exception | None = None
+
+
+def attempt(make: Callable[[], T]) -> Attempt[T]:
+    """``make()`` — a constructor the config names: user code — kept with its value or its error.
+
+    Any exception a user's constructor raises is that config's problem, named by the check that
+    owns the object (``model=...: cannot be built: ...``); this is where the plan keeps it."""
+    try:
+        return Attempt(make())
+    except Exception as error:  # user code: whatever it raises is reported by the object's own check
+        return Attempt(error=error)
+
+
+def buildable(node: DictConfig, key: str, base: type) -> None:
+    """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
+    else is called while checking: ``model._target_=builtins.open`` must not run)."""
+    target = get_object(str(node.get("_target_")))
+    if not (isinstance(target, type) and _is_kind_of(target, base)):
+        raise ValueError(
+            f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
+            "it was not called"
+        )
+
+
+def _is_kind_of(target: type, base: type) -> bool:
+    """``issubclass``, except for a Protocol with data members (``Partitioner``: a class whose
+    instances are callable is enough; its attributes are read with defaults)."""
+    if getattr(base, "_is_protocol", False):
+        return any("__call__" in vars(klass) for klass in target.__mro__[:-1])
+    return issubclass(target, base)
+
+
+def param_groups(optim_cfg: DictConfig, model: torch.nn.Module) -> list[dict[str, Any]] | None:
+    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
+    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
+    to ``model``; ``None`` when unset (every parameter in one group)."""
+    node = optim_cfg.get("param_groups")
+    return None if node is None else instantiate(node)(model)
+
+
+class RunPlan:
+    """One job's plan (module docstring). Each part is computed on first use and kept: the
+    checks use all of them, the Slurm launcher only the memory plan. ``optim``: ``None`` when
+    ``cfg.optim`` cannot be looked up (:attr:`optim_problem` says why, or its ``_target_``
+    cannot be imported: the arguments check names that)."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunPlan:
+        """The plan of ``cfg`` (a composed job config whose ``_target_``s were checked)."""
+        return cls(cfg)
+
+    @cached_property
+    def _optim(self) -> tuple[OptimPlan | None, str | None]:
+        return _optim_plan(self.cfg)
+
+    @property
+    def optim(self) -> OptimPlan | None:
+        """What ``cfg.optim`` builds: ZeRO or not, which class steps (``None``: cannot be looked up)."""
+        return self._optim[0]
+
+    @property
+    def optim_problem(self) -> str | None:
+        """Why ``cfg.optim`` cannot be looked up, as a problem line (``None``: it can, or is unimportable)."""
+        return self._optim[1]
+
+    @cached_property
+    def model(self) -> Attempt[torch.nn.Module]:
+        """The model on the ``meta`` device in ``param_dtype``: built once, for every reader."""
+        return attempt(lambda: _meta_model(self.cfg))
+
+    @cached_property
+    def groups(self) -> Attempt[list[dict[str, Any]] | None]:
+        """``optim.param_groups`` applied to the meta model (value ``None``: unset, or no model)."""
+        model = self.model.value
+        return attempt(lambda: param_groups(self.cfg.optim, model)) if model is not None else Attempt()
+
+    @cached_property
+    def partitioner(self) -> Attempt[Partitioner]:
+        """The configured partitioner, built once (ZeRO only: a plain optimizer partitions nothing)."""
+        if self.optim is None or not self.optim.strategy.shards_state:
+            return Attempt()
+        return attempt(lambda: _partitioner(self.cfg))
+
+    @cached_property
+    def data(self) -> Attempt[Any]:
+        """The data source, built once (its constructor's checks run: a missing corpus)."""
+        return attempt(lambda: build(self.cfg.data))
+
+    def release_data(self) -> None:
+        """Let go of the data source (kept plans need only the model's shapes); built again if asked for."""
+        self.__dict__.pop("data", None)
+
+    @property
+    def strategy(self) -> Strategy | None:
+        """Plain DDP or ZeRO (``None`` when the optimizer cannot be looked up)."""
+        return self.optim.strategy if self.optim is not None else None
+
+    @property
+    def world_size(self) -> int:
+        return int(self.cfg.dist.world_size)
+
+    @cached_property
+    def classes(self) -> list[type] | None:
+        """The class that steps each param group, in order (``None``: one group, ``optim``'s class)."""
+        if self.optim is None or self.groups.value is None:
+            return None
+        return self.optim.group_classes(self.groups.value)
+
+    @cached_property
+    def specs(self) -> list[ParamSpec] | None:
+        """The specs the optimizer will partition (module docstring); ``None`` without a model."""
+        model = self.model.value
+        if model is None:
+            return None
+        device = torch.device(enum_str(self.cfg.dist.device))
+        groups, classes = self.groups.value, self.classes
+        if groups is None or classes is None:
+            named = [(name, 0, param) for name, param in model.named_parameters()]
+            specs = [ParamSpec.of(p, name=name, device=device) for name, _, p in named]
+        else:
+            specs = [
+                ParamSpec.of(
+                    param,
+                    name=name,
+                    group=index,
+                    device=device,
+                    elementwise=is_elementwise(classes[index]),
+                    stepper=classes[index].__name__,
+                )
+                for index, group in enumerate(groups)
+                for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
+            ]
+        if self.cfg.overlap:  # the optimizer partitions along the buckets DDP will make
+            buckets = iter(DdpBuckets.from_bucket_cap_mb(self.cfg.dist.bucket_cap_mb).assign(
+                [s.nbytes for s in specs if s.trainable]
+            ))  # fmt: skip
+            specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
+        return specs
+
+    def partition(self, partitioner: Partitioner | None = None, world_size: int | None = None) -> Partition:
+        """The partition of :attr:`specs` by ``partitioner`` (the configured one) at ``world_size``
+        (``dist.world_size``); raises ``ValueError`` when the partitioner refuses them."""
+        chosen = partitioner if partitioner is not None else self.partitioner.value
+        if chosen is None or self.specs is None:
+            raise ValueError("no partition: the model or the partitioner could not be built")
+        return chosen(self.specs, world_size or self.world_size)
+
+    def memory(
+        self, partitioner: Partitioner | None = None, world_size: int | None = None, master_weights: bool | None = None
+    ) -> MemoryPlan:
+        """Every rank's planned memory: :attr:`specs` over ``world_size`` (``dist.world_size``),
+        sharded by ``partitioner`` (``None``: plain DDP, every rank all of it), each param group
+        priced by the class that steps it; ``master_weights`` (``optim.master_weights``) adds the
+        fp32 masters. Raises the model's own error when it could not be built."""
+        if self.model.error is not None:
+            raise self.model.error
+        if self.specs is None or self.optim is None:
+            raise ValueError("no memory plan: the optimizer cannot be looked up")
+        if master_weights is None:
+            master_weights = bool(self.cfg.optim.get("master_weights", False))
+        classes = self.classes or [self.optim.optimizer_class]
+        per_group = [(c, {}) for c in classes] if len(set(classes)) > 1 else None
+        return plan_memory(
+            self.specs,
+            world_size or self.world_size,
+            partitioner,
+            classes[0],
+            master_weights=master_weights,
+            group_optimizers=per_group,
+        )
+
+
+def _optim_plan(cfg: DictConfig) -> tuple[OptimPlan | None, str | None]:
+    """What ``cfg.optim`` builds; ``(None, problem)`` when a class it names cannot be looked up,
+    ``(None, None)`` when its ``_target_`` cannot be imported (the arguments check names that)."""
+    try:
+        get_object(str(cfg.optim.get("_target_")))
+    except ImportError:
+        return None, None
+    try:
+        return OptimPlan.of(cfg.optim), None
+    except (ImportError, ValueError) as error:
+        return None, f"optim: {error}"
+
+
+def _meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
+    buildable(cfg.model, "model", torch.nn.Module)
+    with torch.device("meta"):
+        return build(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
+
+
+def _partitioner(cfg: DictConfig) -> Partitioner:
+    buildable(cfg.partitioner, "partitioner", Partitioner)
+    return build(cfg.partitioner)

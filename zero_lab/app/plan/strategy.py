@@ -1,0 +1,292 @@
+"""How a run keeps its optimizer state — plain DDP or ZeRO — as one typed object, not a flag.
+
+Plain DDP: every rank holds and steps the whole optimizer state; gradients are all-reduced.
+ZeRO (:class:`~zero_lab.ZeroRedundancyOptimizer`): each rank holds and steps the state of its
+shard, and the parameters it stepped are exchanged. Everything the app does differently for
+the two is a method here, so the app asks its run's :class:`Strategy` instead of testing a
+boolean: how gradients are clipped (a local norm, or one all-reduced scalar over the shards),
+how the parameters are settled before they are read whole (a prefetched exchange waited for),
+which ``torch.optim`` object holds the state and what it holds, which keys it leaves unused,
+how a checkpoint is named and written (one ``.pt`` file, or a directory of shards), what the
+exchange reports, and the closing lines' state and exchange wording.
+
+    strategy = Strategy.of(zero=plan.zero)        # PlainDdp() or Zero(); also Strategy.of(zero=summary.zero)
+    norm = strategy.clip_grad_norm(model, optimizer, 1.0)
+    strategy.settle(optimizer)                    # before a checkpoint or the final checksum
+
+The gradient modes (``grad_reduce=``, ``shard_grads=``) are :class:`GradMode`: which of them a
+strategy can run is :meth:`Strategy.grad_mode_problem`'s answer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from zero_lab import checkpoint as sharded
+from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
+from zero_lab.optimizer import ZeroRedundancyOptimizer
+
+__all__ = ["GradMode", "PlainDdp", "Strategy", "Zero"]
+
+
+@dataclass(frozen=True)
+class GradMode:
+    """``grad_reduce=`` (``None``: DDP's own all-reduce) and ``shard_grads=`` of a run."""
+
+    reduce: str | None = None
+    shard: bool = False
+
+
+class Strategy(ABC):
+    """What differs between plain DDP and ZeRO, answered by the run's one strategy object."""
+
+    #: ``"ddp"`` or ``"zero"``: the name the closing lines and reports use.
+    name: ClassVar[str]
+    #: Recorded as ``zero`` in summary.json, checkpoints and W&B (files keep their key).
+    shards_state: ClassVar[bool]
+    #: Top-level keys this strategy does not use (said once when a job starts).
+    unused_keys: ClassVar[tuple[str, ...]]
+    #: The W&B run's group names these config groups (the partitioner only where it shards).
+    identity_groups: ClassVar[tuple[str, ...]]
+
+    @staticmethod
+    def of(zero: bool) -> Strategy:
+        """The strategy of a run whose optimizer shards its state (``zero``) or not."""
+        return _BY_SHARDING[bool(zero)]
+
+    @staticmethod
+    def of_optimizer(optimizer: Optimizer) -> Strategy:
+        """The strategy ``optimizer`` runs under: ZeRO for a ZeroRedundancyOptimizer, else plain DDP."""
+        return Strategy.of(isinstance(optimizer, ZeroRedundancyOptimizer))
+
+    # ------------------------------------------------------------------ the optimizer's state
+    @abstractmethod
+    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """The ``torch.optim`` object that holds this rank's state."""
+
+    @abstractmethod
+    def params_with_state(self, optimizer: Optimizer) -> list[bool]:
+        """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds state for it."""
+
+    def group_classes(self, optimizer: Optimizer) -> list[type]:
+        """The class stepping each param group (a :class:`~zero_lab.ChainedOptimizer` names one per
+        group; any other optimizer is its own class)."""
+        local = self.local_optimizer(optimizer)
+        return list(local.group_classes()) if isinstance(local, ChainedOptimizer) else [type(local)]
+
+    def master_weight_bytes(self, optimizer: Optimizer) -> int:
+        """Bytes of this rank's fp32 master shards (``optim.master_weights``; plain DDP keeps none)."""
+        return 0
+
+    # ------------------------------------------------------------------ the step
+    @abstractmethod
+    def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
+        """Clip every gradient to a global norm of ``max_norm``; returns the norm before clipping."""
+
+    @abstractmethod
+    def settle(self, optimizer: Optimizer) -> None:
+        """Finish any parameter exchange still in flight before the parameters are read whole."""
+
+    # ------------------------------------------------------------------ what the run reports
+    def imbalance(self, optimizer: Optimizer) -> float:
+        """The fullest rank's share of the state over the mean (1.0: every rank holds all of it)."""
+        return 1.0
+
+    def partition_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """The partition's report (``None``: nothing is partitioned)."""
+        return None
+
+    def exchange_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """The parameter exchange's report (``None``: no exchange)."""
+        return None
+
+    def exchange_mode(self, optimizer: Optimizer) -> str | None:
+        """The collective the exchange runs with (``None``: no exchange)."""
+        return None
+
+    def first_step_record(self, optimizer: Optimizer, keys: dict[str, str]) -> dict[str, Any]:
+        """Metrics recorded once, after the first step (``exchange=auto``'s timings); ``keys``: the record's names."""
+        return {}
+
+    def of_exchange(self, figure: Any) -> Any:
+        """``figure`` (a measurement of the parameter exchange) where there is an exchange, else ``None``."""
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+    @abstractmethod
+    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
+        """``<run_dir>/checkpoints/step_<step>``: a directory of shards (ZeRO), one ``.pt`` file (plain)."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
+        """Write the checkpoint at ``path`` (on every rank). ``whole``: the plain file's entries
+        besides the model and optimizer (step, losses, rng, ...), or the shards' manifest extras."""
+
+    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
+        """Load a sharded checkpoint into a ZeRO optimizer and the model; ``False``: not this
+        strategy's to load (a plain optimizer takes the merged state instead)."""
+        return False
+
+    # ------------------------------------------------------------------ the closing lines
+    @abstractmethod
+    def state_line(
+        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
+    ) -> str:
+        """The closing line's optimizer state per rank: sizes in bytes (worded by ``size``), ``classes``
+        the stepping classes, ``imbalance`` the fullest rank over the mean."""
+
+    @abstractmethod
+    def exchange_line(self, exchange_share: str) -> str:
+        """The closing line's parameter exchange (``exchange_share``: what ZeRO's exchange cost)."""
+
+
+class PlainDdp(Strategy):
+    """DDP + a ``torch.optim`` optimizer: every rank holds and steps the whole state."""
+
+    name = "ddp"
+    shards_state = False
+    unused_keys = ("partitioner", "bucket_view")
+    identity_groups = ("optim", "model")
+
+    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return optimizer
+
+    def params_with_state(self, optimizer: Optimizer) -> list[bool]:
+        return [bool(optimizer.state.get(p)) for group in optimizer.param_groups for p in group["params"]]
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
+        """Every rank holds every (all-reduced) gradient: torch's clip, no communication."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def settle(self, optimizer: Optimizer) -> None:
+        """Nothing is in flight: every rank stepped every parameter."""
+
+    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
+        return Path(run_dir) / "checkpoints" / f"step_{step:08d}.pt"
+
+    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
+        """Rank 0 writes one file: the model, the whole optimizer state and ``whole``."""
+        if torch.distributed.get_rank() != 0:
+            return
+        state = {
+            "format": whole["format"],
+            "step": whole["step"],
+            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            **{k: v for k, v in whole.items() if k not in ("format", "step")},
+            "zero": False,
+        }
+        sharded.save_file(state, path)
+
+    def state_line(
+        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
+    ) -> str:
+        return f"{size(held)}, all of it on every rank (DDP + {classes}; a zero_* optimizer shards it)"
+
+    def exchange_line(self, exchange_share: str) -> str:
+        return "none (plain DDP: every rank steps every parameter)"
+
+
+class Zero(Strategy):
+    """:class:`~zero_lab.ZeroRedundancyOptimizer`: each rank holds and steps its shard's state."""
+
+    name = "zero"
+    shards_state = True
+    unused_keys = ()
+    identity_groups = ("optim", "partitioner", "model")
+
+    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return _zero(optimizer).optim
+
+    def group_classes(self, optimizer: Optimizer) -> list[type]:
+        return list(_zero(optimizer).group_classes())
+
+    def params_with_state(self, optimizer: Optimizer) -> list[bool]:
+        """Each local shard's tensor looked up in the local optimizer's state."""
+        zero = _zero(optimizer)
+        held = [False] * sum(len(group["params"]) for group in zero.param_groups)
+        for shard in zero.local_shards():
+            held[shard.index] = held[shard.index] or bool(zero.optim.state.get(shard.tensor))
+        return held
+
+    def master_weight_bytes(self, optimizer: Optimizer) -> int:
+        return _zero(optimizer).master_weight_bytes()
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
+        """Each rank's norm of the elements it owns, one scalar all-reduce."""
+        return _zero(optimizer).clip_grad_norm_(max_norm)
+
+    def settle(self, optimizer: Optimizer) -> None:
+        """``prefetch=true`` leaves the last step's exchange to the next forward: wait for it."""
+        _zero(optimizer).wait_for_exchange()
+
+    def imbalance(self, optimizer: Optimizer) -> float:
+        return _zero(optimizer).partition.report().imbalance
+
+    def partition_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        return _zero(optimizer).partition.report().as_dict()
+
+    def exchange_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        return _zero(optimizer).exchange_report().as_dict()
+
+    def exchange_mode(self, optimizer: Optimizer) -> str | None:
+        return _zero(optimizer).exchange_mode
+
+    def first_step_record(self, optimizer: Optimizer, keys: dict[str, str]) -> dict[str, Any]:
+        """The exchange's mode and, with ``exchange=auto``, each candidate's measured time."""
+        report = _zero(optimizer).exchange_report()
+        record: dict[str, Any] = {keys["exchange_mode"]: report.mode}
+        record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
+        return record
+
+    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
+        return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+
+    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
+        """Every rank writes its shard; the manifest carries ``whole``'s step, losses, world size, loop state."""
+        extra = {k: v for k, v in whole.items() if k not in ("format", "model", "optimizer", GROUP_CLASS_KEY, "rng")}
+        sharded.save_checkpoint(path, _zero(optimizer), model, extra=extra)
+
+    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
+        sharded.load_checkpoint(directory, _zero(optimizer), model)
+        return True
+
+    def state_line(
+        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
+    ) -> str:
+        """The fullest rank against DDP's. ``ddp_bytes`` is priced over the parameters that have
+        state on some rank, so the ranks together hold at least that much and the fullest at least
+        1/W of it: a larger "÷" would be a measurement or planner error, and is never printed."""
+        assert ddp_bytes <= world * held * (1 + 1e-9), (
+            f"DDP + {classes} priced at {ddp_bytes} B but the fullest of {world} rank(s) holds {held} B: a saving "
+            "above the world size cannot be; the planner and the measurement disagree"
+        )
+        return (
+            f"{size(held)} on the fullest of {world} rank(s) (imbalance {imbalance:.2f}); "
+            f"DDP + the same {classes} would hold {size(ddp_bytes)} on every rank (planner): "
+            f"÷ {ddp_bytes / max(held, 1):.2f}"
+        )
+
+    def exchange_line(self, exchange_share: str) -> str:
+        return exchange_share
+
+    def of_exchange(self, figure: Any) -> Any:
+        return figure
+
+
+_BY_SHARDING: dict[bool, Strategy] = {False: PlainDdp(), True: Zero()}
+
+
+def _zero(optimizer: Optimizer) -> ZeroRedundancyOptimizer:
+    """``optimizer`` as what it is under :class:`Zero`: a ZeroRedundancyOptimizer (else a TypeError)."""
+    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+        raise TypeError(f"the ZeRO strategy steps a ZeroRedundancyOptimizer, not {type(optimizer).__name__}")
+    return optimizer
