@@ -19,6 +19,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -154,6 +155,20 @@ def assert_no_leftover_processes() -> None:
         except OSError:
             continue
     assert not leftovers, leftovers
+
+
+def wait_until_no_leftover_processes(timeout: float = 15.0) -> None:
+    """:func:`assert_no_leftover_processes`, allowing ``timeout`` seconds for processes that are
+    ending (a killed job's ranks; a Slurm job whose result is written but whose steps still exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_no_leftover_processes()
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def assert_close(a: list[float], b: list[float], tol: float = 1e-6) -> None:

@@ -21,6 +21,7 @@ from tests.e2e.runs import (
     child_env,
     summary,
     train_together,
+    wait_until_no_leftover_processes,
 )
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 from zero_lab.runtime.signals import StopRequest
@@ -46,18 +47,6 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120.0) ->
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
         time.sleep(0.05)
-
-
-def wait_until_no_leftover_processes(timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            assert_no_leftover_processes()
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def test_stop_request_records_the_signal_and_restores_the_handler():
