@@ -35,10 +35,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import state_dict as torch_state_dict
 
 from zero_lab.optimizer import MASTER_KEY, ZeroRedundancyOptimizer
 from zero_lab.shard_state import merge_states
+
+
+def _torch_state_dict() -> Any:
+    """``torch.distributed.checkpoint.state_dict``, imported on first use: importing it loads
+    DTensor and the checkpoint planner (about 0.8 s), which a job that never writes this format
+    should not pay at start."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
 
 __all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
 
@@ -48,7 +56,7 @@ def _fqns(model: nn.Module, opt: ZeroRedundancyOptimizer) -> list[str]:
     ``torch.compile``'s ``_orig_mod.`` stripped, as torch's functions name them)."""
     by_id: dict[int, str] = {}
     for name, param in model.named_parameters():
-        fqns = torch_state_dict._get_fqns(model, name)  # torch's own naming, so the two formats agree
+        fqns = _torch_state_dict()._get_fqns(model, name)  # torch's own naming, so the two formats agree
         by_id[id(param)] = next(iter(fqns))
     missing = [i for i, p in enumerate(opt.all_params) if id(p) not in by_id]
     if missing:
@@ -79,7 +87,7 @@ def _materialize(opt: ZeroRedundancyOptimizer) -> None:
 def get_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The DCP form of ``optimizer``'s state on this rank (see the module docstring). Call on every rank."""
     if not isinstance(optimizer, ZeroRedundancyOptimizer):
-        return torch_state_dict.get_optimizer_state_dict(model, optimizer)
+        return _torch_state_dict().get_optimizer_state_dict(model, optimizer)
     _materialize(optimizer)
     fqns = _fqns(model, optimizer)
     mine = optimizer.local_shard_states()
@@ -108,7 +116,7 @@ def get_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer)
 def set_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Load a DCP-form optimizer state (whole tensors keyed by FQN); each rank keeps its shards."""
     if not isinstance(optimizer, ZeroRedundancyOptimizer):
-        torch_state_dict.set_optimizer_state_dict(model, optimizer, state_dict)
+        _torch_state_dict().set_optimizer_state_dict(model, optimizer, state_dict)
         return
     fqns = _fqns(model, optimizer)
     index_of = {fqn: i for i, fqn in enumerate(fqns)}

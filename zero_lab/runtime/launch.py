@@ -287,7 +287,18 @@ def start_forkserver(*modules: str) -> None:
     forkserver.set_forkserver_preload(_PRELOAD + [m for m in _extra_preload if m not in _PRELOAD])
     with blocked_for_children(_FORKSERVER_BLOCKS):
         forkserver.ensure_running()
-    atexit.register(server._stop)
+    atexit.register(_stop_forkserver)
+
+
+def _stop_forkserver() -> None:
+    """At exit: end the forkserver at once and reap it. It holds no state (its ranks have ended),
+    and its orderly shutdown — an interpreter with torch loaded — took 1.3 s of every job's exit."""
+    server = forkserver._forkserver
+    if server._forkserver_pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    server._stop()  # closes our end of its alive pipe, waits for it, removes its socket
 
 
 _extra_preload: list[str] = []
