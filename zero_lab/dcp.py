@@ -48,6 +48,7 @@ def _torch_state_dict() -> Any:
 
     return state_dict
 
+
 __all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
 
 
