@@ -37,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from tests.dist.training import TiedLM
 from zero_lab import Flat, Manual, ZeroRedundancyOptimizer
 from zero_lab.checkpoint import save_checkpoint
+from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Partitioner
 
@@ -76,6 +77,7 @@ def _build(
         torch.optim.Adam,
         partitioner=partitioner,
         overlap_with_ddp=overlap,
+        ddp_buckets=ddp_bucket_map(ddp) if overlap else None,  # partitioned along these buckets, as the app does
         exchange="broadcast",
         lr=1e-2,
     )

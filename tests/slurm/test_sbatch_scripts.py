@@ -97,6 +97,12 @@ def test_the_srun_script_requeues_at_the_time_limit_and_the_job_resumes(slurm: S
     assert run["stopped_by"] is None and run["resumed_from"] == str(run_dir)
 
 
+def _as_in_a_login_session() -> None:
+    """SIGHUP at its default (end the process), as in a login shell's command, whatever this test
+    runner inherited (under ``nohup`` it is ignored, and the submitter would outlive the hangup)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_a_launcher_sweep_outlives_the_login_session_that_submitted_it(slurm: SlurmCluster, tmp_path):
     """The submitting ``python train.py -m hydra/launcher=slurm`` killed by SIGHUP (the login
     session closing) once its jobs are queued: the jobs run to the end and write their run dirs;
@@ -105,7 +111,15 @@ def test_a_launcher_sweep_outlives_the_login_session_that_submitted_it(slurm: Sl
     argv = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug"]
     command = slurm.command([*argv, "dist.world_size=2", "steps=30", *SMALL[:2], f"hydra.sweep.dir={sweep}"])
     env = {**child_env(), "SLURM_CONF": str(slurm.conf)}
-    submitter = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    submitter = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_in_a_login_session,
+    )
     try:
         deadline = time.monotonic() + 120
         while not slurm.jobs() and submitter.poll() is None and time.monotonic() < deadline:
