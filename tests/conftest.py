@@ -8,6 +8,9 @@
 loadgroup``): each test is put in a group (:func:`xdist_group_of`) that one worker runs whole, so a
 module's or a shared session fixture is made once, never by both workers; the Slurm layer (mostly
 waiting for slurmctld) runs beside the rest. Plain ``pytest`` runs in one process as before.
+Known gap: this hook runs after xdist's own ``pytest_collection_modifyitems`` (which reads the
+groups), so the groups do not take effect yet and tests are spread one by one; making it
+``tryfirst`` is the next change, to be validated with a full run.
 """
 
 from __future__ import annotations
