@@ -22,12 +22,12 @@ train: setup
 # The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
 test: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=30
+	$(BIN)/python -m pytest -n 3 --durations=30
 
 # The edit-test loop: lint + the unit layer (config tests included), well under a minute.
 check: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest tests/unit -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest tests/unit -q -n 2
 
 test-all: setup
 	$(BIN)/python -m pytest -m ""

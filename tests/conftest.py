@@ -4,18 +4,22 @@
 - ``tests/dist``: worlds of Gloo ranks from one preloaded forkserver (``tests/dist/worlds.py``).
 - ``tests/e2e``: the real ``python train.py``, single runs and sweeps (``tests/e2e/runs.py``).
 
-``make test`` and ``make check`` run the suite on two pytest-xdist workers (``-n 2 --dist
-loadgroup``): each test is put in a group (:func:`xdist_group_of`) that one worker runs whole, so a
-module's or a shared session fixture is made once, never by both workers; the Slurm layer (mostly
-waiting for slurmctld) runs beside the rest. Plain ``pytest`` runs in one process as before.
-Known gap: this hook runs after xdist's own ``pytest_collection_modifyitems`` (which reads the
-groups), so the groups do not take effect yet and tests are spread one by one; making it
-``tryfirst`` is the next change, to be validated with a full run.
+``make test`` runs the suite on three pytest-xdist workers (``-n 3``; ``make check`` the unit
+layer on two) with this folder's scheduler (:func:`pytest_xdist_make_scheduler`): each test of the
+dist, e2e and Slurm layers belongs to a group (:func:`xdist_group_of`) that one worker runs whole,
+so a module's or a shared session fixture is made once, never by two workers; unit tests are
+spread one by one. (xdist's own ``--dist loadgroup`` reads ``xdist_group`` markers into node ids
+that pytest 9 no longer uses, so here the groups come from each test's path instead.) Groups are
+handed out longest first (:data:`LAYER_ORDER`: the Slurm layer, which mostly waits for slurmctld
+and its jobs, then the e2e runs of ``train.py``, then the Gloo worlds), the many short unit tests
+last, to fill the workers' ends. That is why there is a third worker on two cores: while one
+waits for Slurm, two compute. Plain ``pytest`` runs in one process, in collection order.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 
@@ -24,23 +28,46 @@ import pytest
 SHARED_E2E_RUNS = {"test_app", "test_config_cli", "test_default_job", "test_metrics", "test_optuna", "test_report"}
 
 
-def xdist_group_of(item: pytest.Item) -> str:
-    """The xdist group ``item`` runs in: the Slurm layer as one (one cluster per session), the e2e
-    modules of :data:`SHARED_E2E_RUNS` as one, every other module its own."""
-    path = Path(str(item.path))
+def xdist_group_of(nodeid: str) -> str:
+    """The group the test ``nodeid`` runs in: the Slurm layer as one (one cluster per session, its
+    jobs queued one after another), the e2e modules of :data:`SHARED_E2E_RUNS` as one, every other
+    dist or e2e module its own, and each unit test alone (no shared fixture worth a group)."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
     layer = path.parent.name
     if layer == "slurm":
         return "slurm"
     if layer == "e2e" and path.stem in SHARED_E2E_RUNS:
         return "e2e-shared-runs"
+    if layer == "unit":
+        return nodeid
     return f"{layer}/{path.stem}"
 
 
+#: The order groups are handed to workers: longest first (LPT), the unit layer's short tests last.
+LAYER_ORDER = {"slurm": 0, "e2e": 1, "dist": 2, "unit": 3}
+
+
+def schedule_key(item: pytest.Item) -> int:
+    """Where ``item``'s layer comes in :data:`LAYER_ORDER` (unknown folders just before unit)."""
+    return LAYER_ORDER.get(Path(str(item.path)).parent.name, len(LAYER_ORDER) - 1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike, the scheduler reads this order
+        items.sort(key=schedule_key)  # stable: within a layer, collection order
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler (in collection order, no reordering by size) over :func:`xdist_group_of`."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")
