@@ -432,6 +432,22 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return self._comm
 
     @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """torch's param groups. The pipeline reads its hyper-parameters from this very list
+        before each step and writes them back after; a list assigned here (a client's wrapper
+        may) becomes the pipeline's too."""
+        try:
+            return self.__dict__["param_groups"]
+        except KeyError:
+            raise AttributeError("param_groups") from None
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.__dict__["param_groups"] = groups
+        if (pipeline := self.__dict__.get("_pipeline")) is not None:
+            pipeline.groups = groups
+
+    @property
     def all_params(self) -> list[torch.Tensor]:
         """Every parameter, by global index (param groups in order)."""
         return [p for group in self.param_groups for p in group["params"]]

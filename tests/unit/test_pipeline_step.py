@@ -55,6 +55,19 @@ def test_the_pipelines_step_is_the_optimizers_and_syncs_hyperparameters_both_way
     assert opt.local_step_seconds == opt.pipeline.local_step_seconds > 0
 
 
+def test_param_groups_assigned_anew_are_the_ones_the_pipeline_steps_with(single_rank_group):
+    model = _model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=1.0)
+    opt.param_groups = [dict(group, lr=0.5) for group in opt.param_groups]  # as a client's wrapper may
+    assert opt.pipeline.groups is opt.param_groups
+    weight = model[0].weight
+    before = weight.detach().clone()
+    weight.grad = torch.ones_like(weight)
+    opt.step()
+    assert torch.equal(weight.detach(), before - 0.5)
+    assert opt.optim.param_groups[0]["lr"] == 0.5
+
+
 def test_the_optimizer_no_longer_has_the_moved_names_of_its_own():
     own = set(dir(ZeroRedundancyOptimizer))
     assert own.isdisjoint(MOVED_TO_PIPELINE)
