@@ -26,19 +26,27 @@ exchanges each gradient bucket inside backward instead (``step()`` does nothing)
 
 Partition, local optimizer and exchange are one :class:`~zero_lab.pipeline.StepPipeline`
 (reduce gradients -> step owned shards -> exchange parameters), built in the constructor
-and never rebuilt. A partition that follows DDP's buckets follows ``ddp_buckets=`` (the app
-passes :func:`zero_lab.ddp_buckets.ddp_bucket_map`) or, when none are given, DDP's default
-caps as :mod:`zero_lab.ddp_buckets` models them over the parameters; a hook that later
-brings other buckets keeps the partition (each bucket is planned from its own parameters)
-and a warning names the argument that aligns it. Hooks attach phases to the pipeline
-(:meth:`attach_ddp`; :func:`zero_lab.grad_reduce.reduce_gradients`), they build nothing.
+and never rebuilt; steps 2-4 are :meth:`StepPipeline.step <zero_lab.pipeline.StepPipeline.step>`,
+and :meth:`ZeroRedundancyOptimizer.step` keeps only torch's contract around it (the overlap
+no-op, waiting for an exchange in flight, Join). A partition that follows DDP's buckets
+follows ``ddp_buckets=`` (the app passes :func:`zero_lab.ddp_buckets.ddp_bucket_map`) or,
+when none are given, DDP's default caps as :mod:`zero_lab.ddp_buckets` models them over
+the parameters; a hook that later brings other buckets keeps the partition (each bucket is
+planned from its own parameters) and a warning names the argument that aligns it. Hooks attach phases to the pipeline
+(:meth:`StepPipeline.attach_per_bucket <zero_lab.pipeline.StepPipeline.attach_per_bucket>`;
+:func:`zero_lab.grad_reduce.reduce_gradients`), they build nothing, and they call the
+pipeline, never the optimizer.
 
-The shard API other modules use (overlap hooks, prefetch, checkpoints): :attr:`pipeline`,
-:attr:`all_params`, :meth:`local_shards`, :meth:`step_shards`, :meth:`local_shard_states`,
-:meth:`load_shard_states`, :attr:`communicator`, :meth:`attach_ddp` (the overlap hook),
-:meth:`wait_for_exchange`, :meth:`track_in_flight`, :meth:`start_prefetch` /
-:meth:`stop_prefetch` and :meth:`note_first_use`. The partitioner is chosen at construction
-only (``partitioner=``).
+Public surface: torch's API (below) and the few names users, checkpoints and the app read:
+:attr:`pipeline` (the overlap hooks and prefetch talk to it), :attr:`partition`,
+:attr:`partitioner`, :attr:`communicator`, :attr:`comm_stats`, :attr:`all_params`,
+:meth:`local_shards`, :meth:`local_shard_states` / :meth:`load_shard_states` (checkpoints),
+:meth:`wait_for_exchange` (code reading parameters while prefetching), :meth:`exchange_report`,
+:attr:`exchange_mode`, :meth:`clip_grad_norm_`, :meth:`master_weight_bytes`,
+:attr:`local_step_seconds`. The names that served only the overlap hooks moved to the
+pipeline; :data:`MOVED_TO_PIPELINE` keeps the old spellings working, with a
+``DeprecationWarning`` naming the new one. The partitioner is chosen at construction only
+(``partitioner=``).
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
 ``optim``, ``param_groups`` synced both ways, ``state_dict`` in plain optimizer format
@@ -54,12 +62,10 @@ elsewhere: the protocol HF Trainer, accelerate and Lightning rely on, docs/clien
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,17 +89,17 @@ from zero_lab.comm import CommStats, Communicator
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
-from zero_lab.exchange import ExchangeReport, FirstUse, InFlight, ParamExchange, share_grads_with_joined
-from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy, bucket_use
-from zero_lab.pipeline import StepPipeline
+from zero_lab.exchange import ExchangeReport, ParamExchange, share_grads_with_joined
+from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
+from zero_lab.pipeline import LocalShard, StepPipeline, sync_param_groups
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.state_server import ShardStateServer, default_store, fetch_shard_states
 from zero_lab.torch_compat import TorchPrivateNames
 
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
+    "MOVED_TO_PIPELINE",
     "OVERLAP_EXCHANGES",
-    "DdpStepHook",
     "LocalShard",
     "ZeroRedundancyOptimizer",
     "check_partition_fits",
@@ -226,27 +232,21 @@ def _check_same_dense_type(params: list[torch.Tensor]) -> None:
             )
 
 
-@dataclass(frozen=True)
-class LocalShard:
-    """A shard this rank steps: elements ``[start, stop)`` of flattened ``param`` (global
-    index ``index``); ``tensor`` is what the local optimizer holds for it (``param`` itself,
-    or a proxy: a slice view, a detached alias with overlap, or an fp32 master)."""
-
-    index: int
-    param: torch.Tensor
-    start: int
-    stop: int
-    tensor: torch.Tensor
-
-
-@runtime_checkable
-class DdpStepHook(Protocol):
-    """What steps the optimizer inside DDP's backward instead of :meth:`~ZeroRedundancyOptimizer.step`
-    (:mod:`zero_lab.overlap`'s hooks, attached with :meth:`~ZeroRedundancyOptimizer.attach_ddp`):
-    it exchanges each bucket's parameters itself, by broadcasts from their owners."""
-
-    def exchange_report(self, requested: str) -> ExchangeReport: ...
-
+#: Names that served only the overlap hooks and prefetch, moved to :class:`~zero_lab.pipeline.StepPipeline`
+#: (``opt.pipeline``): old optimizer name -> its name there. ``opt.<old>`` still works, with a
+#: ``DeprecationWarning`` naming ``opt.pipeline.<new>``. ``attach_ddp``'s first argument (the hook)
+#: is dropped: ``attach_ddp(hook, ddp_buckets, shard_buckets)`` -> ``attach_per_bucket(ddp_buckets, shard_buckets)``.
+MOVED_TO_PIPELINE = {
+    "attach_ddp": "attach_per_bucket",
+    "step_shards": "step_bucket",
+    "track_in_flight": "track_in_flight",
+    "async_exchange": "prefetching",
+    "first_use": "first_use",
+    "start_prefetch": "start_prefetch",
+    "stop_prefetch": "stop_prefetch",
+    "note_first_use": "note_first_use",
+    "exchange_units": "exchange_units",
+}
 
 #: The ``exchange=`` values the overlap hooks honour: they broadcast each DDP bucket from its owners.
 OVERLAP_EXCHANGES = ("auto", "broadcast")
@@ -359,9 +359,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         self._join_active = False
         self._consolidated: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
 
-        self.local_step_seconds = 0.0  # running total of this rank's local optimizer steps (no exchange)
-        self._async_exchange = False  # start_prefetch / stop_prefetch
-        self._first_use = FirstUse()  # note_first_use (prefetch's pre-hooks): the exchange's issue order
         self._pipeline = self._build_pipeline()
         self._init_state_protocol()
         self._initialized = True
@@ -369,16 +366,21 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def _build_pipeline(self) -> StepPipeline:
         """Partition, exchange and local optimizer, built together once (the constructor)."""
         partition = self._compute_partition()
-        shards = StepPipeline(
-            partition,
-            [p.requires_grad for p in self.all_params],
-            ParamExchange(
-                self.all_params, partition, self._comm, self.parameters_as_bucket_view, self._exchange_collective
-            ),
+        exchange = ParamExchange(
+            self.all_params, partition, self._comm, self.parameters_as_bucket_view, self._exchange_collective
         )
-        shards.optim = ChainedOptimizer(self._local_param_groups(shards), self._optimizer_class, **self._optim_defaults)
-        self._sync_param_groups(shards.optim.param_groups, self.param_groups)
-        return shards
+        return StepPipeline(
+            self.param_groups,
+            partition,
+            exchange,
+            rank=self.rank,
+            optimizer_class=self._optimizer_class,
+            defaults=self._optim_defaults,
+            master_weights=self.master_weights,
+            overlap_with_ddp=self._overlap_with_ddp,
+            partitioner=self._partitioner,
+            ddp_buckets=self._ddp_buckets,
+        )
 
     @property
     def pipeline(self) -> StepPipeline:
@@ -430,103 +432,62 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return self._comm
 
     @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """torch's param groups. The pipeline reads its hyper-parameters from this very list
+        before each step and writes them back after; a list assigned here (a client's wrapper
+        may) becomes the pipeline's too."""
+        try:
+            return self.__dict__["param_groups"]
+        except KeyError:
+            raise AttributeError("param_groups") from None
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.__dict__["param_groups"] = groups
+        if (pipeline := self.__dict__.get("_pipeline")) is not None:
+            pipeline.groups = groups
+
+    @property
     def all_params(self) -> list[torch.Tensor]:
         """Every parameter, by global index (param groups in order)."""
         return [p for group in self.param_groups for p in group["params"]]
 
     def local_shards(self) -> list[LocalShard]:
         """The shards this rank steps, with the tensor its local optimizer holds for each."""
-        params = self.all_params
-        proxies = {(id(param), start): proxy for proxy, param, start, _ in self._pipeline.proxies}
-        return [
-            LocalShard(
-                s.param, params[s.param], s.start, s.stop, proxies.get((id(params[s.param]), s.start), params[s.param])
-            )
-            for s in self.partition.shards_of(self.rank)
-        ]
-
-    def attach_ddp(self, hook: DdpStepHook, ddp_buckets: Mapping[int, int], shard_buckets: bool = False) -> None:
-        """Let ``hook`` step this optimizer inside DDP's backward (``overlap_with_ddp=True``;
-        :mod:`zero_lab.overlap` calls this, on every rank, when its hook is created).
-
-        The pipeline's step and exchange then run per bucket in the hook, which broadcasts each
-        bucket's shards itself. Nothing is rebuilt: the hook plans each bucket from the parameters
-        it holds, so a partition along other buckets than ``ddp_buckets`` (``{id(param): bucket}``)
-        or another ``shard_buckets`` is as correct, only less aligned; a warning then names the
-        constructor arguments that build it aligned.
-        """
-        if not self._overlap_with_ddp:
-            raise ValueError("attach_ddp: this optimizer steps itself; build it with overlap_with_ddp=True")
-        self._pipeline.attach_per_bucket()
-        use = bucket_use(self._partitioner)
-        if not use.needs_ddp_buckets:
-            return  # the partition does not follow DDP's buckets
-        other_split = use.shard_buckets != shard_buckets
-        if dict(ddp_buckets) == self._ddp_buckets and not other_split:
-            return  # built along these
-        wanted = "ddp_buckets=zero_lab.ddp_buckets.ddp_bucket_map(ddp)"
-        if other_split:
-            aligned = copy.copy(self._partitioner)  # the optimizer's own stays as built
-            aligned.shard_buckets = shard_buckets  # type: ignore[attr-defined]
-            wanted += f" and partitioner={aligned!r}"
-        logger.warning(
-            "zero_lab: the overlap hook brings DDP's buckets%s, but this optimizer's partition was built at "
-            "construction along other ones; it is kept (every bucket is still stepped correctly, only less aligned "
-            "with DDP's). To build it along DDP's buckets, pass %s to ZeroRedundancyOptimizer",
-            f" and shard_buckets={shard_buckets}" if other_split else "",
-            wanted,
-        )
+        return self._pipeline.local_shards()
 
     def wait_for_exchange(self, params: Iterable[int] | None = None) -> None:
         """Finish an exchange in flight (``prefetch_exchange``): the units holding the
-        parameters with these global indices, or all of it."""
-        self._exchange.wait(params)
-
-    def track_in_flight(self, params: frozenset[int], inflight: InFlight) -> None:
-        """Make :meth:`wait_for_exchange` also wait for ``inflight`` (collectives writing
-        the parameters with global indices ``params``, e.g. the overlap hooks' sends)."""
-        self._exchange.track(params, inflight)
+        parameters with these global indices, or all of it. Call it before reading
+        parameters outside a forward (``model.state_dict()``, an EMA update)."""
+        self._pipeline.wait_for_exchange(params)
 
     @property
-    def async_exchange(self) -> bool:
-        """True between :meth:`start_prefetch` and :meth:`stop_prefetch`: ``step()`` only issues the exchange."""
-        return self._async_exchange
+    def local_step_seconds(self) -> float:
+        """Running total of this rank's local optimizer steps (no exchange), in ``step()`` or the overlap hooks."""
+        return self._pipeline.local_step_seconds
 
-    @property
-    def first_use(self) -> FirstUse:
-        """The order a forward first reads the parameters (:meth:`note_first_use`), which the
-        exchange issues its units in."""
-        return self._first_use
-
-    def start_prefetch(self) -> None:
-        """From now on ``step()`` only issues the exchange; whoever reads a parameter waits for
-        it first (:func:`zero_lab.overlap.prefetch_exchange`'s forward pre-hooks)."""
-        self._async_exchange = True
-        if self._pipeline.exchange_timing == "after_step":
-            self._pipeline.exchange_timing = "next_forward"
-
-    def stop_prefetch(self) -> None:
-        """Wait for an exchange in flight; ``step()`` exchanges synchronously again."""
-        self._exchange.wait()
-        self._async_exchange = False
-        if self._pipeline.exchange_timing == "next_forward":
-            self._pipeline.exchange_timing = "after_step"
-
-    def note_first_use(self, params: Iterable[int]) -> None:
-        """A forward is about to read the parameters with these global indices (see :attr:`first_use`)."""
-        self._first_use.note(params)
+    def __getattr__(self, name: str) -> Any:
+        """The old spellings of :data:`MOVED_TO_PIPELINE` (called only for names not found otherwise)."""
+        new = MOVED_TO_PIPELINE.get(name)
+        pipeline = self.__dict__.get("_pipeline")
+        if new is None or pipeline is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warnings.warn(
+            f"ZeroRedundancyOptimizer.{name} moved to the step pipeline: use opt.pipeline.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        moved = getattr(pipeline, new)
+        if name == "attach_ddp":  # it took the hook first; the pipeline does not keep it
+            return lambda hook, ddp_buckets, shard_buckets=False: moved(ddp_buckets, shard_buckets)
+        return moved
 
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first
         step also the measured time of each candidate (max over ranks). With an overlap
         hook attached (:meth:`attach_ddp`), the hook's per-bucket broadcasts."""
         return self._pipeline.exchange_report(self._exchange_choice)
-
-    @property
-    def exchange_units(self) -> int:
-        """How many separately awaitable units (buffers, or shards) the exchange issues per
-        step; with ``auto`` still undecided, the most any candidate collective would."""
-        return self._exchange.unit_count
 
     # ------------------------------------------------------------------ partition
 
@@ -550,129 +511,33 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         check_partition_fits(partition, self._optimizer_class, self.partitioner, self.group_classes())
         return partition
 
-    def _local_param_groups(self, shards: StepPipeline, first_group: int = 0) -> list[dict[str, Any]]:
-        """Local groups for global groups ``first_group..``, holding this rank's shard tensors.
-
-        Appends to ``shards.local_index`` (local position -> global index, in the order the
-        local optimizer numbers its parameters), ``shards.proxies`` (tensors standing in
-        for a parameter: slices always, whole parameters too with overlap, where the
-        step must not touch ``param.grad`` while autograd may be writing it) and
-        ``shards.masters`` (the fp32 proxies to write back).
-        """
-        params = self.all_params
-        local = [
-            {k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
-            | {"params": [], GROUP_CLASS_KEY: group_class(g, self._optimizer_class)}
-            for g in self.param_groups[first_group:]
-        ]
-        members: list[list[int]] = [[] for _ in local]
-        for shard in shards.partition.shards_of(self.rank):
-            group = shards.partition.specs[shard.param].group
-            if group < first_group:
-                continue
-            param = params[shard.param]
-            whole = shard.start == 0 and shard.stop == param.numel()
-            master = self.master_weights and param.dtype in (torch.bfloat16, torch.float16)
-            if whole and not self._overlap_with_ddp and not master:
-                tensor = param
-            else:
-                tensor = param.detach() if whole else param.data.view(-1)[shard.start : shard.stop]
-                if master:
-                    tensor = tensor.float().clone()
-                    shards.masters.append((tensor, param, shard.start, shard.stop))
-                shards.proxies.append((tensor, param, shard.start, shard.stop))
-            local[group - first_group]["params"].append(tensor)
-            members[group - first_group].append(shard.param)
-        for indices in members:
-            shards.local_index.extend(indices)
-        return local
-
     # ------------------------------------------------------------------ stepping
-    @staticmethod
-    def _sync_param_groups(src: list[dict[str, Any]], dst: list[dict[str, Any]]) -> None:
-        """Copy every hyperparameter (all keys but the parameters) from ``src`` to ``dst``."""
-        if len(src) != len(dst):
-            raise ValueError(f"expected {len(dst)} param groups, got {len(src)}")
-        for src_group, dst_group in zip(src, dst):
-            for key, value in src_group.items():
-                if key not in _NOT_HYPERPARAMETERS:
-                    dst_group[key] = value
-
-    def _refresh_trainability(self) -> None:
-        trainable = [p.requires_grad for p in self.all_params]
-        if trainable != self._pipeline.trainable:
-            logger.info("zero_lab: trainable parameters changed; re-laying the parameter exchange")
-            self._pipeline.trainable = trainable
-            self._exchange.rebuild()
+    #: torch's name (``src`` -> ``dst``, every key but the parameters), read by code written for torch's class.
+    _sync_param_groups = staticmethod(sync_param_groups)
 
     def _local_step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:
-        """Step this rank's shards only (no communication)."""
-        self._refresh_trainability()
-        self._sync_param_groups(self.param_groups, self._optim.param_groups)
-        self._pipeline.point_proxy_grads()
-        started = time.perf_counter()
-        try:
-            if closure is None:
-                loss = self._optim.step(**kwargs)
-            elif not callable(closure):  # not zero_lab's to call: the local class gets it as it came, as in torch
-                loss = self._optim.step(closure=closure, **kwargs)
-            else:
-
-                def closure_then_point() -> float:
-                    result = closure()
-                    self._pipeline.point_proxy_grads()
-                    return result
-
-                loss = self._optim.step(closure=closure_then_point, **kwargs)
-        finally:
-            self.local_step_seconds += time.perf_counter() - started
-            self._pipeline.release_proxy_grads()
-        self._sync_param_groups(self._optim.param_groups, self.param_groups)
-        return loss
+        """Step this rank's shards only (no communication; torch's name): the pipeline's local step."""
+        return self._pipeline.local_step(closure, **kwargs)
 
     def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> float | None:  # type: ignore[override]
-        """Step this rank's shards, then exchange updated parameters with all ranks.
+        """Step this rank's shards, then exchange updated parameters with all ranks
+        (:meth:`StepPipeline.step <zero_lab.pipeline.StepPipeline.step>`).
 
-        With ``overlap_with_ddp=True`` the step happens inside DDP's backward (see
-        :mod:`zero_lab.overlap`) and this is a no-op, as in torch.
+        Torch's contract around it: with ``overlap_with_ddp=True`` the step happens inside
+        DDP's backward (see :mod:`zero_lab.overlap`) and this is a no-op, as in torch; an
+        exchange still in flight (prefetch) is finished first; under ``Join`` the ranks that
+        ran out of inputs are told, and share the gradients they reduce.
         """
         if self._overlap_with_ddp:
             if not getattr(self, "_warned_overlap_step", False):
                 logger.warning("step() does nothing with overlap_with_ddp=True: the DDP comm hook steps")
                 self._warned_overlap_step = True
             return None
-        self._exchange.wait()
+        self._pipeline.wait_for_exchange()
         Join.notify_join_context(self)
         if self._join_active:
             share_grads_with_joined(self._comm, self.all_params, self.partition, active=True)
-        loss = self._local_step(closure, **kwargs)
-        self._exchange_params()
-        return loss
-
-    def _exchange_params(self) -> None:
-        if self._async_exchange:
-            self._exchange.start(self._first_use)
-        else:
-            self._exchange.run()
-
-    def step_shards(self, proxy_grads: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Step only the given local tensors (:attr:`LocalShard.tensor`), each with the given
-        gradient (used by the overlap hooks). No exchange.
-
-        Every other proxy has ``grad=None``, which every ``torch.optim`` optimizer skips.
-        """
-        self._sync_param_groups(self.param_groups, self._optim.param_groups)
-        for proxy, grad in proxy_grads:
-            proxy.grad = grad
-        started = time.perf_counter()
-        try:
-            self._optim.step()
-        finally:
-            self.local_step_seconds += time.perf_counter() - started
-            for proxy, _ in proxy_grads:
-                proxy.grad = None
-            self._pipeline.write_back_masters(only={id(proxy) for proxy, _ in proxy_grads})
-        self._sync_param_groups(self._optim.param_groups, self.param_groups)
+        return self._pipeline.step(closure, **kwargs)
 
     @torch.no_grad()
     def clip_grad_norm_(
@@ -748,23 +613,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             self._add_group_of_class(param_group, cls)
         if not self._initialized:
             return  # Optimizer.__init__ adding the constructor's groups: the pipeline is built after
-        shards = self._pipeline
-        shards.exchange.wait()
-        before = shards.partition
-        after = self._compute_partition()
-        old_params = len(before.specs)
-        kept = tuple(s for s in after.shards if s.param < old_params)
-        if sorted(kept, key=lambda s: (s.param, s.start)) != sorted(before.shards, key=lambda s: (s.param, s.start)):
-            raise RuntimeError(
-                f"partitioner {self.partitioner!r} moved existing parameters when a group was added; "
-                "zero_lab needs partitioners that are stable under appended groups"
-            )
-        shards.partition = after
-        shards.trainable = [p.requires_grad for p in self.all_params]
-        shards.exchange.update(self.all_params, after)
-        (new_group,) = self._local_param_groups(shards, first_group=len(self.param_groups) - 1)
-        shards.optim.add_param_group(new_group)
-        self._sync_param_groups(shards.optim.param_groups, self.param_groups)
+        self._pipeline.extend(self._compute_partition())
 
     def _add_group_of_class(self, param_group: dict[str, Any], cls: type[Optimizer]) -> None:
         """Add a group of another class, filled with *its* class's defaults (probed on meta
@@ -1083,7 +932,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         return self.process_group
 
     def _step_as_joined(self) -> None:
-        self._exchange.wait()
+        self._pipeline.wait_for_exchange()
         share_grads_with_joined(self._comm, self.all_params, self.partition, active=False)
-        self._local_step()
-        self._exchange_params()
+        self._pipeline.step()

@@ -8,10 +8,12 @@ be built with ``overlap_with_ddp=True`` (its ``step()`` is then a no-op)::
     for x in data:
         ddp(x).sum().backward()   # all-reduce, step and parameter exchange happen in here
 
-Creating the hook attaches it to the optimizer
-(:meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.attach_ddp`) with DDP's buckets as
-:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: the optimizer's pipeline then
-steps and exchanges per bucket, in this hook. Nothing is rebuilt: the partition is the
+Creating the hook attaches it to the optimizer's pipeline
+(:meth:`~zero_lab.pipeline.StepPipeline.attach_per_bucket`) with DDP's buckets as
+:mod:`zero_lab.ddp_buckets` models them and ``shard_buckets``: the pipeline then steps
+(:meth:`~zero_lab.pipeline.StepPipeline.step_bucket`) and exchanges per bucket, in this hook.
+The hooks and :func:`prefetch_exchange` talk to ``zero.pipeline`` only, and nothing calls
+them back. Nothing is rebuilt: the partition is the
 constructor's (along ``ddp_buckets=``, as the app passes, or DDP's default caps), and a
 warning names the argument when the hook's buckets differ. ``exchange_report()`` is then
 ``overlap_per_bucket`` (broadcasts, so ``exchange="auto"`` means broadcast and
@@ -81,8 +83,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from zero_lab.comm import Communicator
 from zero_lab.ddp_buckets import ddp_bucket_map
-from zero_lab.exchange import ExchangeReport, InFlight, issue_owner_broadcast
+from zero_lab.exchange import InFlight, issue_owner_broadcast
 from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.pipeline import StepPipeline
 
 __all__ = ["PrefetchHandle", "hook_with_zero_step", "hook_with_zero_step_interleaved", "prefetch_exchange"]
 
@@ -92,7 +95,7 @@ CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 class _BucketPlan:
     """For one DDP bucket: what this rank steps and what every owner broadcasts."""
 
-    def __init__(self, zero: ZeroRedundancyOptimizer, bucket: dist.GradBucket, index_of: dict[int, int]):
+    def __init__(self, pipeline: StepPipeline, bucket: dist.GradBucket, index_of: dict[int, int]):
         self.index = bucket.index()
         self.params = list(bucket.parameters())
         self.global_index = [index_of[id(p)] for p in self.params]
@@ -103,15 +106,15 @@ class _BucketPlan:
         position = {g: k for k, g in enumerate(self.global_index)}
         # (proxy, global index, bucket offset, start, stop) for the shards this rank steps
         self.mine: list[tuple[torch.Tensor, int, int, int, int]] = []
-        proxies = {(shard.index, shard.start): shard.tensor for shard in zero.local_shards()}
+        proxies = {(shard.index, shard.start): shard.tensor for shard in pipeline.local_shards()}
         by_owner: dict[int, list[tuple[torch.Tensor, int, int]]] = {}
-        for shard in sorted(zero.partition.shards, key=lambda s: (s.rank, s.param)):
+        for shard in sorted(pipeline.partition.shards, key=lambda s: (s.rank, s.param)):
             if shard.param not in position:
                 continue
             k = position[shard.param]
             param = self.params[k]
             by_owner.setdefault(shard.rank, []).append((param, shard.start, shard.stop))
-            if shard.rank == zero.rank:
+            if shard.rank == pipeline.rank:
                 self.mine.append(
                     (proxies[(shard.param, shard.start)], shard.param, offsets[k], shard.start, shard.stop)
                 )
@@ -128,19 +131,22 @@ class _OverlapEngine:
                 f"got {type(zero).__name__}"
                 + ("" if not isinstance(zero, ZeroRedundancyOptimizer) else " with overlap_with_ddp=False")
             )
-        self.zero = zero  # no reference to ``ddp``: its reducer holds this engine (via the hook), and a
-        # cycle through the C++ reducer is invisible to the garbage collector (the model would leak)
+        # The optimizer's pipeline, the one object this engine talks to. No reference to ``ddp``: its
+        # reducer holds this engine (via the hook), and a cycle through the C++ reducer is invisible
+        # to the garbage collector (the model would leak).
+        self.pipeline = pipeline = zero.pipeline
         self.find_unused = bool(ddp.find_unused_parameters)
         self.interleave = interleave and not self.find_unused
         ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
-        zero.attach_ddp(self, ddp_bucket_map(ddp), shard_buckets)  # per-bucket step and exchange; builds nothing
-        ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
+        pipeline.attach_per_bucket(ddp_bucket_map(ddp), shard_buckets)  # per-bucket step and exchange; builds nothing
+        own = pipeline.comm
+        ranks = [own.global_rank(r) for r in range(own.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces;
         # it is metered where the optimizer's exchange is.
-        group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
-        self.comm = Communicator(group, stats=zero.comm_stats)
-        self.trainable = [p.requires_grad for p in zero.all_params]
-        self.index_of = {id(p): i for i, p in enumerate(zero.all_params)}
+        group = dist.new_group(ranks=ranks, backend=dist.get_backend(own.group))
+        self.comm = Communicator(group, stats=own.stats)
+        self.trainable = [p.requires_grad for p in pipeline.params]
+        self.index_of = {id(p): i for i, p in enumerate(pipeline.params)}
         self.plans: dict[tuple[int, tuple[int, ...]], _BucketPlan] = {}
         self.ddp_params = ddp_params
         self.locally_used: set[int] = set()  # ids of params whose gradient arrived this iteration
@@ -151,10 +157,6 @@ class _OverlapEngine:
                 param.register_post_accumulate_grad_hook(lambda p: self.locally_used.add(id(p)))
         self.lock = threading.Lock()
         self._reset()
-
-    def exchange_report(self, requested: str) -> ExchangeReport:
-        """The optimizer's exchange under this hook: each bucket's shards broadcast from their owners."""
-        return ExchangeReport("overlap_per_bucket", "overlap", "broadcast", requested)
 
     def _reset(self) -> None:
         self.ready: dict[int, tuple[_BucketPlan, torch.Tensor]] = {}
@@ -196,13 +198,13 @@ class _OverlapEngine:
         return chained
 
     def _begin_iteration(self) -> None:
-        trainable = [p.requires_grad for p in self.zero.all_params]
+        trainable = [p.requires_grad for p in self.pipeline.params]
         if trainable != self.trainable:
             raise RuntimeError(
                 "parameter trainability changed while overlap_with_ddp=True; the DDP comm hook cannot follow. "
                 "Rebuild DDP, the optimizer and the hook after changing requires_grad."
             )
-        self.zero.wait_for_exchange()  # prefetch: what the forward did not wait for (unused parameters)
+        self.pipeline.wait_for_exchange()  # prefetch: what the forward did not wait for (unused parameters)
         self._reset()
         self.started = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
@@ -210,7 +212,7 @@ class _OverlapEngine:
     def _plan(self, bucket: dist.GradBucket) -> _BucketPlan:
         key = (bucket.index(), tuple(id(p) for p in bucket.parameters()))
         if key not in self.plans:
-            self.plans[key] = _BucketPlan(self.zero, bucket, self.index_of)
+            self.plans[key] = _BucketPlan(self.pipeline, bucket, self.index_of)
         return self.plans[key]
 
     def _globally_unused(self) -> set[int]:
@@ -242,7 +244,7 @@ class _OverlapEngine:
             if index not in self.unused
         ]
         if grads:
-            self.zero.step_shards(grads)
+            self.pipeline.step_bucket(grads)
         if self.comm.world_size == 1:
             return  # every shard is this rank's: nothing to send
         for owner, shards in plan.by_owner:
@@ -264,8 +266,8 @@ class _OverlapEngine:
             self._drain(all_ready=True)
             inflight, self.inflight = self.inflight, []
         for sent in inflight:
-            if self.zero.async_exchange:  # prefetch: the next forward waits, per module
-                self.zero.track_in_flight(sent.param_indices, sent)
+            if self.pipeline.prefetching:  # prefetch: the next forward waits, per module
+                self.pipeline.track_in_flight(sent.param_indices, sent)
             else:
                 sent.wait()
         self.locally_used.clear()
@@ -301,13 +303,13 @@ def hook_with_zero_step_interleaved(
 class PrefetchHandle:
     """What :func:`prefetch_exchange` installed; :meth:`remove` undoes it."""
 
-    def __init__(self, zero: ZeroRedundancyOptimizer, hooks: list[Any]):
-        self.zero = zero
+    def __init__(self, pipeline: StepPipeline, hooks: list[Any]):
+        self.pipeline = pipeline
         self.hooks = hooks
 
     def remove(self) -> None:
         """Wait for an exchange in flight, drop the hooks, exchange synchronously again."""
-        self.zero.stop_prefetch()
+        self.pipeline.stop_prefetch()
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -317,15 +319,16 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
     """Hide the parameter exchange behind the next forward (see the module docstring)."""
     if not isinstance(zero, ZeroRedundancyOptimizer):
         raise TypeError(f"prefetch_exchange needs a zero_lab.ZeroRedundancyOptimizer, got {type(zero).__name__}")
-    index_of = {id(p): i for i, p in enumerate(zero.all_params)}
+    pipeline = zero.pipeline
+    index_of = {id(p): i for i, p in enumerate(pipeline.params)}
     hooks = []
     for module in model.modules():
         indices = tuple(sorted({index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of}))
         if indices:
-            hooks.append(module.register_forward_pre_hook(_waiter(zero, indices)))
-    zero.start_prefetch()
-    if not zero.overlap_with_ddp and zero.world_size > 1 and zero.exchange_units == 1:
-        mib = sum(p.numel() * p.element_size() for p in zero.all_params) / 2**20
+            hooks.append(module.register_forward_pre_hook(_waiter(pipeline, indices)))
+    pipeline.start_prefetch()
+    if not pipeline.overlap_with_ddp and pipeline.comm.world_size > 1 and pipeline.exchange_units == 1:
+        mib = sum(p.numel() * p.element_size() for p in pipeline.params) / 2**20
         warnings.warn(
             f"prefetch_exchange: the parameter exchange is a single buffer ({mib:.2f} MiB), so the first module "
             "waits for all of it and only the time before the forward can hide it; cut it into about one buffer "
@@ -333,15 +336,15 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
             "partitioner.bucket_cap_mb=1 bucket_view=true)",
             stacklevel=2,
         )
-    return PrefetchHandle(zero, hooks)
+    return PrefetchHandle(pipeline, hooks)
 
 
-def _waiter(zero: ZeroRedundancyOptimizer, indices: tuple[int, ...]) -> Callable[..., None]:
+def _waiter(pipeline: StepPipeline, indices: tuple[int, ...]) -> Callable[..., None]:
     # Never traced by torch.compile: the wait is bookkeeping, timing (perf_counter) and a
     # collective's completion, which Dynamo would otherwise try to trace into the graph.
     @torch._dynamo.disable
     def wait(module: torch.nn.Module, args: Any) -> None:
-        zero.note_first_use(indices)
-        zero.wait_for_exchange(indices)
+        pipeline.note_first_use(indices)
+        pipeline.wait_for_exchange(indices)
 
     return wait

@@ -77,9 +77,9 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False) ->
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         handle = prefetch_exchange(model, opt) if prefetch else None
-    units = opt.exchange_units  # with auto undecided: the most any candidate collective would issue
+    units = opt.pipeline.exchange_units  # with auto undecided: the most any candidate collective would issue
     if prefetch and dist.get_rank() == 1:
-        opt.note_first_use([0, 1])  # a different order on rank 1: rank 0's must win
+        opt.pipeline.note_first_use([0, 1])  # a different order on rank 1: rank 0's must win
     evals = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -103,7 +103,7 @@ def _train(layout: str, exchange: str, prefetch: bool, overlap: bool = False) ->
         "report": opt.exchange_report().as_dict(),
         "units": units,
         "single_buffer_warning": any("single buffer" in str(w.message) for w in caught),
-        "first_use": opt.first_use.position,
+        "first_use": opt.pipeline.first_use.position,
     }
 
 

@@ -62,4 +62,4 @@ def test_a_deferred_step_runs_at_the_next_iteration_and_finish_takes_the_last(si
     deferred.finish()  # nothing pending: no update
     assert all(torch.equal(p, q) for p, q in zip(after, deferred.model.parameters()))
     deferred.close()
-    assert zero.async_exchange is False  # the prefetch hooks are gone
+    assert zero.pipeline.prefetching is False  # the prefetch hooks are gone

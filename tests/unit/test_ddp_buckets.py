@@ -103,7 +103,7 @@ def test_buckets_given_at_construction_build_once_and_the_hook_keeps_them(single
         ddp_buckets=ddp_bucket_map(ddp),
     )
     assert len(partitioner.calls) == 1
-    with caplog.at_level(logging.WARNING, logger="zero_lab.optimizer"):
+    with caplog.at_level(logging.WARNING, logger="zero_lab.pipeline"):
         ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
     assert caplog.records == []  # the hook brings the same buckets
     _train(ddp, opt)
@@ -116,7 +116,7 @@ def test_shards_built_without_ddps_buckets_are_kept_with_a_warning_naming_the_ar
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, overlap_with_ddp=True, partitioner=partitioner)
     assert len(partitioner.calls) == 1  # built at construction, along DDP's default caps (modelled)
     partition = opt.partition
-    with caplog.at_level(logging.WARNING, logger="zero_lab.optimizer"):
+    with caplog.at_level(logging.WARNING, logger="zero_lab.pipeline"):
         ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, opt, shard_buckets=True))
     assert len(partitioner.calls) == 1 and opt.partition is partition  # not rebuilt
     (record,) = caplog.records
