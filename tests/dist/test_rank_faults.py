@@ -78,7 +78,14 @@ def _spec(run_dir: Path, model: str | None = None, data: str | None = None, choi
         config["model"]["_target_"] = f"{HERE}.{model}"
     if data:
         config["data"]["_target_"] = f"{HERE}.{data}"
-    return RunSpec(config, str(run_dir), OptimPlan.of(cfg.optim), meta={"choices": {**choices, "data": choice}})
+    plan = RunPlan.of(OmegaConf.create(config))
+    return RunSpec(
+        config,
+        str(run_dir),
+        OptimPlan.of(cfg.optim),
+        tuple(plan.specs or ()),
+        meta={"choices": {**choices, "data": choice}},
+    )
 
 
 def _first_line(world: Any, spec: RunSpec, run_dir: Path) -> tuple[RankFailure, str]:

@@ -123,3 +123,44 @@ def test_the_scan_finds_what_it_looks_for():
     assert not any(literal("meta.json")(n) for n in nodes)
     for test in (tuple_of("params", "param_names"), strips_override_prefix, literal(25), defines("class_path")):
         assert any(test(n) for n in nodes)
+
+
+def builds_specs_or_a_meta_model(node: ast.AST) -> bool:
+    """``ParamSpec.of(...)``, ``ParamSpec(...)``, ``specs_from_module(...)`` or ``with torch.device("meta"):``
+    (a model built on meta tensors): what the run plan (``zero_lab/app/plan/``) answers once per job."""
+    if isinstance(node, ast.With):
+        return any(_is_meta_device(item.context_expr) for item in node.items)
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    of_spec = isinstance(func, ast.Attribute) and func.attr == "of" and getattr(func.value, "id", "") == "ParamSpec"
+    return of_spec or name in ("ParamSpec", "specs_from_module")
+
+
+def _is_meta_device(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", "")) == "device"
+        and any(isinstance(a, ast.Constant) and a.value == "meta" for a in node.args)
+    )
+
+
+def test_the_run_plan_is_the_apps_one_place_that_builds_specs_and_meta_models():
+    """Issue 29: the checks, the memory baseline and the ranks read ``RunPlan`` (its specs, its meta
+    model, its never-reached parameters); none builds its own."""
+    found = [p for p in places(builds_specs_or_a_meta_model) if p.startswith("zero_lab/app/")]
+    assert found and all(p.startswith("zero_lab/app/plan/") for p in found), (
+        f"specs or a meta model built outside zero_lab/app/plan/: {[p for p in found if '/plan/' not in p]}; "
+        "read them from the run plan (RunPlan.specs, RunPlan.model)"
+    )
+
+
+def test_the_plan_scan_fires_on_each_way_of_building():
+    tree = ast.parse(
+        "with torch.device('meta'):\n    m = build(cfg.model)\n"
+        "a = ParamSpec.of(p)\nb = specs_from_module(m)\nc = ParamSpec(numel=3)\n"
+        "x = torch.zeros(1, device='meta')\n"
+    )
+    hits = [n for n in ast.walk(tree) if builds_specs_or_a_meta_model(n)]
+    assert len(hits) == 4  # not the meta tensor of the last line: a tensor, not a model
