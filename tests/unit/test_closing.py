@@ -54,7 +54,8 @@ def test_a_plain_zero_run_ends_with_loss_state_exchange_and_run_dir_only():
         "zero_lab: final loss 0.25 after 4 steps on 2 rank(s) (3.0 s)",
         "  optimizer state per rank: 50.00 KiB on the fullest of 2 rank(s) (imbalance 1.02); "
         "DDP + the same Adam would hold 98.00 KiB on every rank (planner): ÷ 1.96",
-        "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB per step",
+        "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB of parameters exchanged per step "
+        "(the model's)",
         "  run dir: /runs/r",
     ]
 
