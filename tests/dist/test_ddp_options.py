@@ -2,7 +2,7 @@
 ``dist.broadcast_buffers``) with every ZeRO mode, through the app's own build and step
 (``build_training``, ``protocols.batch_stream/call_model/loss_of``), on a model with a dict
 output, BatchNorm and a parameter its forward never uses (found by the meta probe and priced at
-nothing from construction, as the app's loop does: ``params_never_reached``): the parameters equal those of DDP +
+nothing from construction, as the app's loop does: ``RunPlan.never_reached``): the parameters equal those of DDP +
 the plain optimizer with the same options. One 2-rank world runs every case."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from zero_lab.app.check.preflight import compose_job
+from zero_lab.app.check.rules import to_container
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.run.build import build_training
 from zero_lab.app.run.grad_reach import params_never_reached
-from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.check.preflight import compose_job
 from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of
-from zero_lab.app.config.schema import register_configs
-from zero_lab.app.check.rules import to_container
 
 register_configs()
 
@@ -67,7 +67,7 @@ def config(overrides: list[str]) -> dict[str, Any]:
 def train(container: dict[str, Any], steps: int = 4) -> list[torch.Tensor]:
     cfg = OmegaConf.create(container)
     data = instantiate(cfg.data)
-    unused = params_never_reached(cfg, data, OptimPlan.of(cfg.optim).zero)  # as the app's loop does (runner.py)
+    unused = params_never_reached(RunPlan.of(cfg).never_reached)  # the job plan's answer, as the app's loop reads it
     training = build_training(cfg, torch.device("cpu"), without_grad=unused)
     if training.zero and not cfg.overlap:  # owners balanced over the parameters that get gradients
         assert unused == ["aux.weight", "aux.bias"]

@@ -16,15 +16,17 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
-from zero_lab.app.workloads.data import RegressionData
-from zero_lab.app.record.failure_text import describe_failure
-from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.check.preflight import compose_job
-from zero_lab.app.run.rank_loop import RunSpec, train_rank
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.check.rules import to_container
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import RunPlan
+from zero_lab.app.record.failure_text import describe_failure
+from zero_lab.app.run.rank_loop import RunSpec, train_rank
+from zero_lab.app.workloads.data import RegressionData
 from zero_lab.runtime.launch import RankFailure
 
 register_configs()
@@ -78,7 +80,14 @@ def _spec(run_dir: Path, model: str | None = None, data: str | None = None, choi
         config["model"]["_target_"] = f"{HERE}.{model}"
     if data:
         config["data"]["_target_"] = f"{HERE}.{data}"
-    return RunSpec(config, str(run_dir), OptimPlan.of(cfg.optim), meta={"choices": {**choices, "data": choice}})
+    plan = RunPlan.of(OmegaConf.create(config))
+    return RunSpec(
+        config,
+        str(run_dir),
+        OptimPlan.of(cfg.optim),
+        tuple(plan.specs or ()),
+        meta={"choices": {**choices, "data": choice}},
+    )
 
 
 def _first_line(world: Any, spec: RunSpec, run_dir: Path) -> tuple[RankFailure, str]:

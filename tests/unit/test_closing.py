@@ -16,6 +16,7 @@ from zero_lab.app.record.closing import closing_lines
 from zero_lab.app.record.summary import RunSummary
 from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes, params_with_state
 from zero_lab.measure import optimizer_state_bytes
+from zero_lab.planner import specs_from_module
 
 KIB = 1024
 RUN_DIR = Path("/runs/r")
@@ -53,7 +54,8 @@ def test_a_plain_zero_run_ends_with_loss_state_exchange_and_run_dir_only():
         "zero_lab: final loss 0.25 after 4 steps on 2 rank(s) (3.0 s)",
         "  optimizer state per rank: 50.00 KiB on the fullest of 2 rank(s) (imbalance 1.02); "
         "DDP + the same Adam would hold 98.00 KiB on every rank (planner): ÷ 1.96",
-        "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB per step",
+        "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB of parameters exchanged per step "
+        "(the model's)",
         "  run dir: /runs/r",
     ]
 
@@ -152,6 +154,9 @@ def test_the_ddp_baseline_prices_only_the_parameters_that_get_state(single_rank_
     held = params_with_state(optimizer)
     assert held == [True, True, True, True, False, False]  # inp, out: weight and bias; aux: none
     measured = optimizer_state_bytes(optimizer)
-    assert ddp_state_bytes(model, optimizer, held) == measured  # like with like: exactly what DDP + Adam holds
-    assert ddp_state_bytes(model, optimizer) > measured  # the whole model would price aux's state too
+    specs = specs_from_module(model)  # what the run plan's specs are for this model
+    assert ddp_state_bytes(specs, optimizer, held) == measured  # like with like: exactly what DDP + Adam holds
+    assert ddp_state_bytes(specs, optimizer) > measured  # the whole model would price aux's state too
+    with pytest.raises(ValueError, match="specs: 5 for the optimizer's 6 parameters; pass the run plan's"):
+        ddp_state_bytes(specs[:5], optimizer, held)
     assert optimizer_classes(optimizer) == [torch.optim.Adam]

@@ -123,3 +123,93 @@ def test_the_scan_finds_what_it_looks_for():
     assert not any(literal("meta.json")(n) for n in nodes)
     for test in (tuple_of("params", "param_names"), strips_override_prefix, literal(25), defines("class_path")):
         assert any(test(n) for n in nodes)
+
+
+def builds_specs_or_a_meta_model(node: ast.AST) -> bool:
+    """``ParamSpec.of(...)``, ``ParamSpec(...)``, ``specs_from_module(...)`` or ``with torch.device("meta"):``
+    (a model built on meta tensors): what the run plan (``zero_lab/app/plan/``) answers once per job."""
+    if isinstance(node, ast.With):
+        return any(_is_meta_device(item.context_expr) for item in node.items)
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    of_spec = isinstance(func, ast.Attribute) and func.attr == "of" and getattr(func.value, "id", "") == "ParamSpec"
+    return of_spec or name in ("ParamSpec", "specs_from_module")
+
+
+def _is_meta_device(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", "")) == "device"
+        and any(isinstance(a, ast.Constant) and a.value == "meta" for a in node.args)
+    )
+
+
+def test_the_run_plan_is_the_apps_one_place_that_builds_specs_and_meta_models():
+    """Issue 29: the checks, the memory baseline and the ranks read ``RunPlan`` (its specs, its meta
+    model, its never-reached parameters); none builds its own."""
+    found = [p for p in places(builds_specs_or_a_meta_model) if p.startswith("zero_lab/app/")]
+    assert found and all(p.startswith("zero_lab/app/plan/") for p in found), (
+        f"specs or a meta model built outside zero_lab/app/plan/: {[p for p in found if '/plan/' not in p]}; "
+        "read them from the run plan (RunPlan.specs, RunPlan.model)"
+    )
+
+
+def test_the_plan_scan_fires_on_each_way_of_building():
+    tree = ast.parse(
+        "with torch.device('meta'):\n    m = build(cfg.model)\n"
+        "a = ParamSpec.of(p)\nb = specs_from_module(m)\nc = ParamSpec(numel=3)\n"
+        "x = torch.zeros(1, device='meta')\n"
+    )
+    hits = [n for n in ast.walk(tree) if builds_specs_or_a_meta_model(n)]
+    assert len(hits) == 4  # not the meta tensor of the last line: a tensor, not a model
+
+
+#: The app's boundaries to user code, the only places a blanket ``except Exception`` may stand:
+#: ``(module, function) -> handlers``. Each reports what it caught with the key to blame (``data:``,
+#: ``model:``, ``scheduler.<key>``), keeps it for the check that does (``attempt``), or re-raises
+#: it (the metrics follower's thread, at ``close()``); its line says ``# user code: ...``.
+USER_CODE_BOUNDARIES = {
+    ("zero_lab/app/plan/run_plan.py", "attempt"): 1,  # a _target_'s constructor
+    ("zero_lab/app/check/scheduler.py", "scheduler_problems"): 1,  # a scheduler class built and stepped
+    ("zero_lab/app/workloads/protocols.py", "forward_problems"): 4,  # first batch, forward, loss, backward
+    ("zero_lab/app/workloads/torch_extras.py", "model_extras_problem"): 1,  # importing the model's module
+    ("zero_lab/app/record/sinks.py", "_follow"): 1,  # a metric sink in the follower thread
+}
+
+
+def blanket_handlers(tree: ast.AST, function: str = "<module>") -> Iterator[tuple[str, ast.ExceptHandler]]:
+    """``(innermost function, handler)`` for each ``except:``, ``except Exception`` or ``except BaseException``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from blanket_handlers(node, node.name)
+            continue
+        if isinstance(node, ast.ExceptHandler):
+            caught = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+            if any(c is None or getattr(c, "id", "") in ("Exception", "BaseException") for c in caught):
+                yield function, node
+        yield from blanket_handlers(node, function)
+
+
+def test_a_blanket_except_stands_only_at_a_boundary_to_user_code():
+    """Issue 29: every other handler names the exceptions that can happen there."""
+    found: dict[tuple[str, str], int] = {}
+    for module, tree in trees().items():
+        if not module.startswith(("zero_lab/app/", "zero_lab/report/")):
+            continue
+        lines = (PACKAGE.parent / module).read_text().splitlines()
+        for function, handler in blanket_handlers(tree):
+            found[(module, function)] = found.get((module, function), 0) + 1
+            line = lines[handler.lineno - 1]
+            assert "# user code" in line, f"{module}:{handler.lineno}: say which user code it bounds: {line.strip()}"
+    assert found == USER_CODE_BOUNDARIES, "narrow the new handler to the exceptions that can happen there"
+
+
+def test_the_handler_scan_finds_blanket_catches_only():
+    tree = ast.parse(
+        "def f():\n    try: g()\n    except Exception: pass\n"
+        "    try: g()\n    except (ValueError, BaseException): pass\n"
+        "    try: g()\n    except: pass\n    try: g()\n    except ValueError: pass\n"
+    )
+    assert [(f, h.lineno) for f, h in blanket_handlers(tree)] == [("f", 3), ("f", 5), ("f", 7)]

@@ -152,7 +152,8 @@ def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
         bytes_per_step={"grad_reduce": [2**20, 2**21], "param_exchange": [2**20, 2**20]},
     )
     assert grad_reduce_lines(summary) == [
-        "  gradient reduction: reduce_scatter (grad_reduce=auto), sent per step per rank: 2.00 MiB + 1.00 MiB exchange",
+        "  gradient reduction: reduce_scatter (grad_reduce=auto); sent per rank per step, measured (max over ranks): "
+        "grad_reduce 2.00 MiB, param_exchange 1.00 MiB",
         "  gradients held per rank (shard_grads): 3.00 MiB at most",
     ]
     assert grad_reduce_lines(RunSummary(final_loss=1.0, losses=[1.0], world_size=2, steps=1)) == []

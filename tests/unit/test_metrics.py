@@ -17,6 +17,7 @@ from zero_lab.app.record.progress import Progress
 from zero_lab.app.run.memory import ddp_state_bytes, training_tensor_bytes
 from zero_lab.app.run.training import Training
 from zero_lab.measure import optimizer_state_bytes
+from zero_lab.planner import specs_from_module
 
 #: The per-rank metric prefixes users chart; each has /rank{r}, /max and /mean.
 PER_RANK = (
@@ -85,8 +86,9 @@ def test_ddp_state_bytes_is_the_planners_number_and_matches_the_real_state():
     )
     for optimizer_class, options in cases:
         training = stepped(optimizer_class, **options)
-        assert ddp_state_bytes(training.model, training.optimizer) == optimizer_state_bytes(training.optimizer)
-    assert ddp_state_bytes(training.model, training.optimizer) == 0  # plain SGD keeps no state
+        specs = specs_from_module(training.model)  # the run plan's, for this model
+        assert ddp_state_bytes(specs, training.optimizer) == optimizer_state_bytes(training.optimizer)
+    assert ddp_state_bytes(specs, training.optimizer) == 0  # plain SGD keeps no state
 
 
 def test_progress_bar_stays_quiet_without_a_terminal(capsys):

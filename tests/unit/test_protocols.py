@@ -143,3 +143,34 @@ def test_a_transformers_class_takes_its_task_from_transformers_tables():
         "model=g: GPT2Model has no `task` attribute; it is in none of transformers' tables of causal LMs or image "
         "classifiers; subclass it with `task = 'lm'` and name the subclass in _target_"
     )
+
+
+class _RefusingGrad(torch.autograd.Function):
+    """Identity forward; a backward that raises what user code may raise (not a meta-kernel limit)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        raise TypeError("no meta tensors of that kind")
+
+
+class OwnBackward(nn.Module):
+    task = "regression"
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RefusingGrad.apply(self.lin(x))
+
+
+def test_a_backward_that_fails_for_its_own_reason_is_named():
+    data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
+    with torch.device("meta"):
+        model = OwnBackward()
+    (problem,) = forward_problems(model, data, 2, "logits")
+    assert problem == ("model: its backward fails on the data's first batch: TypeError: no meta tensors of that kind")

@@ -78,3 +78,24 @@ def test_a_model_that_cannot_be_built_is_kept_with_its_error_and_named_once():
     message = problems("model.activation=swish")
     assert message.count("cannot be built") == 1
     assert "model=mlp: cannot be built: model.activation=swish: MLP refuses it: activation must be one of" in message
+
+
+class WithAux(MLP):
+    """The shipped MLP and a layer (``aux``) its forward never uses: it never gets a gradient."""
+
+    def __init__(self, *args: object, **kwargs: object):
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.aux = torch.nn.Linear(3, 5)
+
+
+def test_the_plan_finds_the_parameters_no_gradient_reaches_on_its_own_meta_model_once():
+    aux = [f"model._target_={__name__}.WithAux", "dist.find_unused_parameters=true"]
+    cfg, _, _ = compose_job([*aux, "optim=zero_adam", "dist.world_size=2"])
+    plan = RunPlan.of(cfg)
+    plan.release_data()  # what needs the data is answered before the data source goes
+    assert "data" not in vars(plan)
+    assert plan.never_reached == ("aux.weight", "aux.bias")
+    assert all(p.grad is None for p in plan.model.value.parameters())  # the meta model left as the checks read it
+    assert [s.name for s in plan.specs][-2:] == ["aux.weight", "aux.bias"]  # the specs the ranks price "÷ DDP" from
+    for overrides in ([*aux, "optim=adam"], [*aux, "optim=zero_adam", "overlap=true"], ["optim=zero_adam"]):
+        assert RunPlan.of(compose_job(overrides)[0]).never_reached is None, overrides  # nothing to probe

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.check.rules import ConfigError
 from zero_lab.app.config.overrides import given
@@ -86,7 +87,7 @@ def _rank0_run_dir(config: DictConfig, world: external.ExternalWorld) -> str:
     """The run dir Hydra would pick (resolved here, on this clock); rank 0's is broadcast."""
     try:
         return str(config.hydra.run.dir)
-    except Exception:  # an interpolation only Hydra's job context can resolve
+    except OmegaConfBaseException:  # an interpolation only Hydra's job context can resolve
         return os.path.join("outputs", "external", world.run_id)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import linecache
+import pickle
 import re
 import traceback
 import warnings
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.errors import HydraException
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,12 +42,17 @@ from zero_lab.app.config.targets import refusal
 from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.build import make_scheduler
 from zero_lab.app.run.checkpoints import find_any
-from zero_lab.checkpoint import read_manifest
+from zero_lab.checkpoint import CheckpointError, read_manifest
 
 __all__ = ["STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
 
 #: At most this many scheduler steps are taken before start (about 0.2 s on a busy core).
 STEPS_CHECKED = 10_000
+
+
+#: What reading a checkpoint's scheduler state can raise: a file that cannot be read, a manifest or
+#: record that is not ours (:class:`~zero_lab.checkpoint.CheckpointError`), a torch file cut short.
+UNREADABLE = (OSError, CheckpointError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError)
 
 
 def built_scheduler(cfg: DictConfig) -> LRScheduler | None:
@@ -74,7 +81,7 @@ def scheduler_problems(cfg: DictConfig) -> list[str]:
                 scheduler.step()  # type: ignore[union-attr]
     except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
         return []
-    except Exception as error:
+    except Exception as error:  # user code: the scheduler's class (any _target_) refuses; named with its keys
         when = f"at step {step}" if step else "when built"
         own = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in APP_KEYS["scheduler"]}
         line = refusal("scheduler", node, error, blamed=_blamed(error, node, own))
@@ -94,7 +101,7 @@ def _blamed(error: BaseException, node: Mapping[str, Any], keys: Mapping[str, An
     read = [k for k in keys if line and re.search(rf"\b{re.escape(str(k))}\b", line)]
     try:
         defaults = inspect.signature(get_object(str(node.get("_target_")))).parameters
-    except Exception:
+    except (ImportError, ValueError, TypeError):  # get_object's, inspect.signature's
         return read
     changed = [k for k in read if k not in defaults or defaults[k].default != keys[k]]
     return changed or read
@@ -118,7 +125,7 @@ def resumed_scheduler_problems(cfg: DictConfig, choices: Mapping[str, Any]) -> l
         return []  # _check_resume's
     try:
         saved = _saved_scheduler(found)
-    except Exception:  # an unreadable checkpoint is named by the ranks' checked loaders
+    except UNREADABLE:  # an unreadable checkpoint is named by the ranks' checked loaders
         return []
     mine = built_scheduler(cfg)
     mine_shape = state_shape(_json(mine.state_dict())) if mine is not None else None
@@ -166,7 +173,7 @@ def _describe(saved: Any, cfg: DictConfig) -> str:
         try:
             if state_shape(_json(built_scheduler(trial).state_dict())) == shape:  # type: ignore[union-attr]
                 return f"scheduler={name}" + (" with warmup" if chained else "")
-        except Exception:
+        except (HydraException, OmegaConfBaseException, TypeError, ValueError):  # not this option's shape
             continue
     keys = ", ".join(k for k in (saved if isinstance(saved, Mapping) else {}) if not k.startswith("_"))
     return f"another scheduler (state keys: {keys})"

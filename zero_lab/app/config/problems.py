@@ -69,7 +69,7 @@ def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
     (its YAML sets the other to null). ``name``: how the option is written (``partitioner=manual``)."""
     try:
         target = get_object(str(node.get("_target_")))
-    except Exception:  # an unimportable target is _check_arguments'
+    except (ImportError, ValueError):  # get_object's: an unimportable target is _check_arguments'
         return []
     if not (isinstance(target, type) and issubclass(target, Manual)):
         return []

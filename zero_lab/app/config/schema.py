@@ -45,9 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.config.paths import CONF_DIR, group_options
 from zero_lab.app.workloads.protocols import OUTPUT_KEY
@@ -293,6 +295,23 @@ def option_schema(group: str, name: str, node: DictConfig) -> type:
     return dataclasses.make_dataclass(f"{group}_{name}_schema", spec)
 
 
+#: What a group option's YAML or its ``_target_`` can raise while its schema is derived: a file or
+#: YAML that cannot be read, an interpolated ``_target_``, an import that fails (``get_object``
+#: raises ImportError for any error of the module's own code), a signature that cannot be read or
+#: whose string annotations name what is not there (``eval_str``), a key that is no field name.
+UNSCHEMED = (
+    OSError,
+    yaml.YAMLError,
+    OmegaConfBaseException,
+    ImportError,
+    ValueError,
+    TypeError,
+    NameError,
+    AttributeError,
+    SyntaxError,
+)
+
+
 def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ()) -> None:
     """Store the root schema as ``config_schema`` and every option's derived schema.
 
@@ -317,12 +336,11 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
                 path = Path(directory, group, f"{name}.yaml")
                 try:
                     node = OmegaConf.load(path)
-                    assert isinstance(node, DictConfig)
-                    if node.get("_target_") is None:  # e.g. scheduler=none: nothing to build
+                    if not isinstance(node, DictConfig) or node.get("_target_") is None:  # scheduler=none
                         continue
                     with _hydra_lookup_quiet():  # the pre-start check says it once, with its cause
                         schema = option_schema(group, name, node)
-                except Exception:  # no _target_, or one that cannot be imported: check/rules.py names it
+                except UNSCHEMED:  # a YAML or a _target_ that cannot be read: check/rules.py names it
                     continue
                 store.store(group=f"schema/{group}", name=name, node=schema)
                 store.store(group=f"derived/{group}", name=name, node=schema)

@@ -49,6 +49,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 __all__ = ["LOOKUPS", "TORCH_MACHINERY", "build", "check_targets", "refusal", "target_problem"]
 
@@ -153,7 +154,7 @@ def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
     rule = RULES.get(key, _NESTED)
     try:
         target = get_object(name)
-    except Exception as error:
+    except (ImportError, ValueError) as error:  # get_object's (an import's own errors come as ImportError)
         return None if key in RULES and "." not in key else f"{key}._target_={name}: cannot be imported ({error})"
     if name in LOOKUPS:
         if key != "optim.optimizer_class" and key in RULES:  # a group builds an object, not a lookup
@@ -217,7 +218,7 @@ def _walk(key: str, node: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
     if isinstance(node, (Mapping, DictConfig)):
         try:
             target = node.get("_target_")
-        except Exception:  # an interpolation that does not resolve: instantiate cannot call it either
+        except OmegaConfBaseException:  # an interpolation that does not resolve: instantiate cannot call it either
             target = None
         if target is not None:
             yield key, node
@@ -236,7 +237,7 @@ def _lookup_problem(key: str, node: Mapping[str, Any], rule: _Rule) -> str | Non
     path = str(node.get("path"))
     try:
         found = get_object(path)
-    except Exception as error:
+    except (ImportError, ValueError) as error:
         return f"{key}.path={path}: cannot be imported ({error})"
     denied = _denied(found)
     if denied or not rule.test(found):

@@ -47,6 +47,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.config.overrides import given
@@ -219,7 +220,7 @@ class ClaimRunDir(Callback):
             fail(error)
         except OSError as error:  # Hydra would only warn and run on, unlocked
             fail(unusable(Path(wanted), error))
-        except Exception as error:  # any other failure too: never a run without its claim
+        except ValueError as error:  # a path the OS cannot take (an embedded NUL, a root with no name)
             fail(_unclaimed(Path(wanted), error))
         if str(claimed) != wanted:
             with read_write(config.hydra), open_dict(config.hydra):
@@ -236,7 +237,7 @@ class ClaimRunDir(Callback):
             fail(error)
         except OSError as error:
             fail(unusable(output, error))
-        except Exception as error:
+        except ValueError as error:
             fail(_unclaimed(output, error))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -247,5 +248,5 @@ class ClaimRunDir(Callback):
             _refuse_system_dir(str(config.hydra.sweep.dir), "hydra.sweep.dir")
         except RunDirBusy as error:
             fail(error)
-        except Exception as error:
+        except (OmegaConfBaseException, OSError, ValueError) as error:
             fail(f"hydra.sweep.dir: cannot be read ({type(error).__name__}: {error})")

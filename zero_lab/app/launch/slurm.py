@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +74,10 @@ __all__ = [
 RANK_BASE_GIB = 0.5
 #: The job process of one-task mode: Hydra, the metrics follower, W&B.
 JOB_BASE_GIB = 0.5
+
+#: What ``job.results()`` raises for a job that failed: submitit's FailedJobError and
+#: UncompletedJobError (RuntimeErrors), a result file that cannot be read or unpickled.
+JOB_FAILED = (RuntimeError, OSError, EOFError, pickle.UnpicklingError)
 
 
 def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
@@ -196,7 +201,7 @@ class SlurmJobsLauncher(SlurmLauncher):
             where = f"zero_lab: job #{first_idx + offset} (Slurm job {job.job_id})"
             try:
                 returns.append(job.results()[0])
-            except Exception as error:  # a failed job: say where its log is, then go on to the next one
+            except JOB_FAILED as error:  # a failed job: say where its log is, then go on to the next one
                 last = str(error).strip().splitlines()[-1:] or ["no details"]
                 print(f"{where} failed: {last[0]}\n  its log: {job.paths.stdout}", file=sys.stderr, flush=True)
                 failed = failed or error

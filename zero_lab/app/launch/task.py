@@ -100,7 +100,16 @@ def run(cfg: DictConfig) -> Objective | None:
     if world is not None:
         config["dist"]["world_size"] = world.world_size
     continue_requeued_run(config, run_dir, meta)
-    spec = RunSpec(config=config, run_dir=str(run_dir), plan=plan, meta=meta, logger_on_rank0=world is not None)
+    assert run_plan.specs is not None, "a checked config's model can be built"
+    spec = RunSpec(
+        config=config,
+        run_dir=str(run_dir),
+        plan=plan,
+        specs=tuple(run_plan.specs),  # the ranks price "÷ DDP" from these: no rank builds a spec
+        meta=meta,
+        logger_on_rank0=world is not None,
+        never_reached=run_plan.never_reached,
+    )
     if world is not None:
         return _run_as_external_rank(spec, cfg)
     write_json(run_dir / META_FILE, spec.meta)

@@ -16,7 +16,14 @@ computed once:
   ``dist.world_size``, with its costs;
 * :meth:`~RunPlan.memory` — the planner's per-rank memory (:func:`zero_lab.planner.plan_memory`),
   every group priced by the class that steps it (Muon's groups as Muon, the rest as AdamW),
-  so the memory and the partition answer for the same routing.
+  so the memory and the partition answer for the same routing;
+* :attr:`~RunPlan.never_reached` — with ZeRO and unused parameters allowed, the parameters
+  rank 0's first batch leaves without a gradient (:mod:`zero_lab.app.plan.grad_reach`), probed
+  on the same meta model.
+
+The ranks read the specs and the never-reached parameters from the run spec the job hands
+them (:class:`zero_lab.app.run.rank_loop.RunSpec`): the "÷ DDP" baseline is priced from these
+specs, and no rank builds a meta model or a spec of its own.
 
 What could not be built is kept with its error (:class:`Attempt`): the check that owns it
 reports it (:mod:`zero_lab.app.check.rules`), every other reader skips what is missing. The
@@ -40,8 +47,10 @@ from omegaconf import DictConfig
 
 from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
 from zero_lab.app.config.targets import build
+from zero_lab.app.plan.grad_reach import params_without_grad
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import Strategy
+from zero_lab.app.workloads.protocols import OUTPUT_KEY
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.partition import ParamSpec, Partition, Partitioner
@@ -150,7 +159,9 @@ class RunPlan:
         return attempt(lambda: build(self.cfg.data))
 
     def release_data(self) -> None:
-        """Let go of the data source (kept plans need only the model's shapes); built again if asked for."""
+        """Let go of the data source (kept plans need only the model's shapes and what the data's
+        first batch answered: :attr:`never_reached`, answered first); built again if asked for."""
+        _ = self.never_reached
         self.__dict__.pop("data", None)
 
     @property
@@ -199,6 +210,22 @@ class RunPlan:
             ))  # fmt: skip
             specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
         return specs
+
+    @cached_property
+    def never_reached(self) -> tuple[str, ...] | None:
+        """The trainable parameters rank 0's first batch leaves without a gradient, which a ZeRO
+        partitioner prices at nothing (:mod:`zero_lab.app.plan.grad_reach`; empty when the meta
+        probe cannot run). ``None`` when that does not apply: a plain optimizer, ``overlap=true``,
+        or DDP that allows no unused parameter (a config fact, alike on every rank)."""
+        unused_allowed = bool(self.cfg.dist.get("find_unused_parameters") or self.cfg.dist.get("static_graph"))
+        if self.strategy is None or not self.strategy.shards_state or not unused_allowed or self.cfg.get("overlap"):
+            return None
+        model, data = self.model.value, self.data.value
+        if model is None or data is None:  # reported by the checks of the model and the data
+            return ()
+        dtype = PARAM_DTYPES[enum_str(self.cfg.param_dtype)]
+        output_key = str(self.cfg.get("output_key", OUTPUT_KEY))
+        return tuple(params_without_grad(model, data, max(self.world_size, 1), output_key, dtype) or ())
 
     def partition(self, partitioner: Partitioner | None = None, world_size: int | None = None) -> Partition:
         """The partition of :attr:`specs` by ``partitioner`` (the configured one) at ``world_size``

@@ -5,8 +5,11 @@ resumed run started from; accumulation; optimizer state per rank against what DD
 optimizer classes would hold on every rank (``ddp_state_bytes``, the planner's prediction over
 the parameters that have state, so a saving never exceeds the world size); for Muon and any
 cost model other than ``numel``, each rank's local optimizer step and the slowest ÷ mean (what
-``partitioner.cost`` changes); the exchange's share of the median step; the run dir. The
-Slurm launcher finds them again in a job's log by their first line (:data:`FIRST_LINE`)::
+``partitioner.cost`` changes); the exchange's share of the median step and the parameter
+bytes it moves (what the model exchanges: every trainable parameter, each step); with
+``grad_reduce=``, the bytes each rank sent per phase (``grad_reduce``, ``param_exchange``: measured
+by the Communicator, the most any rank sent); the run dir. The Slurm launcher finds them again in a
+job's log by their first line (:data:`FIRST_LINE`)::
 
     print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
 """
@@ -96,15 +99,17 @@ def _local_steps(summary: RunSummary) -> str:
 
 
 def grad_reduce_lines(summary: RunSummary) -> list[str]:
-    """With ``grad_reduce=``: the strategy and the bytes each phase sent per step (the fullest
-    rank); with ``shard_grads=true`` also the gradients held against a full set."""
+    """With ``grad_reduce=``: the strategy and the bytes one rank sent per step in each phase
+    (``bytes_per_step``, measured; the most any rank sent), named as summary.json names them — not
+    the model's exchanged parameters, which the exchange line gives; with ``shard_grads=true``
+    also the gradients held against a full set."""
     report, sent = summary.grad_reduce, summary.bytes_per_step or {}
     if not report:
         return []
-    reduce_bytes, exchange_bytes = max(sent.get("grad_reduce") or [0]), max(sent.get("param_exchange") or [0])
+    phases = ", ".join(f"{phase} {_size(max(sent.get(phase) or [0]))}" for phase in ("grad_reduce", "param_exchange"))
     lines = [
-        f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}), sent per step per rank: "
-        f"{_size(reduce_bytes)} + {_size(exchange_bytes)} exchange"
+        f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}); "
+        f"sent per rank per step, measured (max over ranks): {phases}"
     ]
     if summary.shard_grads and summary.grad_bytes:
         lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
@@ -112,13 +117,14 @@ def grad_reduce_lines(summary: RunSummary) -> list[str]:
 
 
 def _exchange_share(summary: RunSummary) -> str:
-    """``12% of the step (median 2.9 of 24.1 ms), 3.00 MiB per step`` (slowest rank's medians)."""
+    """``12% of the step (median 2.9 of 24.1 ms), 3.00 MiB of parameters exchanged per step (the
+    model's)`` (slowest rank's medians; the bytes are the exchanged parameters', not one rank's sent bytes)."""
     step, exchange = summary.step_time_s, summary.exchange_time_s or 0.0
-    volume = summary.exchange_bytes_per_step or 0.0
+    volume = f"{_size(summary.exchange_bytes_per_step or 0.0)} of parameters exchanged per step (the model's)"
     if summary.overlap:
-        return f"inside backward (overlap=true: not timed apart), {_size(volume)} per step"
+        return f"inside backward (overlap=true: not timed apart), {volume}"
     if not step:
-        return f"{_size(volume)} per step"
+        return volume
     if summary.prefetch:
         exposed = summary.exchange_exposed_s or 0.0
         share = (
@@ -127,7 +133,7 @@ def _exchange_share(summary: RunSummary) -> str:
         )
     else:
         share = f"{exchange / step:.0%} of the step (median {1e3 * exchange:.1f} of {1e3 * step:.1f} ms)"
-    return f"{share}, {_size(volume)} per step"
+    return f"{share}, {volume}"
 
 
 def _size(nbytes: float) -> str:

@@ -168,7 +168,7 @@ def _init_with_fallback(wandb: Any, mode: str, init_timeout_s: float, **init: An
         return wandb.init(mode=mode, settings=settings(), **init)
     try:
         return wandb.init(mode="online", settings=settings(), **init)
-    except Exception as error:  # wandb raises CommError, UsageError, AuthenticationError, TimeoutError...
+    except (wandb.errors.Error, OSError) as error:  # CommError, UsageError, AuthenticationError; TimeoutError
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         print(
             f"zero_lab: W&B online init failed within logger.init_timeout_s={init_timeout_s:g} ({reason}); "
@@ -237,7 +237,7 @@ class JsonlFollower:
             self._sink = self._make_sink()
             while not self._stop.wait(self._poll_s):
                 self._forward()
-        except BaseException as error:  # surfaced by close()
+        except BaseException as error:  # user code: the metric sink's (W&B's) errors, re-raised by close()
             self._error = error
 
     def _forward(self) -> None:

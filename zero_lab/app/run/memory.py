@@ -1,5 +1,6 @@
 """What one rank's training holds in memory, measured from its tensors (and, for the "÷ DDP"
-baseline, predicted by the planner): the figures behind ``memory/*`` in metrics and summary.json.
+baseline, predicted by the planner from the run plan's specs): the figures behind ``memory/*``
+in metrics and summary.json.
 
 The baseline compares like with like: DDP + the same optimizer, priced over the parameters
 that have state in this run (:func:`params_with_state`, OR-ed over the ranks). A parameter
@@ -7,7 +8,7 @@ that never gets a gradient (left unused by the model) gets no state under either
 not counted as saved.
 
     training_tensor_bytes(training)            # params + grads + buffers + local optimizer state, per storage
-    ddp_state_bytes(training.model, training.optimizer, held)   # what DDP + the same optimizer would hold
+    ddp_state_bytes(plan.specs, training.optimizer, held)   # what DDP + the same optimizer would hold
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 from torch.optim import Optimizer
 
 from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.run.training import Training
 from zero_lab.partition import ParamSpec
-from zero_lab.planner import plan_memory, specs_from_module
+from zero_lab.planner import plan_memory
 
 __all__ = ["ddp_state_bytes", "master_weight_bytes", "optimizer_classes", "params_with_state", "training_tensor_bytes"]
 
@@ -75,31 +75,25 @@ def optimizer_classes(optimizer: Optimizer) -> list[type]:
     return list(dict.fromkeys(Strategy.of_optimizer(optimizer).group_classes(optimizer)))
 
 
-def ddp_state_bytes(model: nn.Module, optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
+def ddp_state_bytes(specs: Sequence[ParamSpec], optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
     """Per-rank state of DDP + the same optimizer, as the planner predicts it
     (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline.
 
-    ``held``: per parameter of ``optimizer.param_groups``, whether any rank holds state for it
-    (:func:`params_with_state` OR-ed over the ranks); only those are priced. ``None``: every
-    trainable parameter of ``model``."""
-    device = next(model.parameters()).device
-    if held is None:
-        specs = specs_from_module(model, device)
-    else:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if len(held) != len(params):
-            raise ValueError(f"held: {len(held)} flags for {len(params)} parameters")
-        groups = [index for index, group in enumerate(optimizer.param_groups) for _ in group["params"]]
-        specs = [ParamSpec.of(p, group=g, device=device) for p, g, kept in zip(params, groups, held) if kept]
+    ``specs``: the job plan's (:attr:`zero_lab.app.plan.run_plan.RunPlan.specs`, carried by the
+    run spec), one per parameter of ``optimizer.param_groups`` in order, each with its group.
+    ``held``: per parameter, whether any rank holds state for it (:func:`params_with_state`
+    OR-ed over the ranks); only those are priced. ``None``: every trainable parameter. The
+    optimizer answers which class steps each group and with which options."""
+    count = sum(len(group["params"]) for group in optimizer.param_groups)
+    if len(specs) != count:
+        raise ValueError(f"specs: {len(specs)} for the optimizer's {count} parameters; pass the run plan's")
+    if held is not None:
+        if len(held) != count:
+            raise ValueError(f"held: {len(held)} flags for {count} parameters")
+        specs = [spec for spec, kept in zip(specs, held) if kept]
     strategy = Strategy.of_optimizer(optimizer)
     classes = strategy.group_classes(optimizer)
     if len(set(classes)) > 1:  # routed: each group priced by the class that steps it
-        if held is None:
-            specs = [
-                ParamSpec.of(p, group=index, device=device)
-                for index, group in enumerate(optimizer.param_groups)
-                for p in group["params"]
-            ]
         per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]
         plan = plan_memory(specs, 1, None, classes[0], group_optimizers=per_group)
         return plan.ranks[0].state_bytes

@@ -3,9 +3,9 @@
 :func:`train_rank` runs inside an initialised process group. Top to bottom:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. the data; with unused parameters allowed, the parameters that never get a gradient
-   (:func:`zero_lab.app.run.grad_reach.params_never_reached`), so the ZeRO owners are balanced over
-   the others from construction; then model -> DDP -> optimizer
+2. the data; with unused parameters allowed, the parameters that never get a gradient (the job
+   plan's, :func:`zero_lab.app.run.grad_reach.params_never_reached`), so the ZeRO owners are
+   balanced over the others from construction; then model -> DDP -> optimizer
    (:func:`zero_lab.app.run.build.build_training`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
@@ -21,7 +21,8 @@
    finishes the step, saves (whatever ``checkpoint_every`` says: a requeued job resumes
    from it) and leaves the loop in the same step;
 6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
-   writes ``summary.json``.
+   writes ``summary.json`` (its "÷ DDP" baseline priced from the job plan's specs, over the
+   parameters some rank holds state for).
 
 Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model and the
 checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
@@ -78,6 +79,7 @@ from zero_lab.elementwise import is_elementwise
 from zero_lab.files import write_json
 from zero_lab.grad_reduce import held_grad_bytes
 from zero_lab.measure import optimizer_state_bytes
+from zero_lab.partition import ParamSpec
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
 
@@ -98,8 +100,10 @@ class RunSpec:
     config: dict[str, Any]
     run_dir: str
     plan: OptimPlan  # the job's one answer to "is this ZeRO, which class steps" (app/plan/optim_plan.py)
+    specs: tuple[ParamSpec, ...]  # the job plan's, one per parameter in the optimizer's order (RunPlan.specs)
     meta: dict[str, Any] = field(default_factory=dict)  # choices, git, argv, W&B group/name
     logger_on_rank0: bool = False  # True under torchrun; else the job process follows metrics.jsonl
+    never_reached: tuple[str, ...] | None = None  # RunPlan.never_reached: None, it does not apply
 
 
 @dataclass
@@ -145,7 +149,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     log.info("rank %d/%d on %s, pid %d, seed %d", rank, world, device, os.getpid(), cfg.seed)
 
     data = instantiate(cfg.data)
-    unused = params_never_reached(cfg, data, spec.plan.strategy.shards_state)  # owners balanced over params with state
+    unused = params_never_reached(spec.never_reached)  # owners balanced over the params with state
     training = build_training(cfg, device, spec.plan, without_grad=unused)
     losses: list[float] = []
     start = 0
@@ -361,7 +365,7 @@ def _summary(
         return statistics.median(r[key] for r in timed) if timed else None
 
     optim_state = per_rank("optim_state_bytes")
-    planned = ddp_state_bytes(training.model, training.optimizer, held)  # planned, for "÷ DDP": like with like
+    planned = ddp_state_bytes(spec.specs, training.optimizer, held)  # planned, for "÷ DDP": like with like
     classes = optimizer_classes(training.optimizer)
     evaluated = [r["val/loss"] for r in records if "val/loss" in r]
     return RunSummary(

@@ -37,7 +37,7 @@ def _tied_lm(model_class: str, config_class: str, **config: Any) -> nn.Module:
         import transformers
 
         model_type, config_type = getattr(transformers, model_class), getattr(transformers, config_class)
-    except Exception as error:  # a broken torchvision breaks every transformers model: say so
+    except (ImportError, RuntimeError, AttributeError) as error:  # a broken torchvision breaks them all: say so
         explained = explain_import_error(error, f"transformers.{model_class}")
         if explained is None:
             raise

@@ -265,7 +265,7 @@ def forward_problems(
     """
     try:
         inputs, targets = next(batch_stream(data, 0, world_size, 0))
-    except Exception as error:
+    except Exception as error:  # user code: the data source's; reported with its key (data:)
         return [f"data: reading the first batch failed: {type(error).__name__}: {_first_line(error)}"]
     meta_inputs = to_device(inputs, torch.device("meta"), float_dtype)
     meta_targets = targets.to("meta") if torch.is_tensor(targets) else targets
@@ -273,7 +273,7 @@ def forward_problems(
         output = call_model(model, meta_inputs)
     except NotImplementedError:  # an op without a meta kernel: cannot be judged here
         return []
-    except Exception as error:
+    except Exception as error:  # user code: the model's forward; reported with its key (model:)
         if "meta" in str(error).lower():
             return []
         return [f"model: its forward fails on the data's first batch: {type(error).__name__}: {_first_line(error)}"]
@@ -281,7 +281,7 @@ def forward_problems(
         loss = loss_of(output, meta_targets, data, output_key)
     except ProtocolError as error:
         return [str(error)]
-    except Exception as error:
+    except Exception as error:  # user code: the data source's loss; reported with its key (data:)
         if "meta" in str(error).lower():
             return []
         return [f"data: its loss fails on the model's output: {type(error).__name__}: {_first_line(error)}"]
@@ -292,8 +292,10 @@ def forward_problems(
         return []
     try:
         loss.backward()
-    except Exception:  # a backward without meta kernels: cannot be judged here
+    except (NotImplementedError, RuntimeError):  # a backward without meta kernels: cannot be judged here
         return []
+    except Exception as error:  # user code: the model's own backward (a custom autograd.Function); reported
+        return [f"model: its backward fails on the data's first batch: {type(error).__name__}: {_first_line(error)}"]
     unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
     if unused:
         shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")

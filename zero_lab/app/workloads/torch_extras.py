@@ -159,7 +159,7 @@ def model_extras_problem(target: str) -> str | None:
         return None
     try:
         getattr(importlib.import_module(module), name)
-    except Exception as error:
+    except Exception as error:  # user code: importing the model's module runs it; other errors: the target check's
         explained = explain_import_error(error, f"model._target_={target}")
         return None if explained is None else str(explained)
     return None
