@@ -27,11 +27,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import TiedLM
 from tests.padded_all_reduce import PaddedAllReduce
-from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
-from zero_lab.registry import choose
-from zero_lab.collectives import InFlight, register_collective
-from zero_lab.comm import Communicator
+from zero_lab import Flat, ZeroRedundancyOptimizer
+from zero_lab.collectives import register_collective
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
+from zero_lab.registry import choose
 
 #: TiedLM's parameters take 288, 512 and 288 bytes by module: a 300-byte cap gives three buffers
 CAPPED = Flat(bucket_cap_mb=300 / 2**20)

@@ -16,12 +16,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zero_lab.app.run.build import build_training
 from zero_lab.app.check.preflight import compose_job
-from zero_lab.app.workloads.protocols import batch_stream
-from zero_lab.app.config.schema import register_configs
-from zero_lab.app.run.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.check.rules import to_container
+from zero_lab.app.config.schema import register_configs
+from zero_lab.app.run.build import build_training
+from zero_lab.app.run.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
+from zero_lab.app.workloads.protocols import batch_stream
 from zero_lab.comm import Communicator
 
 register_configs()
