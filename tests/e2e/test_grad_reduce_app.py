@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.runs import summary, train_together, wandb_records
+from tests.e2e.runs import runs_once, summary, train_together, wandb_records
 from tests.e2e.test_metrics import wandb_summary
+from tests.e2e.test_report import report, table
+from zero_lab.report.table import format_bytes
 
 STEPS = ("steps=3",)
 
@@ -62,3 +64,70 @@ def test_wandb_summary_holds_the_bytes_by_phase(runs):
         assert values[f"comm/bytes_per_step/{phase}/rank1"] == got[phase][1]
     assert values["comm/grad_reduce"] == "reduce_scatter"
     assert values["memory/grad_bytes/rank0"] == summary(runs / "zero")["grad_bytes"][0]
+
+
+#: The issue's sweep (its report shows bytes and memory per phase; sorted-greedy, the default partitioner),
+#: and reduce-scatter + ZeRO-2 memory with every other partitioner under overlap (flat without it: ``runs``).
+SWEEPS = {
+    "phases": (("optim=zero_adam", "grad_reduce=all_reduce,reduce_scatter", "shard_grads=false,true", *STEPS), True),
+    "partitioners": (
+        (
+            "optim=zero_adam",
+            "grad_reduce=reduce_scatter",
+            "shard_grads=true",
+            "partitioner=manual,ddp_bucket,flat",
+            "overlap=true",
+            *STEPS,
+            "logger=none",
+        ),
+        True,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    return runs_once(tmp_path_factory.mktemp("grad_reduce_sweeps"), SWEEPS)
+
+
+def test_the_phase_sweep_and_its_report_show_bytes_and_memory_per_phase(sweeps, tmp_path):
+    jobs = {
+        (s["grad_reduce"]["requested"], s["shard_grads"]): s
+        for s in (summary(job) for job in sorted(sweeps["phases"].iterdir()) if (job / "summary.json").exists())
+    }
+    assert set(jobs) == {(g, s) for g in ("all_reduce", "reduce_scatter") for s in (False, True)}
+    for shard in (False, True):
+        ddp_like, ours = jobs["all_reduce", shard], jobs["reduce_scatter", shard]
+        mine, theirs = ours["bytes_per_step"], ddp_like["bytes_per_step"]
+        # over the ranks, reduce-scatter sends half of the all-reduce's gradient bytes; the exchange is the same
+        assert 2 * sum(mine["grad_reduce"]) == sum(theirs["grad_reduce"])
+        assert mine["param_exchange"] == theirs["param_exchange"]
+        for rank in range(2):  # so a rank's whole step sends (about) what DDP's all-reduce alone sends
+            assert mine["grad_reduce"][rank] + mine["param_exchange"][rank] <= 1.02 * theirs["grad_reduce"][rank]
+        assert ours["final_loss"] == ddp_like["final_loss"]  # W=2: bitwise the same training
+    for reduce in ("all_reduce", "reduce_scatter"):  # ZeRO-2 memory: each rank holds less than half of the full
+        full, sharded = jobs[reduce, False]["grad_bytes"], jobs[reduce, True]["grad_bytes"]
+        assert all(held < whole / 2 for held, whole in zip(sharded, full)), (reduce, sharded, full)
+
+    result = report(sweeps["phases"], tmp_path / "report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = table(tmp_path / "report")
+    mode = {"grad_reduce=all_reduce": "all_reduce", "grad_reduce=reduce_scatter": "reduce_scatter"}
+    cells = {
+        (next(m for override, m in mode.items() if override in label), "shard_grads=true" in label): row
+        for label, row in rows.items()
+    }
+    for key, job in jobs.items():
+        sent = job["bytes_per_step"]
+        fullest = max(sent["grad_reduce"]), max(sent["param_exchange"])
+        assert cells[key]["sent/step: grads + params"] == f"{format_bytes(fullest[0])} + {format_bytes(fullest[1])}"
+        assert cells[key]["grads/rank"] == format_bytes(max(job["grad_bytes"]))
+
+
+def test_reduce_scatter_with_shard_grads_trains_every_partitioner_under_overlap(sweeps):
+    reference = summary(next(job for job in sorted(sweeps["phases"].iterdir()) if (job / "summary.json").exists()))
+    jobs = [summary(job) for job in sorted(sweeps["partitioners"].iterdir()) if (job / "summary.json").exists()]
+    assert len(jobs) == 3
+    for job in jobs:
+        assert job["grad_reduce"]["strategy"] == "reduce_scatter" and job["shard_grads"] is True
+        assert job["losses"] == pytest.approx(reference["losses"], abs=1e-6)  # the same training as DDP's all-reduce
