@@ -47,7 +47,8 @@ def test_every_snippet_of_the_core_manual_runs(tmp_path):
     collective = (
         "('broadcast', 'all_gather', 'p2p_all_gather', 'all_reduce')",
         "True all_reduce",
-        "all_reduce all_reduce\nexchange=ring: not a registered name (auto, broadcast, all_gather, p2p_all_gather, all_reduce)\n",
+        "all_reduce all_reduce\nexchange=ring: not a registered name "
+        "(auto, broadcast, all_gather, p2p_all_gather, all_reduce)\n",
     )
     family = (
         "False ['NormalizedMomentum', 'AdamW'] ChainedOptimizer",
