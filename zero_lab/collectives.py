@@ -10,7 +10,11 @@ a :class:`Collective` makes the whole of ``storage`` up to date on every rank:
 * :class:`AllGather` (``"all_gather"``) — one ``all_gather_into_tensor``: straight into
   ``storage`` when the ranges are equal and rank-major (``bounds[r] == (r·n, (r+1)·n)``); otherwise each
   rank's range is zero-padded to the longest in a ``W × longest`` staging buffer, which
-  is gathered and the other ranks' ranges copied out of when it lands.
+  is gathered and the other ranks' ranges copied out of when it lands;
+* :class:`P2PAllGather` (``"p2p_all_gather"``) — point to point, in place: each rank
+  sends its range to every peer (``isend``) and receives every peer's range straight into
+  ``storage`` (``irecv``; no staging, no padding; on Gloo, one host, 38 MiB at W=2: 16.5 ms against
+  19.8 ms for one broadcast per rank and 77 ms for ``all_gather_into_tensor``, FIELD-NOTES).
 
 Each collective goes through :class:`~zero_lab.comm.Communicator`, so it is labelled
 ``zero_lab::<label>`` in the profiler, and its bytes, calls and seconds are metered. The
@@ -54,6 +58,7 @@ __all__ = [
     "Broadcast",
     "Collective",
     "InFlight",
+    "P2PAllGather",
     "collective_named",
     "register_collective",
     "registered_collectives",
@@ -164,9 +169,24 @@ class AllGather:
         return max(b - a for a, b in bounds) * len(bounds) * itemsize
 
 
+class P2PAllGather:
+    """Point-to-point all-gather in place: every rank sends its range to each peer and
+    receives each peer's range straight into ``storage`` (unequal ranges need no padding)."""
+
+    name = "p2p_all_gather"
+    label = "exchange_p2p_all_gather"
+    in_place_shards = True
+
+    def issue(self, comm: Communicator, storage: torch.Tensor, bounds: Bounds, op: str) -> InFlight:
+        return InFlight(comm.issue_all_gather_p2p(storage, bounds, op=op))
+
+    def nbytes(self, bounds: Bounds, itemsize: int) -> int:
+        return sum(b - a for a, b in bounds) * itemsize
+
+
 #: ``exchange=`` name -> collective, in the order ``exchange="auto"`` tries them (ties go to the first).
 _REGISTRY: Registry[Collective] = Registry(
-    "exchange", Collective, (Broadcast, AllGather), "name, label, in_place_shards, issue() and nbytes()"
+    "exchange", Collective, (Broadcast, AllGather, P2PAllGather), "name, label, in_place_shards, issue() and nbytes()"
 )
 
 

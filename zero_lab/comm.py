@@ -11,7 +11,8 @@ group's timeout (set at ``init_process_group``), so a lost peer raises instead o
 
 Blocking collectives (``broadcast_many``, ``all_gather_into``, ``all_reduce``, ...)
 return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``,
-``issue_all_reduce``, ``issue_reduce_scatter``, ``issue_exchange`` for point-to-point)
+``issue_all_reduce``, ``issue_reduce_scatter``, ``issue_exchange`` for point-to-point,
+``issue_all_gather_p2p``: an all-gather built from it)
 return a :class:`Pending`; its ``wait()`` finishes them. The
 parameter exchange's collectives (:mod:`zero_lab.collectives`) are built on these.
 Accounting, in :class:`CommStats`:
@@ -213,6 +214,27 @@ class Communicator:
             return dist.batch_isend_irecv(ops) if ops else []
 
         return self._issue(op, sent + sum(_nbytes(t) for t, _ in recvs), len(sends) + len(recvs), launch, sent)
+
+    def issue_all_gather_p2p(
+        self, storage: torch.Tensor, bounds: Sequence[tuple[int, int]], op: str = "all_gather_p2p", tag: int = 0
+    ) -> Pending:
+        """Start a point-to-point all-gather in place: this rank sends its range
+        ``storage[bounds[rank]]`` to every peer (``isend``) and receives each peer's range straight
+        into ``storage`` (``irecv``; ranks of this group; empty ranges move nothing). Counted as one collective: the
+        bytes of the whole output (an all-gather's convention, the same on every rank), and as sent
+        exactly what this rank sends, its range once per peer."""
+        start, stop = bounds[self.rank]
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        sends = [(storage[start:stop], r) for r in peers if stop > start]
+        recvs = [(storage[a:b], r) for r, (a, b) in enumerate(bounds) if r != self.rank and b > a]
+
+        def launch() -> list[Any]:
+            ops = [dist.P2POp(dist.isend, t, self.global_rank(r), self.group, tag) for t, r in sends]
+            ops += [dist.P2POp(dist.irecv, t, self.global_rank(r), self.group, tag) for t, r in recvs]
+            return dist.batch_isend_irecv(ops) if ops else []
+
+        total = sum(b - a for a, b in bounds) * storage.element_size()
+        return self._issue(op, total, 1, launch, sum(_nbytes(t) for t, _ in sends))
 
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
         """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""

@@ -135,7 +135,8 @@ class GradReduce(Protocol):
 
     def issue(self, comm: Communicator, segments: Sequence[torch.Tensor], tag: int) -> Reduced:
         """Start reducing: ``segments[r]`` is this rank's (already ÷ W) contribution to the
-        elements rank r owns; the result is the sum over ranks of ``segments[comm.rank]``."""
+        elements rank r owns; the result is the sum over ranks of ``segments[comm.rank]``
+        (which a strategy may overwrite with it: the sum in place)."""
         ...
 
     def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
@@ -160,7 +161,14 @@ class AllReduce:
 
 class P2PReduceScatter:
     """Point-to-point reduce-scatter: send each peer its segment, receive every peer's
-    contribution to this rank's segment, add them in rank order (Gloo's fastest, FIELD-NOTES)."""
+    contribution to this rank's segment, add them in rank order (Gloo's fastest, FIELD-NOTES).
+
+    The sum is taken in place, into ``segments[comm.rank]`` (a view of the bucket when this
+    rank's elements are one run, so the result needs no copy back): the contributions of the
+    ranks before this one are summed in rank order into the first one's receive buffer, added
+    to this rank's segment (``a + b == b + a`` exactly), then the later ranks' are added in
+    order — the same rank-order sum, bitwise, as ``((s_0 + s_1) + s_2) + ...``.
+    """
 
     name = "reduce_scatter"
     label = "grad_reduce_scatter"
@@ -175,11 +183,15 @@ class P2PReduceScatter:
         pending = comm.issue_exchange(sends, [(received[r], r) for r in peers], op=self.label, tag=tag)
 
         def total() -> torch.Tensor:
-            parts = [mine if r == me else received[r] for r in range(comm.world_size) if r == me or r in received]
-            out = parts[0].clone()
-            for part in parts[1:]:
-                out += part
-            return out
+            before = [received[r] for r in peers if r < me]
+            for part in before[1:]:
+                before[0] += part
+            if before:
+                mine.add_(before[0])
+            for r in peers:
+                if r > me:
+                    mine.add_(received[r])
+            return mine
 
         return Reduced(pending, total)
 
@@ -291,11 +303,14 @@ class BucketRoute:
         return out
 
     def scatter_back(self, flat: torch.Tensor, rank: int, values: torch.Tensor) -> None:
-        """Zero ``flat`` except rank ``rank``'s runs, which get ``values`` (in run order)."""
+        """Zero ``flat`` except rank ``rank``'s runs, which get ``values`` (in run order; no copy
+        where ``values`` already is that run of ``flat``, a sum taken in place)."""
         offset, last = 0, 0
         for a, b in self.runs[rank]:
             flat[last:a].zero_()
-            flat[a:b].copy_(values[offset : offset + b - a])
+            source = values[offset : offset + b - a]
+            if source.data_ptr() != flat[a:b].data_ptr():
+                flat[a:b].copy_(source)
             offset += b - a
             last = b
         flat[last:].zero_()

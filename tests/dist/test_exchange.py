@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tests.dist.training import TiedLM
 from tests.padded_all_reduce import PaddedAllReduce
 from zero_lab import Flat, ZeroRedundancyOptimizer
-from zero_lab.collectives import register_collective
+from zero_lab.collectives import COLLECTIVES, register_collective
 from zero_lab.overlap import hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.registry import choose
 
@@ -110,7 +110,7 @@ def every_mode() -> dict[str, Any]:
     """Rank program: every layout x collective x prefetch, plus overlap(+prefetch)."""
     runs = {
         (layout, exchange, prefetch): _train(layout, exchange, prefetch)
-        for layout, exchange, prefetch in itertools.product(LAYOUTS, ("broadcast", "all_gather", "auto"), (False, True))
+        for layout, exchange, prefetch in itertools.product(LAYOUTS, (*COLLECTIVES, "auto"), (False, True))
     }
     out: dict[str, Any] = {f"{a}/{b}/{c}": run for (a, b, c), run in runs.items()}
     out["overlap"] = _train("per_shard", "broadcast", False, overlap=True)
@@ -118,7 +118,7 @@ def every_mode() -> dict[str, Any]:
     register_collective(PaddedAllReduce)  # in this rank's process only; after the runs above
     out |= {f"{layout}/all_reduce/False": _train(layout, "all_reduce", False) for layout in LAYOUTS}
     out["auto_with_all_reduce"] = _train("per_shard", "auto", False)
-    out["transposed"] = {name: _transposed(name) for name in ("broadcast", "all_gather", "all_reduce")}
+    out["transposed"] = {name: _transposed(name) for name in (*COLLECTIVES, "all_reduce")}
     return out
 
 
@@ -159,12 +159,12 @@ def test_every_exchange_mode_trains_bitwise_the_same(world, world_size):
         assert len(set(rank_result["transposed"].values())) == 1
         assert rank_result["transposed"] == results[0]["transposed"]  # every replica whole
         registered = rank_result["auto_with_all_reduce"]
-        assert set(registered["report"]["timings_s"]) == {"broadcast", "all_gather", "all_reduce"}
+        assert set(registered["report"]["timings_s"]) == {*COLLECTIVES, "all_reduce"}
         assert registered["params"] == plain["per_shard/broadcast/False"]["params"]
     for name in (k for k in results[0] if k.endswith("/auto/False")):
         reports = [r[name]["report"] for r in results]
-        assert reports[0]["collective"] in ("broadcast", "all_gather")
-        assert set(reports[0]["timings_s"]) == {"broadcast", "all_gather"}
+        assert reports[0]["collective"] in COLLECTIVES
+        assert set(reports[0]["timings_s"]) == set(COLLECTIVES)
         assert all(t > 0 for t in reports[0]["timings_s"].values())
         assert reports[0]["collective"] == choose(reports[0]["timings_s"])  # the first within 10 % of the fastest
         assert all(r == reports[0] for r in reports), name  # every rank chose the same, from the same figures

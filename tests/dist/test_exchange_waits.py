@@ -37,12 +37,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from tests.dist.training import TiedLM
 from zero_lab import Flat, Manual, ZeroRedundancyOptimizer
 from zero_lab.checkpoint import save_checkpoint
+from zero_lab.collectives import COLLECTIVES, collective_named
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Partitioner
 
 READERS = ("consolidate_state_dict", "state_dict", "save_checkpoint", "clip_grad_norm_", "step", "eval_forward")
-EXCHANGE_OPS = ("zero_lab::exchange_broadcast", "zero_lab::exchange_all_gather", "zero_lab::overlap_broadcast")
+EXCHANGE_OPS = (*(f"zero_lab::{collective_named(name).label}" for name in COLLECTIVES), "zero_lab::overlap_broadcast")
 WAITS = tuple(f"{op}/wait" for op in EXCHANGE_OPS)
 MARK = "test::reader"
 #: name: (partitioner, shard_buckets, interleaved hook)

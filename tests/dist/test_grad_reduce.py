@@ -39,6 +39,7 @@ class GradCase:
     steps: int = 4
     bucket_cap_mb: float = 0.002  # tiny buckets: the small model spans several
     grad_as_bucket_view: bool = False  # DDP(gradient_as_bucket_view=): param.grad are views of DDP's buckets
+    exchange: str = "auto"
 
 
 PARTITIONERS = ("sorted_greedy", "manual", "ddp_bucket", "flat")
@@ -74,6 +75,9 @@ CASES.update(
         "shard-grads-grad-view": GradCase(shard_grads=True, grad_as_bucket_view=True, accumulate=2),
         "prefetch": GradCase(prefetch=True, partitioner="flat", bucket_view=True),
         "clip": GradCase(clip=0.05, partitioner="flat", bucket_view=True),  # the norm of owned elements only
+        # the point-to-point reduce-scatter (summed in place) with the point-to-point all-gather
+        "flat-view1-p2p-exchange": GradCase("flat", True, exchange="p2p_all_gather"),
+        "per-shard-p2p-exchange": GradCase("sorted_greedy", False, exchange="p2p_all_gather"),
     }
 )
 
@@ -111,6 +115,7 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             parameters_as_bucket_view=case.bucket_view and not case.overlap,
             overlap_with_ddp=case.overlap,
             ddp_buckets=ddp_bucket_map(ddp),
+            exchange=case.exchange,
             lr=1e-2,
         )
         handle = reduce_gradients(ddp, opt, case.grad_reduce, shard_grads=case.shard_grads)
@@ -271,6 +276,8 @@ def test_three_ranks(world):
         GradCase("flat", True),
         GradCase("ddp_bucket", overlap=True),
         GradCase("manual", grad_reduce="reduce_scatter_native"),
+        GradCase("flat", True, exchange="p2p_all_gather"),
+        GradCase("sorted_greedy", False, exchange="p2p_all_gather"),
     ]
     for rank_rows in world(grad_parity, 3, cases):
         for row in rank_rows:

@@ -34,6 +34,8 @@ def test_add_param_group_keeps_owners_and_matches_plain_adam(world):
         (None, True, "all_gather", "bucket_all_gather", 1),
         (Flat(), False, "broadcast", "flat_broadcast", 2),
         (Flat(), False, "all_gather", "flat_all_gather", 1),
+        (None, False, "p2p_all_gather", "per_shard_p2p_all_gather", "per_param"),  # in place, one unit per shard
+        (Flat(), True, "p2p_all_gather", "flat_p2p_all_gather", 1),
         (Flat(), True, "broadcast", "flat_broadcast", 2),
         (Flat(), True, "all_gather", "flat_all_gather", 1),
     ],

@@ -21,6 +21,7 @@ from zero_lab.collectives import (
     Broadcast,
     Collective,
     InFlight,
+    P2PAllGather,
     collective_named,
     register_collective,
     registered_collectives,
@@ -35,24 +36,29 @@ def registry(monkeypatch):
 
 
 def test_the_constants_are_derived_from_the_registry():
-    assert COLLECTIVES == ("broadcast", "all_gather") == registered_collectives()
-    assert EXCHANGES == ("auto", "broadcast", "all_gather")
+    assert COLLECTIVES == ("broadcast", "all_gather", "p2p_all_gather") == registered_collectives()
+    assert EXCHANGES == ("auto", "broadcast", "all_gather", "p2p_all_gather")
     assert exchange.COLLECTIVES is COLLECTIVES and exchange.EXCHANGES is EXCHANGES
     assert isinstance(collective_named("broadcast"), Broadcast)
     assert isinstance(collective_named("all_gather"), AllGather)
+    assert isinstance(collective_named("p2p_all_gather"), P2PAllGather)
     assert all(isinstance(collective_named(name), Collective) for name in COLLECTIVES)
 
 
 def test_a_registered_collective_is_an_exchange(single_rank_group, registry):
     params = nn.Linear(3, 2).parameters()
-    with pytest.raises(ValueError, match=r"exchange='all_reduce' is not one of \['auto', 'broadcast', 'all_gather'\]"):
+    with pytest.raises(
+        ValueError, match=r"exchange='all_reduce' is not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather'\]"
+    ):
         ZeroRedundancyOptimizer(params, torch.optim.Adam, exchange="all_reduce", lr=1e-2)
     assert register_collective(PaddedAllReduce) is PaddedAllReduce
     register_collective(PaddedAllReduce)  # again: a no-op
-    assert registered_collectives() == ("broadcast", "all_gather", "all_reduce")
+    assert registered_collectives() == ("broadcast", "all_gather", "p2p_all_gather", "all_reduce")
     opt = ZeroRedundancyOptimizer(nn.Linear(3, 2).parameters(), torch.optim.Adam, exchange="all_reduce", lr=1e-2)
     assert opt.exchange_report().requested == "all_reduce"
-    with pytest.raises(ValueError, match=r"not one of \['auto', 'broadcast', 'all_gather', 'all_reduce'\]"):
+    with pytest.raises(
+        ValueError, match=r"not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather', 'all_reduce'\]"
+    ):
         collective_named("ring")
 
 
@@ -75,7 +81,9 @@ def test_bad_registrations_say_what_is_wrong(registry):
     assert registered_collectives() == COLLECTIVES
 
 
-@pytest.mark.parametrize("collective", [Broadcast(), AllGather(), PaddedAllReduce()], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "collective", [Broadcast(), AllGather(), P2PAllGather(), PaddedAllReduce()], ids=lambda c: c.name
+)
 def test_one_issue_meters_nbytes_under_its_label(single_rank_group, collective):
     comm = Communicator()
     storage = torch.arange(6, dtype=torch.float32)
@@ -85,13 +93,16 @@ def test_one_issue_meters_nbytes_under_its_label(single_rank_group, collective):
     assert comm.stats.calls == 1
     assert torch.equal(storage, torch.arange(6.0))  # one rank owns it all: nothing changes
     labels = {e.name for e in prof.events()}
-    assert {f"zero_lab::{collective.label}", f"zero_lab::{collective.label}/wait"} <= labels
+    # point to point, a world of one has no peer: nothing issued, so nothing to wait for
+    waited = set() if isinstance(collective, P2PAllGather) else {f"zero_lab::{collective.label}/wait"}
+    assert {f"zero_lab::{collective.label}", *waited} <= labels
 
 
 def test_nbytes_of_uneven_ranges():
     bounds = [(0, 3), (3, 3), (3, 8)]  # rank 1 owns nothing
     assert Broadcast().nbytes(bounds, 4) == 32  # two broadcasts, 3 + 5 elements
     assert AllGather().nbytes(bounds, 4) == 60  # padded to the longest: 3 x 5 elements
+    assert P2PAllGather().nbytes(bounds, 4) == 32  # the whole output, unpadded, as an all-gather counts it
 
 
 def test_in_flight_then_runs_after_its_own_finish(single_rank_group):

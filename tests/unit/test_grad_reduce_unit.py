@@ -181,3 +181,12 @@ def test_reduce_gradients_attaches_the_pipelines_gradient_phase_once(single_rank
     with pytest.raises(RuntimeError, match="already reduced by 'reduce_scatter'; call reduce_gradients once"):
         reduce_gradients(DDP(model), opt, "all_reduce")
     handle.close()
+
+
+def test_the_route_copies_a_sum_that_is_not_in_place():
+    route = BucketRoute((((0, 2), (4, 6)), ((2, 4),)), 6)
+    flat = torch.arange(6.0)
+    route.scatter_back(flat, 0, torch.tensor([10.0, 11.0, 12.0, 13.0]))
+    assert flat.tolist() == [10.0, 11.0, 0.0, 0.0, 12.0, 13.0]
+    route.scatter_back(flat, 1, flat[2:4].add_(7.0))  # in place: the run itself
+    assert flat.tolist() == [0.0, 0.0, 7.0, 7.0, 0.0, 0.0]

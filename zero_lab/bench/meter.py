@@ -9,8 +9,9 @@ its input tensors, so the payload is the product of those shapes. Byte accountin
 ``n``; an all-gather counts its output (the local input × world size).
 
 Collectives are sorted into two kinds: ``params`` (broadcast, all-gather: moving
-parameters) and ``grads`` (all-reduce, reduce-scatter, and point-to-point sends and receives,
-which only the gradient reduce-scatter issues during a benchmark step); barriers
+parameters) and ``grads`` (all-reduce, reduce-scatter, and point-to-point sends and receives);
+point-to-point sends and receives issued inside zero_lab's exchange (under a
+``zero_lab::exchange…`` profiler range: ``exchange="p2p_all_gather"``) are ``params``; barriers
 and anything else count nowhere. The profiler costs time, so the benchmark meters one
 untimed iteration per strategy (its memory phase). Kineto writes a ``USDT: ...
 profiler_start`` / ``profiler_stop`` line to file descriptor 2 from C++ at every start and
@@ -29,8 +30,9 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
+from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
 
@@ -76,11 +78,13 @@ class CollectiveMeter:
 
     def totals(self) -> dict[str, CommStats]:
         out = {"params": CommStats(), "grads": CommStats()}
-        for event in self._profile.events():
+        events = self._profile.events()
+        exchange = [event for event in events if event.name.startswith("zero_lab::exchange")]
+        for event in events:
             if not event.name.startswith(_BACKENDS):
                 continue
             op = event.name.split(":", 1)[1]
-            kind = kind_of(op)
+            kind = "params" if op in ("send", "recv") and _issued_in(event, exchange) else kind_of(op)
             if kind is None or not event.input_shapes or not event.input_shapes[0]:
                 continue
             numel = math.prod(event.input_shapes[0])
@@ -89,6 +93,13 @@ class CollectiveMeter:
             out[kind].calls += 1
             out[kind].bytes += numel * self.element_size
         return out
+
+
+def _issued_in(event: Any, ranges: Sequence[Any]) -> bool:
+    """Whether ``event`` started inside one of the profiler ``ranges`` on its thread (an asynchronous
+    send or receive ends after the range that issued it, so it is not that range's child)."""
+    start = event.time_range.start
+    return any(r.thread == event.thread and r.time_range.start <= start <= r.time_range.end for r in ranges)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ the data-parallel state is held and moved:
   (:func:`zero_lab.grad_reduce.reduce_gradients`): flat partition, bucket view, each bucket's
   gradients reduced to their owners by ``ar`` (all_reduce: DDP's traffic, through the hook),
   ``rs`` (point-to-point reduce-scatter) or ``rsn`` (native ``reduce_scatter_tensor``), then
-  the exchange by ``bc`` (broadcast) or ``ag`` (all_gather); ``zl_gr_auto`` lets both phases
+  the exchange by ``bc`` (broadcast), ``ag`` (all_gather) or ``p2p`` (the point-to-point
+  all-gather, ``p2p_all_gather``); ``zl_gr_auto`` lets both phases
   choose; ``zl_gr_prefetch`` is ``zl_prefetch`` with the reduce-scatter; ``zl_gr_shard`` adds
   ``shard_grads=True`` (ZeRO-2 gradient memory). Their reference is ``ddp``;
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
@@ -281,7 +282,7 @@ def _zero_lab_grads(
 
 
 _GRAD_NAMES = {"ar": "all_reduce", "rs": "reduce_scatter", "rsn": "reduce_scatter_native"}
-_EXCHANGE_NAMES = {"bc": "broadcast", "ag": "all_gather"}
+_EXCHANGE_NAMES = {"bc": "broadcast", "ag": "all_gather", "p2p": "p2p_all_gather"}
 
 
 def _grad_rows() -> list[Strategy]:
