@@ -76,6 +76,10 @@ def test_zero_adam_matches_plain_adam_through_the_app(sweep):
 
 
 #: Resumes of the sweep's step-3 checkpoints as ZeRO-Adam: test id -> (sweep job, checkpoint).
+#: The ``runs`` fixture makes about a dozen ``train.py`` runs, two at a time, in the first test that
+#: asks for it: 2–3 minutes on an idle machine, more beside other workers; 900 s still bounds a hang.
+pytestmark = pytest.mark.timeout(900)
+
 RESUMES = {"sharded-zero": ("1", "step_00000003"), "plain-adam-into-zero": ("0", "step_00000003.pt")}
 
 
