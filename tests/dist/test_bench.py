@@ -55,13 +55,13 @@ def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     assert table["fsdp2_reshard"]["bytes_vs_min"] == pytest.approx(2.0)
     assert all(table[n]["grad_bytes_vs_min"] == pytest.approx(1.0) for n in STRATEGIES)
     # the profiler's count of zero_lab's collectives equals zero_lab's own meter (same iteration)
-    # (the point-to-point exchange's sends and receives too: params, not the gradient reduce-scatter's; the
-    # profiler sees each send and receive where zero_lab counts one call per unit)
+    # (the point-to-point exchange's sends and receives too: params, not the gradient reduce-scatter's). Calls are
+    # compared where the collective is forced: under exchange=auto the profiler has counted two calls where
+    # zero_lab counted one (same bytes) since p2p_all_gather joined auto's trial; see the round's closing note.
     for name in ("zl_sg", "zl_sg_bv", "zl_flat", "zl_flat_bv_ag", "zl_prefetch", "zl_gr_rs_p2p"):
         seen, own = results[name]["collectives"]["params"], results[name]["collectives"]["own"]
         assert seen["bytes"] == own["bytes"], name
-        if results[name]["report"]["collective"] != "p2p_all_gather":
-            assert seen["calls"] == own["calls"], name
+    assert results["zl_flat_bv_ag"]["collectives"]["params"] == results["zl_flat_bv_ag"]["collectives"]["own"]
     assert results["zl_gr_rs_p2p"]["collectives"]["params"]["calls"] == 2  # one buffer: a send and a receive
     assert table["torch_bv"]["calls_per_step"] == 2  # one broadcast per rank
     assert table["zl_sg_bv"]["calls_per_step"] == (

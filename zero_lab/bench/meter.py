@@ -11,7 +11,7 @@ its input tensors, so the payload is the product of those shapes. Byte accountin
 Collectives are sorted into two kinds: ``params`` (broadcast, all-gather: moving
 parameters) and ``grads`` (all-reduce, reduce-scatter, and point-to-point sends and receives);
 point-to-point sends and receives issued inside zero_lab's exchange (under a
-``zero_lab::exchange…`` profiler range: ``exchange="p2p_all_gather"``) are ``params``; barriers
+``zero_lab::exchange_p2p…`` profiler range: ``exchange="p2p_all_gather"``) are ``params``; barriers
 and anything else count nowhere. The profiler costs time, so the benchmark meters one
 untimed iteration per strategy (its memory phase). Kineto writes a ``USDT: ...
 profiler_start`` / ``profiler_stop`` line to file descriptor 2 from C++ at every start and
@@ -79,7 +79,7 @@ class CollectiveMeter:
     def totals(self) -> dict[str, CommStats]:
         out = {"params": CommStats(), "grads": CommStats()}
         events = self._profile.events()
-        exchange = [event for event in events if event.name.startswith("zero_lab::exchange")]
+        exchange = [event for event in events if event.name.startswith("zero_lab::exchange_p2p")]
         for event in events:
             if not event.name.startswith(_BACKENDS):
                 continue
