@@ -486,7 +486,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first
         step also the measured time of each candidate (max over ranks). With an overlap
-        hook attached (:meth:`attach_ddp`), the hook's per-bucket broadcasts."""
+        hook attached (:meth:`StepPipeline.attach_per_bucket <zero_lab.pipeline.StepPipeline.attach_per_bucket>`),
+        the hook's per-bucket broadcasts."""
         return self._pipeline.exchange_report(self._exchange_choice)
 
     # ------------------------------------------------------------------ partition
