@@ -196,11 +196,15 @@ LONG = ("logger=none", "progress=false", "steps=2000", "log_every=500", HELD)
 #: on a runner busy with the suite's other worker.
 SUBMIT_SLACK_S = 30
 #: Seconds from the job's start (pinned with --begin) to its time-limit signal: it starts its ranks, trains a little.
-SIGNAL_AFTER_S = 25
-#: The signal's lead before the 60 s limit: slurmctld tests time limits every 30 s and signals a job at
+#: 25 s (with a 1-minute limit) was too few beside two busy workers: the signal came while the job was still
+#: starting, so submitit requeued it before a rank had trained (no first summary, no checkpoint).
+SIGNAL_AFTER_S = 55
+#: The job's time limit (``hydra.launcher.timeout_min``), in seconds.
+LIMIT_S = 120
+#: The signal's lead before the limit: slurmctld tests time limits every 30 s and signals a job at
 #: the first test at which its end is less than signal_delay_s + 30 s away, so the job that starts at
-#: `test - SIGNAL_AFTER_S` is signalled at that test (3 s of slack for a late start).
-SIGNAL_DELAY_S = LIMIT_CHECK_S - SIGNAL_AFTER_S + 3
+#: `test - SIGNAL_AFTER_S` is signalled at that test, not at the one 30 s before (3 s of slack for a late start).
+SIGNAL_DELAY_S = LIMIT_S - LIMIT_CHECK_S - SIGNAL_AFTER_S + 3
 
 
 def _pinned_start(slurm: SlurmCluster) -> datetime.datetime:
@@ -268,7 +272,7 @@ def _job_logs(sweep: Path, tail: int = 1500) -> str:
     return "\n".join(f"--- {log}:\n{log.read_text(errors='replace')[-tail:]}" for log in logs)
 
 
-@pytest.mark.timeout(900)  # about 3 min alone (start pinned up to a minute ahead, a 1-min limit, requeue, resume)
+@pytest.mark.timeout(900)  # about 3.5 min alone (start pinned up to a minute ahead, signalled 55 s in, requeue, resume)
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupted_run(slurm, tmp_path):
     sweep, plain, gate = tmp_path / "limited", tmp_path / "plain", tmp_path / "released"
     reference = subprocess.Popen(
@@ -286,7 +290,7 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
         "-m",
         "hydra/launcher=slurm",
         "hydra.launcher.partition=debug",
-        "hydra.launcher.timeout_min=1",
+        f"hydra.launcher.timeout_min={LIMIT_S // 60}",
         f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
         f"+hydra.launcher.additional_parameters.begin='{begin}'",
         *LONG,
@@ -300,7 +304,9 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_ends_as_an_uninterrupt
     assert limited.returncode == 0, "\n".join(["the helper saw:", *seen, _job_logs(sweep)]) + limited.stderr[-3000:]
     run = summary(sweep / "0")
     assert run["requeued"] is not None and run["requeued"]["restarts"] == 1, run
-    first = summary(sweep / "0" / "earlier" / "1")  # the first attempt's summary, set aside
+    first_attempt = sweep / "0" / "earlier" / "1"  # the first attempt's files, set aside
+    assert (first_attempt / "summary.json").is_file(), "\n".join(["the helper saw:", *seen, _job_logs(sweep)])
+    first = summary(first_attempt)
     assert first["stopped_by"] == "SIGUSR2" and len(first["losses"]) < 2000
     assert run["requeued"]["from_step"] == run["start_step"] == len(first["losses"])  # its checkpoint
     assert run["resumed_from"] == str(sweep / "0") and run["stopped_by"] is None
