@@ -28,10 +28,28 @@ import pytest
 SHARED_E2E_RUNS = {"test_app", "test_config_cli", "test_default_job", "test_metrics", "test_optuna", "test_report"}
 
 
+#: Unit tests that build a ``transformers`` model (their node ids hold one of these): one group, so
+#: one worker pays transformers' first model import (about 5 s of CPU: torch._dynamo, sympy, DTensor),
+#: not each. Found by running the layer with ``transformers`` dropped from ``sys.modules`` before each test.
+BUILDS_TRANSFORMERS = (
+    "gpt2",
+    "llama",
+    "transformers",
+    "[data-text]",  # test_config: data=text runs with model=gpt2
+    "test_every_shipped_option_passes_the_target_check",  # its job list holds model=gpt2
+)
+
+
+#: Unit modules whose tests share one cached parse of the whole package (``ast``): one worker each.
+UNIT_MODULES_WHOLE = {"test_facts_once", "test_layers"}
+
+
 def xdist_group_of(nodeid: str) -> str:
     """The group the test ``nodeid`` runs in: the Slurm layer as one (one cluster per session, its
     jobs queued one after another), the e2e modules of :data:`SHARED_E2E_RUNS` as one, every other
-    dist or e2e module its own, and each unit test alone (no shared fixture worth a group)."""
+    dist or e2e module its own, and each unit test alone (no shared fixture worth a group) but those
+    that build a transformers model (:data:`BUILDS_TRANSFORMERS`) and the modules of
+    :data:`UNIT_MODULES_WHOLE`."""
     path = PurePosixPath(nodeid.split("::", 1)[0])
     layer = path.parent.name
     if layer == "slurm":
@@ -39,7 +57,9 @@ def xdist_group_of(nodeid: str) -> str:
     if layer == "e2e" and path.stem in SHARED_E2E_RUNS:
         return "e2e-shared-runs"
     if layer == "unit":
-        return nodeid
+        if any(mark in nodeid for mark in BUILDS_TRANSFORMERS):
+            return "unit/transformers"
+        return f"unit/{path.stem}" if path.stem in UNIT_MODULES_WHOLE else nodeid
     return f"{layer}/{path.stem}"
 
 

@@ -92,12 +92,20 @@ FACTS: dict[str, tuple[Callable[[ast.AST], bool], str | None]] = {
 }
 
 
-def places(test: Callable[[ast.AST], bool]) -> Iterator[str]:
+@functools.cache
+def code_nodes() -> list[tuple[str, ast.AST]]:
+    """Every node of the package but its docstrings, with its module: walked once for all facts."""
+    out = []
     for module, tree in trees().items():
         skip = docstrings(tree)
-        for node in ast.walk(tree):
-            if id(node) not in skip and test(node):
-                yield f"{module}:{getattr(node, 'lineno', '?')}"
+        out += [(module, node) for node in ast.walk(tree) if id(node) not in skip]
+    return out
+
+
+def places(test: Callable[[ast.AST], bool]) -> Iterator[str]:
+    for module, node in code_nodes():
+        if test(node):
+            yield f"{module}:{getattr(node, 'lineno', '?')}"
 
 
 @pytest.mark.parametrize("fact", FACTS)

@@ -68,7 +68,8 @@ def parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text())
 
 
-def imports_of(path: Path) -> list[tuple[str, bool]]:
+@functools.cache
+def imports_of(path: Path) -> tuple[tuple[str, bool], ...]:
     """``(imported zero_lab module, at top level?)`` for every import in ``path``."""
     tree = parsed(path)
     top_level = {id(node) for node in tree.body}
@@ -82,12 +83,18 @@ def imports_of(path: Path) -> list[tuple[str, bool]]:
         for name in names:
             if name.split(".")[0] == "zero_lab":
                 found.append((name, id(node) in top_level))
-    return found
+    return tuple(found)
 
 
 def import_graph() -> dict[str, set[str]]:
+    """``module -> the zero_lab modules it imports``; a fresh dict per call (the parsing is cached)."""
+    return {module: set(targets) for module, targets in _import_graph().items()}
+
+
+@functools.cache
+def _import_graph() -> dict[str, frozenset[str]]:
     modules = {module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, frozenset[str]] = {}
     for module, path in modules.items():
         targets = set()
         for name, _ in imports_of(path):
@@ -95,7 +102,7 @@ def import_graph() -> dict[str, set[str]]:
                 name = name.rsplit(".", 1)[0]
             if name != module:
                 targets.add(name)
-        graph[module] = targets
+        graph[module] = frozenset(targets)
     return graph
 
 

@@ -75,6 +75,7 @@ __all__ = [
     "enum_str",
     "option_schema",
     "register_configs",
+    "share_the_config_store",
 ]
 
 #: Config groups whose options are built from a ``_target_``.
@@ -323,7 +324,56 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
     its keys are its ``_target_``'s arguments as ours are. On a name that several dirs hold, the
     first dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets
     no schema here; the pre-start check names it.
+
+    A call that repeats the last one (the same dirs, no YAML of theirs added, removed or
+    changed since) stores nothing new and returns at once: the test modules each register at
+    import, and deriving every schema again cost half a second each time.
     """
+    share_the_config_store()
+    key = _registration_key(conf_dir, extra_dirs)
+    if _LAST_REGISTERED and _LAST_REGISTERED[-1] == key:
+        return
+    _store_schemas(conf_dir, extra_dirs)
+    _LAST_REGISTERED[:] = [key]
+
+
+def share_the_config_store() -> None:
+    """Make a deep copy of Hydra's ``ConfigStore`` the store itself (idempotent).
+
+    Every composition deep-copies Hydra's config repository (``CachingConfigRepository``, so
+    search-path overrides do not touch the original's list of sources), and with it the
+    ``ConfigStore`` singleton that its structured-config source holds: every schema stored,
+    Hydra's and each option's here. That copy was a quarter of a composition (56 of 230 ms).
+    It protects nothing: the store is a singleton written only by ``ConfigStore.store`` and
+    read only through ``ConfigStore.load``, which deep-copies the node it returns; so a copy
+    of the store may as well be the store. (``tests/unit/test_config_store.py`` holds both.)
+    """
+    if "__deepcopy__" not in vars(ConfigStore):
+        ConfigStore.__deepcopy__ = _the_store_itself  # type: ignore[attr-defined]
+
+
+def _the_store_itself(store: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
+    return store
+
+
+#: The key of the last :func:`register_configs` call (a list of at most one).
+_LAST_REGISTERED: list[tuple[Any, ...]] = []
+
+
+def _registration_key(conf_dir: Path, extra_dirs: Sequence[Path]) -> tuple[Any, ...]:
+    """The dirs and every group YAML in them, each with its size and modification time."""
+    files = []
+    for directory in (conf_dir, *extra_dirs):
+        for group in GROUPS:
+            for path in sorted(Path(directory, group).glob("*.yaml")):
+                with contextlib.suppress(OSError):  # removed meanwhile: it is not in the key
+                    stat = path.stat()
+                    files.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return (str(conf_dir), tuple(str(d) for d in extra_dirs), tuple(files))
+
+
+def _store_schemas(conf_dir: Path, extra_dirs: Sequence[Path]) -> None:
+    """:func:`register_configs`' work: derive and store every option's schema."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for group in GROUPS:

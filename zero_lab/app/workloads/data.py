@@ -21,6 +21,7 @@ import functools
 import hashlib
 import math
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -190,10 +191,9 @@ def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
     if max_bytes < 1:
         raise ValueError(f"data.max_bytes={max_bytes}: must be >= 1 (bytes of text to read)")
     if path.is_file():
-        files = [path]
+        files: Sequence[Path] = [path]
     elif path.is_dir():
-        installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
-        files = sorted(p for p in path.glob(pattern) if p.is_file() and not installed_part(p, path, installed))
+        files = _matching_files(path, pattern)
         if not files:
             raise FileNotFoundError(f"data.path={path}: no file matches data.pattern={pattern}")
     else:
@@ -209,6 +209,13 @@ def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
         where = "is empty" if path.is_file() else f"holds only empty files matching data.pattern={pattern}"
         raise ValueError(f"data.path={path}: {where}; give a file or folder with text")
     return b"".join(chunks)
+
+
+@functools.lru_cache(maxsize=4)  # the standard library's 5,000 files are listed once, whatever max_bytes asks
+def _matching_files(folder: Path, pattern: str) -> tuple[Path, ...]:
+    """The files under ``folder`` matching ``pattern``, sorted, without installed packages."""
+    installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
+    return tuple(sorted(p for p in folder.glob(pattern) if p.is_file() and not installed_part(p, folder, installed)))
 
 
 def installed_part(file: Path, root: Path, names: tuple[str, ...]) -> bool:
