@@ -8,10 +8,9 @@ fresh model + optimizer ``load_state`` that checkpoint and train steps 3-4.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 
-from tests.clients.scripts.common import digest, out_dir, write_result
+from tests.clients.scripts.common import digest, finish, out_dir, write_result
 from zero_lab import ZeroRedundancyOptimizer
 
 
@@ -55,7 +54,7 @@ def main() -> None:
         result[f"{optimizer}_resumed"] = digest(model)
         result[f"{optimizer}_files"] = sorted(p.name for p in checkpoint.iterdir())
     write_result(result)
-    dist.barrier()
+    finish()
 
 
 if __name__ == "__main__":

@@ -35,3 +35,11 @@ def write_result(result: dict[str, Any]) -> None:
     result["ranks_agree"] = all(d == digests for d in everyone)
     if dist.get_rank() == 0:
         (out_dir() / "result.json").write_text(json.dumps(result))
+
+
+def finish() -> None:
+    """Wait for every rank, then destroy the process group before the interpreter exits: a Gloo
+    group left to the exit's destructors aborted a rank once ("terminate called without an active
+    exception", SIGABRT) after Lightning's fits had all finished, and torchrun reported the run failed."""
+    dist.barrier()
+    dist.destroy_process_group()

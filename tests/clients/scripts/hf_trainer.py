@@ -7,10 +7,9 @@ steps saving every 2; ZeRO resumed from checkpoint-2 by ``train(resume_from_chec
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from tests.clients.scripts.common import digest, out_dir, write_result
+from tests.clients.scripts.common import digest, finish, out_dir, write_result
 from zero_lab import ZeroRedundancyOptimizer
 
 
@@ -70,7 +69,7 @@ def main() -> None:
             "zero_class": type(zero.optimizer.optimizer).__name__,
         }
     )
-    dist.barrier()
+    finish()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 
-from tests.clients.scripts.common import digest, out_dir, write_result
+from tests.clients.scripts.common import digest, finish, out_dir, write_result
 from zero_lab import Flat, ZeroRedundancyOptimizer
 
 
@@ -65,7 +64,7 @@ def main() -> None:
         resumed, _ = fit(optimizer, resume=str(out_dir() / optimizer / "step=2.ckpt"))
         result[f"{optimizer}_resumed"] = digest(resumed)
     write_result(result)
-    dist.barrier()
+    finish()
 
 
 if __name__ == "__main__":

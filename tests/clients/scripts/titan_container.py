@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 
-from tests.clients.scripts.common import digest, out_dir, write_result
+from tests.clients.scripts.common import digest, finish, out_dir, write_result
 from zero_lab.clients import zero_factory
 
 
@@ -62,7 +62,7 @@ def main() -> None:
         train(ddp, container, range(2, 4))
         result[f"{kind}_resumed"] = digest(ddp)
     write_result(result)
-    dist.barrier()
+    finish()
 
 
 if __name__ == "__main__":
