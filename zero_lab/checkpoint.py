@@ -101,11 +101,15 @@ def _swap_into_place(partial: Path, final: Path, token: str) -> None:
     """Rename the finished ``partial`` directory to ``final``. An older ``final`` (a run
     re-saving a step, or a concurrent writer that got there first) is first renamed aside
     to a name private to this writer and deleted only after the swap, so at every instant
-    one complete copy carries the name or sits beside it."""
-    stale = final.with_name(f".{final.name}.old-{token}")
-    for _ in range(_SWAP_TRIES):
+    one complete copy carries the name or sits beside it. Each try moves aside to a name of its
+    own (``.<final>.old-<token>-<try>``): a second try renaming onto the first's copy, a
+    non-empty directory, failed with ENOTEMPTY while two writers raced."""
+    stale_copies = []
+    for attempt in range(_SWAP_TRIES):
+        stale = final.with_name(f".{final.name}.old-{token}-{attempt}")
         with contextlib.suppress(FileNotFoundError):
             os.replace(final, stale)
+            stale_copies.append(stale)
         try:
             os.replace(partial, final)
             break
@@ -115,7 +119,8 @@ def _swap_into_place(partial: Path, final: Path, token: str) -> None:
     else:
         raise CheckpointError(f"could not publish {final}: another writer kept replacing it")
     fsync_dir(final.parent)
-    shutil.rmtree(stale, ignore_errors=True)
+    for stale in stale_copies:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _digest(path: Path) -> dict[str, Any]:

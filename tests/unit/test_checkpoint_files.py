@@ -230,3 +230,33 @@ def test_a_reused_run_dir_keeps_the_users_own_files_in_logs(tmp_path):
     assert (tmp_path / "logs" / "mine.txt").read_text() == "the user's"
     assert (tmp_path / "earlier" / "1" / "logs" / "rank0.log").read_text() == "an earlier run's"
     assert not (tmp_path / "logs" / "rank0.log").exists()
+
+
+def test_a_writer_whose_swap_is_beaten_twice_still_publishes_its_own_copy(tmp_path, monkeypatch):
+    """Two other writers publish the same step between this writer's moving the old copy aside
+    and its own rename, twice: each of its tries moves aside to a name of its own (the second
+    once collided with the first's copy and failed with ENOTEMPTY), its copy ends up published
+    and none of the copies it moved aside is left behind."""
+    import os
+
+    from zero_lab import checkpoint
+
+    final, partial = tmp_path / "step_00000001", tmp_path / ".step_00000001.partial"
+    for folder, text in ((final, "old"), (partial, "mine")):
+        folder.mkdir()
+        (folder / "payload").write_text(text)
+    beaten = []
+    real_replace = os.replace
+
+    def replace_after_another_writer(src, dst):
+        if pathlib.Path(src) == partial and len(beaten) < 2:  # someone else publishes first
+            beaten.append(dst)
+            pathlib.Path(dst).mkdir()
+            (pathlib.Path(dst) / "payload").write_text(f"theirs {len(beaten)}")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_after_another_writer)
+    checkpoint._swap_into_place(partial, final, "t0ken")
+    assert len(beaten) == 2
+    assert (final / "payload").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
