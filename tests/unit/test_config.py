@@ -143,6 +143,21 @@ def test_each_plain_default_is_stated_once_in_the_schema():
             assert cfg[f.name] == f.default, f.name  # the composed job takes the schema's value
 
 
+def test_every_option_gets_its_schema_from_the_root_config_alone():
+    """config.yaml merges each group's derived schema under whatever option is picked; an option
+    YAML that also names its schema (``- /schema/<group>@_here_``) merges it a second time, which
+    cost a quarter of each composition. Such a line still composes, the same config (a user's
+    YAML written for an earlier zero_lab): test_config_checks.py's halves_named.yaml."""
+    root_defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    for group in ("optim", "partitioner", "model", "data", "logger", "scheduler"):
+        assert f"optional derived/{group}@{group}" in [next(iter(d)) for d in root_defaults if not isinstance(d, str)]
+    naming = [p.relative_to(CONF_DIR) for p in CONF_DIR.glob("*/*.yaml") if "/schema/" in p.read_text()]
+    assert not naming, f"{naming} name their schema; config.yaml's derived/<group> line merges it already"
+    cfg, choices, _ = compose_job(["optim=sgd", "optim.momentum=0.5"])
+    assert cfg.optim.dampening == 0.0 and cfg.optim.momentum == 0.5  # keys from torch.optim.SGD's signature
+    assert not [key for key in choices if key.startswith("schema/")]
+
+
 def test_choice_keys_take_their_values_from_the_constants_they_describe():
     assert Config.exchange == "auto"  # a registry that grows: checked when the job runs (test_registered.py)
     assert [m.value for m in ResumeOptimizer] == list(POLICIES)

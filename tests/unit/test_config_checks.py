@@ -89,12 +89,15 @@ def test_what_the_app_passes_to_the_optimizer_is_no_optim_key():
 def test_a_new_partitioner_needs_only_its_class_and_its_yaml(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)
-    (conf / "partitioner" / "halves.yaml").write_text(
-        "defaults:\n  - /schema/partitioner@_here_: halves\n_target_: tests.unit.test_config_checks.Halves\n"
+    (conf / "partitioner" / "halves.yaml").write_text("_target_: tests.unit.test_config_checks.Halves\n")
+    (conf / "partitioner" / "halves_named.yaml").write_text(  # as YAMLs for an earlier zero_lab named their schema
+        "defaults:\n  - /schema/partitioner@_here_: halves_named\n_target_: tests.unit.test_config_checks.Halves\n"
     )
     register_configs(conf)
     cfg, choices, _ = compose_job(["partitioner=halves", "partitioner.cut=0.25"], config_dir=conf)
     assert cfg.partitioner.cut == 0.25  # its argument, typed from its signature
+    named, _, _ = compose_job(["partitioner=halves_named", "partitioner.cut=0.25"], config_dir=conf)
+    assert named.partitioner == cfg.partitioner
     check(cfg, choices)
     cfg, choices, _ = compose_job(["partitioner=halves", "dist.world_size=3", "data.global_batch=3"], config_dir=conf)
     with pytest.raises(ConfigError, match=r"partitioner=halves at dist.world_size=3: Halves needs 2 ranks"):

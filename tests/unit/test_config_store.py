@@ -1,22 +1,28 @@
-"""Hydra's ConfigStore is shared, not deep-copied, by each composition (schema.share_the_config_store):
-what makes that safe holds, and a composition reads the same config either way."""
+"""What makes the composition caches safe (app/config/compose_cache.py) holds, and a composition
+reads the same config with them and with Hydra's own behaviour: the ConfigStore shared, not
+deep-copied; each config file's YAML parse reused while its text is unchanged."""
 
 from __future__ import annotations
 
 import copy
+import os
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from zero_lab.app.check.preflight import compose_job
-from zero_lab.app.config.schema import register_configs, share_the_config_store
+from zero_lab.app.config import compose_cache
+from zero_lab.app.config.compose_cache import file_config_source, hydras_file_load, speed_up_compositions
+from zero_lab.app.config.schema import register_configs
 
 register_configs()
 
+OVERRIDES = ["optim=adamw", "model=transformer", "data=tokens", "steps=7"]
+
 
 def test_a_copy_of_the_store_is_the_store_and_a_load_is_a_copy():
-    share_the_config_store()
-    share_the_config_store()  # idempotent
+    speed_up_compositions()
+    speed_up_compositions()  # idempotent
     store = ConfigStore.instance()
     assert copy.deepcopy(store) is store
     loaded = store.load("config_schema.yaml")
@@ -24,11 +30,39 @@ def test_a_copy_of_the_store_is_the_store_and_a_load_is_a_copy():
     assert store.load("config_schema.yaml").node.steps != 12345
 
 
-def test_a_composition_reads_the_same_with_the_store_copied_or_shared(monkeypatch):
-    shared = compose_job(["optim=adamw", "model=transformer", "data=tokens", "steps=7"])
+def test_a_composition_reads_the_same_with_and_without_the_caches(monkeypatch):
+    compose_job(OVERRIDES)
+    hits = compose_cache._parse.cache_info().hits
+    cached = compose_job(OVERRIDES)
+    assert compose_cache._parse.cache_info().hits >= hits + 8  # config.yaml and each of its 7 group options
     monkeypatch.delattr(ConfigStore, "__deepcopy__")  # Hydra's own behaviour: a deep copy per composition
+    monkeypatch.setattr(file_config_source(), "load_config", hydras_file_load())  # and a parse per file
     assert copy.deepcopy(ConfigStore.instance()) is not ConfigStore.instance()
-    copied = compose_job(["optim=adamw", "model=transformer", "data=tokens", "steps=7"])
-    assert OmegaConf.to_yaml(shared[0]) == OmegaConf.to_yaml(copied[0])
-    assert shared[1] == copied[1]
-    assert shared[0].steps == 7 and shared[1]["optim"] == "adamw"
+    hydras = compose_job(OVERRIDES)
+    assert OmegaConf.to_yaml(cached[0]) == OmegaConf.to_yaml(hydras[0])
+    assert OmegaConf.to_yaml(cached[2]) == OmegaConf.to_yaml(hydras[2])  # the hydra node too
+    assert cached[1] == hydras[1]
+    assert cached[0].steps == 7 and cached[1]["optim"] == "adamw"
+
+
+def test_a_file_load_is_hydras_and_a_fresh_config_each_time(tmp_path):
+    (tmp_path / "job.yaml").write_text("# @package _global_\nlr: 0.5\nlayers: [1, 2]\n")
+    source = file_config_source()(provider="test", path=str(tmp_path))
+    first = compose_cache._load_config_file(source, "job")
+    assert first == hydras_file_load()(source, "job")  # config, path, provider and header alike
+    assert first.header["package"] == "_global_"
+    first.config.layers.append(3)  # a caller changes what it got ...
+    first.header["package"] = "changed"
+    again = compose_cache._load_config_file(source, "job")
+    assert again.config.layers == [1, 2] and again.header["package"] == "_global_"  # ... and the next load is whole
+
+
+def test_an_edited_file_is_read_again_even_at_the_same_size_and_time(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("lr: 0.5\n")
+    source = file_config_source()(provider="test", path=str(tmp_path))
+    assert compose_cache._load_config_file(source, "job").config.lr == 0.5
+    stat = path.stat()
+    path.write_text("lr: 0.7\n")  # same size; the mtime set back to the first write's
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert compose_cache._load_config_file(source, "job").config.lr == 0.7

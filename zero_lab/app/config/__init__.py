@@ -3,5 +3,6 @@
 ``schema`` (typed plain keys; group schemas derived from the constructors), ``paths`` (the
 configs' package and the source tree), ``targets`` (every ``_target_`` checked before it is
 called), ``hydra_errors`` (Hydra's composition errors as one line), ``problems`` (one
-problem, one line). Imports only :mod:`zero_lab.app.workloads` of the app.
+problem, one line), ``compose_cache`` (what Hydra redid per composition, done once).
+Imports only :mod:`zero_lab.app.workloads` of the app.
 """

@@ -51,6 +51,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from zero_lab.app.config.compose_cache import speed_up_compositions
 from zero_lab.app.config.paths import CONF_DIR, group_options
 from zero_lab.app.workloads.protocols import OUTPUT_KEY
 from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
@@ -75,7 +76,6 @@ __all__ = [
     "enum_str",
     "option_schema",
     "register_configs",
-    "share_the_config_store",
 ]
 
 #: Config groups whose options are built from a ``_target_``.
@@ -318,42 +318,25 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
 
     Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
     (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored twice: as
-    ``schema/<group>/<name>`` (what a YAML names with ``- /schema/<group>@_here_: <name>``) and
-    as ``derived/<group>/<name>``, which the root config merges under whatever option a group
-    picks (``optional derived/<group>@<group>: ${<group>}``), so a user's YAML needs no such line:
-    its keys are its ``_target_``'s arguments as ours are. On a name that several dirs hold, the
-    first dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets
-    no schema here; the pre-start check names it.
+    ``derived/<group>/<name>``, which the root config merges under whatever option a group picks
+    (``optional derived/<group>@<group>: ${<group>}``), so no YAML, ours or a user's, names its
+    schema: its keys are its ``_target_``'s arguments; and as ``schema/<group>/<name>``, for a
+    YAML written for an earlier zero_lab, whose ``- /schema/<group>@_here_: <name>`` line still
+    composes (merging the same schema twice, at a quarter of each composition's time more). On a
+    name that several dirs hold, the first dir wins, as in Hydra's search path. A YAML whose
+    ``_target_`` cannot be imported gets no schema here; the pre-start check names it.
 
     A call that repeats the last one (the same dirs, no YAML of theirs added, removed or
     changed since) stores nothing new and returns at once: the test modules each register at
-    import, and deriving every schema again cost half a second each time.
+    import, and deriving every schema again cost half a second each time. Every call also makes
+    the compositions that follow cheaper (:mod:`zero_lab.app.config.compose_cache`).
     """
-    share_the_config_store()
+    speed_up_compositions()
     key = _registration_key(conf_dir, extra_dirs)
     if _LAST_REGISTERED and _LAST_REGISTERED[-1] == key:
         return
     _store_schemas(conf_dir, extra_dirs)
     _LAST_REGISTERED[:] = [key]
-
-
-def share_the_config_store() -> None:
-    """Make a deep copy of Hydra's ``ConfigStore`` the store itself (idempotent).
-
-    Every composition deep-copies Hydra's config repository (``CachingConfigRepository``, so
-    search-path overrides do not touch the original's list of sources), and with it the
-    ``ConfigStore`` singleton that its structured-config source holds: every schema stored,
-    Hydra's and each option's here. That copy was a quarter of a composition (56 of 230 ms).
-    It protects nothing: the store is a singleton written only by ``ConfigStore.store`` and
-    read only through ``ConfigStore.load``, which deep-copies the node it returns; so a copy
-    of the store may as well be the store. (``tests/unit/test_config_store.py`` holds both.)
-    """
-    if "__deepcopy__" not in vars(ConfigStore):
-        ConfigStore.__deepcopy__ = _the_store_itself  # type: ignore[attr-defined]
-
-
-def _the_store_itself(store: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
-    return store
 
 
 #: The key of the last :func:`register_configs` call (a list of at most one).

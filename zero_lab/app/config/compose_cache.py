@@ -1,0 +1,117 @@
+"""Make Hydra's repeated compositions cheaper, with the same result: two things each one redid.
+
+A process composes many times: a ``-m`` sweep composes every job to check it, an Optuna study
+composes each trial, and the config tests compose a few hundred command lines. Each Hydra
+composition redoes two pieces of work whose result cannot have changed:
+
+* **a deep copy of the ConfigStore.** Hydra copies its config repository for every composition
+  (``CachingConfigRepository``, so that search-path overrides leave the original's list of
+  sources alone), and with it the ``ConfigStore`` singleton that its structured-config source
+  holds: every schema stored, Hydra's and each option's here (56 of 230 ms per composition).
+  :func:`share_the_config_store` makes a copy of the store the store itself. That protects
+  nothing that needs protecting: the store is written only by ``ConfigStore.store`` and read
+  only through ``ConfigStore.load``, which deep-copies the node it returns.
+* **the YAML parse of every config file.** :func:`cache_yaml_parses` keeps each file's parse
+  (plain dicts, lists and scalars) keyed by its full text: the file is still read
+  on every load (microseconds), so an edit is seen at once, and only its parse (milliseconds)
+  is reused. Each load builds a fresh ``DictConfig`` from a copy of the parse, as Hydra's own
+  ``FileConfigSource.load_config`` builds one from a fresh parse: callers may change it freely.
+  A fifth of a composition on the shipped configs (259 -> 205 ms).
+
+:func:`speed_up_compositions` installs both; it is idempotent.
+``tests/unit/test_config_store.py`` holds what makes each safe and compares compositions with
+and without them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from hydra._internal.sources_registry import SourcesRegistry
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
+from omegaconf import OmegaConf
+from omegaconf._utils import get_yaml_loader
+
+__all__ = [
+    "cache_yaml_parses",
+    "file_config_source",
+    "hydras_file_load",
+    "share_the_config_store",
+    "speed_up_compositions",
+]
+
+
+def speed_up_compositions() -> None:
+    """Share the ConfigStore and cache the config files' YAML parses (both idempotent)."""
+    share_the_config_store()
+    cache_yaml_parses()
+
+
+def share_the_config_store() -> None:
+    """Make a deep copy of Hydra's ``ConfigStore`` the store itself (idempotent)."""
+    if "__deepcopy__" not in vars(ConfigStore):
+        ConfigStore.__deepcopy__ = _the_store_itself  # type: ignore[attr-defined]
+
+
+def cache_yaml_parses() -> None:
+    """Load config files through :func:`_load_config_file`, which reuses an unchanged file's parse
+    (idempotent)."""
+    source = file_config_source()
+    if source.load_config is not _load_config_file:
+        _HYDRAS_FILE_LOAD.setdefault(source, source.load_config)
+        source.load_config = _load_config_file  # type: ignore[method-assign]
+
+
+def file_config_source() -> type[ConfigSource]:
+    """The class Hydra loads ``file://`` configs with. Hydra's plugin scan (once per process, at
+    its first composition) executes its core plugins' modules again, so the class in use is the
+    one its sources registry holds after the scan, not the one an earlier import gave."""
+    Plugins.instance()  # the scan, if it has not run yet
+    return SourcesRegistry.instance().resolve("file")
+
+
+def hydras_file_load() -> Callable[[ConfigSource, str], ConfigResult]:
+    """Hydra's own ``load_config`` of the ``file://`` source: a parse per load."""
+    source = file_config_source()
+    return _HYDRAS_FILE_LOAD.get(source, source.load_config)
+
+
+#: Hydra's ``load_config`` of each file source class :func:`cache_yaml_parses` replaced.
+_HYDRAS_FILE_LOAD: dict[type[ConfigSource], Callable[[ConfigSource, str], ConfigResult]] = {}
+
+
+def _the_store_itself(store: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
+    return store
+
+
+def _load_config_file(self: ConfigSource, config_path: str) -> ConfigResult:
+    """``FileConfigSource.load_config`` with the parse of an unchanged file reused: the same
+    path resolution, error, header and ``ConfigResult``; the config built from a copy of the parse."""
+    full_path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+    if not os.path.exists(full_path):
+        raise ConfigLoadError(f"Config not found : {full_path}")
+    with open(full_path, encoding="utf-8") as file:
+        text = file.read()
+    header, parsed = _parse(text)
+    config = OmegaConf.create() if parsed is None else OmegaConf.create(copy.deepcopy(parsed))
+    return ConfigResult(
+        config=config, path=f"{self.scheme()}://{self.path}", provider=self.provider, header=dict(header)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str) -> tuple[dict[str, str], Any]:
+    """A config file's header (Hydra reads it from the first 512 characters) and its YAML, as
+    ``OmegaConf.load`` parses it (a mapping, a list, or None for an empty file), keyed by the
+    text alone: a copy of the configs elsewhere (a test's, a job's) reuses the parses."""
+    parsed = yaml.load(text, Loader=get_yaml_loader())
+    if parsed is not None and not isinstance(parsed, (list, dict, str)):
+        raise OSError(f"Invalid loaded object type: {type(parsed).__name__}")  # as OmegaConf.load
+    return ConfigSource._get_header_dict(text[:512]), parsed
