@@ -1,18 +1,26 @@
-"""What makes the composition caches safe (app/config/compose_cache.py) holds, and a composition
+"""What makes the composition speed-ups safe (app/config/compose_cache.py) holds, and a composition
 reads the same config with them and with Hydra's own behaviour: the ConfigStore shared, not
-deep-copied; each config file's YAML parse reused while its text is unchanged."""
+deep-copied; each config file's YAML parse reused while its text is unchanged; an interpolation
+map built only for a config whose defaults interpolate."""
 
 from __future__ import annotations
 
 import copy
 import os
 
+import pytest
+from hydra._internal import defaults_list
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from zero_lab.app.check.preflight import compose_job
 from zero_lab.app.config import compose_cache
-from zero_lab.app.config.compose_cache import file_config_source, hydras_file_load, speed_up_compositions
+from zero_lab.app.config.compose_cache import (
+    file_config_source,
+    hydras_file_load,
+    hydras_interpolation_map,
+    speed_up_compositions,
+)
 from zero_lab.app.config.schema import register_configs
 
 register_configs()
@@ -30,19 +38,26 @@ def test_a_copy_of_the_store_is_the_store_and_a_load_is_a_copy():
     assert store.load("config_schema.yaml").node.steps != 12345
 
 
-def test_a_composition_reads_the_same_with_and_without_the_caches(monkeypatch):
-    compose_job(OVERRIDES)
+@pytest.mark.parametrize("overrides", [OVERRIDES, ["experiment=tutorial", "optim=adam"]])
+def test_a_composition_reads_the_same_with_and_without_the_speed_ups(monkeypatch, overrides):
+    compose_job(overrides)
     hits = compose_cache._parse.cache_info().hits
-    cached = compose_job(OVERRIDES)
+    maps_built = []
+    hydras_map = hydras_interpolation_map()
+    monkeypatch.setattr(compose_cache, "_HYDRAS_INTERPOLATION_MAP", [lambda *a: maps_built.append(1) or hydras_map(*a)])
+    fast = compose_job(overrides)
     assert compose_cache._parse.cache_info().hits >= hits + 8  # config.yaml and each of its 7 group options
-    monkeypatch.delattr(ConfigStore, "__deepcopy__")  # Hydra's own behaviour: a deep copy per composition
-    monkeypatch.setattr(file_config_source(), "load_config", hydras_file_load())  # and a parse per file
+    assert len(maps_built) == 1  # config.yaml's, whose defaults interpolate ${optim}, ...; of 20-odd configs
+
+    monkeypatch.delattr(ConfigStore, "__deepcopy__")  # Hydra's own behaviour: a deep copy per composition,
+    monkeypatch.setattr(file_config_source(), "load_config", hydras_file_load())  # a parse per file,
+    monkeypatch.setattr(defaults_list, "_create_interpolation_map", hydras_map)  # a map per config
     assert copy.deepcopy(ConfigStore.instance()) is not ConfigStore.instance()
-    hydras = compose_job(OVERRIDES)
-    assert OmegaConf.to_yaml(cached[0]) == OmegaConf.to_yaml(hydras[0])
-    assert OmegaConf.to_yaml(cached[2]) == OmegaConf.to_yaml(hydras[2])  # the hydra node too
-    assert cached[1] == hydras[1]
-    assert cached[0].steps == 7 and cached[1]["optim"] == "adamw"
+    hydras = compose_job(overrides)
+    assert OmegaConf.to_yaml(fast[0]) == OmegaConf.to_yaml(hydras[0])
+    assert OmegaConf.to_yaml(fast[2]) == OmegaConf.to_yaml(hydras[2])  # the hydra node too
+    assert fast[1] == hydras[1]
+    assert fast[1]["optim"] == hydras[1]["optim"] == next(o for o in overrides if o.startswith("optim="))[6:]
 
 
 def test_a_file_load_is_hydras_and_a_fresh_config_each_time(tmp_path):

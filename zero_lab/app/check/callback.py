@@ -118,9 +118,12 @@ def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> Ru
     return plan
 
 
-def check_run(config: DictConfig) -> None:
-    """Check the one job Hydra composed (``config``, with its hydra node); raises ConfigError."""
-    _check_job(job_config(config), config.hydra)
+def check_run(config: DictConfig) -> DictConfig:
+    """Check the one job Hydra composed (``config``, with its hydra node); return the job config
+    checked (``config`` without its hydra node). Raises ConfigError."""
+    cfg = job_config(config)
+    _check_job(cfg, config.hydra)
+    return cfg
 
 
 def expand_sweep(config: DictConfig) -> list[list[str]]:

@@ -53,11 +53,10 @@ def preflight(
     Raises ConfigError. The schemas of the user's YAMLs (``user_dir``, ``hydra.searchpath``)
     must be registered first (:func:`zero_lab.app.config.schema.register_configs`)."""
     with _composed(overrides, multirun, config_name, user_dir) as config:
-        if multirun:
-            config = check_sweep(config)[0]
-        else:
-            check_run(config)
-    return job_config(config), config.hydra
+        if not multirun:
+            return check_run(config), config.hydra
+        first = check_sweep(config)[0]
+    return job_config(first), first.hydra
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:

@@ -1,24 +1,29 @@
-"""Make Hydra's repeated compositions cheaper, with the same result: two things each one redid.
+"""Make Hydra's repeated compositions cheaper, with the same result: work each one redid or dropped.
 
 A process composes many times: a ``-m`` sweep composes every job to check it, an Optuna study
-composes each trial, and the config tests compose a few hundred command lines. Each Hydra
-composition redoes two pieces of work whose result cannot have changed:
+composes each trial, and the config tests compose a few hundred command lines. Each Hydra 1.3
+composition did three things whose result was already known or never read:
 
 * **a deep copy of the ConfigStore.** Hydra copies its config repository for every composition
   (``CachingConfigRepository``, so that search-path overrides leave the original's list of
   sources alone), and with it the ``ConfigStore`` singleton that its structured-config source
-  holds: every schema stored, Hydra's and each option's here (56 of 230 ms per composition).
+  holds: every schema stored, Hydra's and each option's here (a quarter of a composition).
   :func:`share_the_config_store` makes a copy of the store the store itself. That protects
   nothing that needs protecting: the store is written only by ``ConfigStore.store`` and read
   only through ``ConfigStore.load``, which deep-copies the node it returns.
 * **the YAML parse of every config file.** :func:`cache_yaml_parses` keeps each file's parse
-  (plain dicts, lists and scalars) keyed by its full text: the file is still read
-  on every load (microseconds), so an edit is seen at once, and only its parse (milliseconds)
-  is reused. Each load builds a fresh ``DictConfig`` from a copy of the parse, as Hydra's own
+  (plain dicts, lists and scalars) keyed by its full text: the file is still read on every load
+  (microseconds), so an edit is seen at once, and only its parse (milliseconds) is reused. Each
+  load builds a fresh ``DictConfig`` from a copy of the parse, as Hydra's own
   ``FileConfigSource.load_config`` builds one from a fresh parse: callers may change it freely.
-  A fifth of a composition on the shipped configs (259 -> 205 ms).
+* **an interpolation map per config of the defaults tree.** For each config it expands, Hydra
+  builds a ``DictConfig`` of the choices known so far, which it reads only to resolve that
+  config's interpolated defaults (``- optional derived/optim@optim: ${optim}``). Only
+  ``config.yaml`` has any; for the twenty-odd others it was built and dropped (a tenth of a
+  composition). :func:`skip_unused_interpolation_maps` builds it only for a config that has one.
 
-:func:`speed_up_compositions` installs both; it is idempotent.
+:func:`speed_up_compositions` installs all three; each is idempotent, and each leaves Hydra
+alone where its internals are not the ones this was written against (a later Hydra).
 ``tests/unit/test_config_store.py`` holds what makes each safe and compares compositions with
 and without them.
 """
@@ -32,11 +37,12 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+from hydra._internal import defaults_list
 from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
 __all__ = [
@@ -44,14 +50,17 @@ __all__ = [
     "file_config_source",
     "hydras_file_load",
     "share_the_config_store",
+    "skip_unused_interpolation_maps",
     "speed_up_compositions",
 ]
 
 
 def speed_up_compositions() -> None:
-    """Share the ConfigStore and cache the config files' YAML parses (both idempotent)."""
+    """Share the ConfigStore, cache the config files' YAML parses, build only the interpolation
+    maps that are read (each idempotent)."""
     share_the_config_store()
     cache_yaml_parses()
+    skip_unused_interpolation_maps()
 
 
 def share_the_config_store() -> None:
@@ -82,6 +91,31 @@ def hydras_file_load() -> Callable[[ConfigSource, str], ConfigResult]:
     source = file_config_source()
     return _HYDRAS_FILE_LOAD.get(source, source.load_config)
 
+
+def skip_unused_interpolation_maps() -> None:
+    """Have Hydra build a config's interpolation map only where the config has an interpolated
+    default (idempotent; nothing changes on a Hydra without ``defaults_list._create_interpolation_map``)."""
+    hydras = getattr(defaults_list, "_create_interpolation_map", None)
+    if hydras is not None and hydras is not _interpolation_map_if_read:
+        _HYDRAS_INTERPOLATION_MAP.append(hydras)
+        defaults_list._create_interpolation_map = _interpolation_map_if_read
+
+
+def hydras_interpolation_map() -> Callable[..., DictConfig]:
+    """Hydra's own ``_create_interpolation_map``: built for every config of the defaults tree."""
+    return _HYDRAS_INTERPOLATION_MAP[0] if _HYDRAS_INTERPOLATION_MAP else defaults_list._create_interpolation_map
+
+
+def _interpolation_map_if_read(overrides: Any, defaults: list[Any], *rest: Any) -> DictConfig:
+    """Hydra's map where ``defaults`` (a config's defaults list, after the overrides) holds an
+    interpolated default, the only thing Hydra reads it for; else an empty config, never read."""
+    if any(default.is_interpolation() for default in defaults):
+        return _HYDRAS_INTERPOLATION_MAP[0](overrides, defaults, *rest)
+    return OmegaConf.create()
+
+
+#: Hydra's ``_create_interpolation_map``, once :func:`skip_unused_interpolation_maps` replaced it.
+_HYDRAS_INTERPOLATION_MAP: list[Callable[..., DictConfig]] = []
 
 #: Hydra's ``load_config`` of each file source class :func:`cache_yaml_parses` replaced.
 _HYDRAS_FILE_LOAD: dict[type[ConfigSource], Callable[[ConfigSource, str], ConfigResult]] = {}
