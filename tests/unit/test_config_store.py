@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 
+import hydra
 import pytest
 from hydra._internal import defaults_list
 from hydra.core.config_store import ConfigStore
@@ -81,3 +82,13 @@ def test_an_edited_file_is_read_again_even_at_the_same_size_and_time(tmp_path):
     path.write_text("lr: 0.7\n")  # same size; the mtime set back to the first write's
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert compose_cache._load_config_file(source, "job").config.lr == 0.7
+
+
+def test_on_another_hydra_only_the_store_is_shared(monkeypatch):
+    monkeypatch.setattr(hydra, "__version__", "1.4.0")
+    monkeypatch.setattr(file_config_source(), "load_config", hydras_file_load())
+    monkeypatch.setattr(defaults_list, "_create_interpolation_map", hydras_interpolation_map())
+    speed_up_compositions()
+    assert file_config_source().load_config is hydras_file_load()
+    assert defaults_list._create_interpolation_map is hydras_interpolation_map()
+    assert copy.deepcopy(ConfigStore.instance()) is ConfigStore.instance()

@@ -22,8 +22,8 @@ composition did three things whose result was already known or never read:
   ``config.yaml`` has any; for the twenty-odd others it was built and dropped (a tenth of a
   composition). :func:`skip_unused_interpolation_maps` builds it only for a config that has one.
 
-:func:`speed_up_compositions` installs all three; each is idempotent, and each leaves Hydra
-alone where its internals are not the ones this was written against (a later Hydra).
+:func:`speed_up_compositions` installs all three, each idempotent; the two that replace Hydra's
+private functions do so only on the Hydra series they were written against (:data:`HYDRA_SERIES`).
 ``tests/unit/test_config_store.py`` holds what makes each safe and compares compositions with
 and without them.
 """
@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import hydra
 import yaml
 from hydra._internal import defaults_list
 from hydra._internal.sources_registry import SourcesRegistry
@@ -55,12 +56,18 @@ __all__ = [
 ]
 
 
+#: The Hydra releases whose private internals the YAML cache and the interpolation maps were
+#: written against and compared with (tests/unit/test_config_store.py); on another, Hydra is left as it is.
+HYDRA_SERIES = "1.3."
+
+
 def speed_up_compositions() -> None:
-    """Share the ConfigStore, cache the config files' YAML parses, build only the interpolation
-    maps that are read (each idempotent)."""
+    """Share the ConfigStore; on Hydra 1.3, also cache the config files' YAML parses and build
+    only the interpolation maps that are read (each idempotent)."""
     share_the_config_store()
-    cache_yaml_parses()
-    skip_unused_interpolation_maps()
+    if hydra.__version__.startswith(HYDRA_SERIES):
+        cache_yaml_parses()
+        skip_unused_interpolation_maps()
 
 
 def share_the_config_store() -> None:
@@ -94,10 +101,9 @@ def hydras_file_load() -> Callable[[ConfigSource, str], ConfigResult]:
 
 def skip_unused_interpolation_maps() -> None:
     """Have Hydra build a config's interpolation map only where the config has an interpolated
-    default (idempotent; nothing changes on a Hydra without ``defaults_list._create_interpolation_map``)."""
-    hydras = getattr(defaults_list, "_create_interpolation_map", None)
-    if hydras is not None and hydras is not _interpolation_map_if_read:
-        _HYDRAS_INTERPOLATION_MAP.append(hydras)
+    default (idempotent)."""
+    if defaults_list._create_interpolation_map is not _interpolation_map_if_read:
+        _HYDRAS_INTERPOLATION_MAP.append(defaults_list._create_interpolation_map)
         defaults_list._create_interpolation_map = _interpolation_map_if_read
 
 
