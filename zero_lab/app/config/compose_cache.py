@@ -24,16 +24,18 @@ composition did three things whose result was already known or never read:
 
 :func:`speed_up_compositions` installs all three, each idempotent; the two that replace Hydra's
 private functions do so only on the Hydra series they were written against (:data:`HYDRA_SERIES`).
-``tests/unit/test_config_store.py`` holds what makes each safe and compares compositions with
-and without them.
+Within ``with hydra_alone():`` Hydra composes as it does without this module: to compare, or to
+rule this module out when a composition surprises. ``tests/unit/test_config_store.py`` holds what
+makes each safe and compares compositions both ways; ``scripts/compose_time.py`` times them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hydra
@@ -49,7 +51,7 @@ from omegaconf._utils import get_yaml_loader
 __all__ = [
     "cache_yaml_parses",
     "file_config_source",
-    "hydras_file_load",
+    "hydra_alone",
     "share_the_config_store",
     "skip_unused_interpolation_maps",
     "speed_up_compositions",
@@ -81,7 +83,7 @@ def cache_yaml_parses() -> None:
     (idempotent)."""
     source = file_config_source()
     if source.load_config is not _load_config_file:
-        _HYDRAS_FILE_LOAD.setdefault(source, source.load_config)
+        _HYDRAS.setdefault(source, source.load_config)
         source.load_config = _load_config_file  # type: ignore[method-assign]
 
 
@@ -93,38 +95,45 @@ def file_config_source() -> type[ConfigSource]:
     return SourcesRegistry.instance().resolve("file")
 
 
-def hydras_file_load() -> Callable[[ConfigSource, str], ConfigResult]:
-    """Hydra's own ``load_config`` of the ``file://`` source: a parse per load."""
-    source = file_config_source()
-    return _HYDRAS_FILE_LOAD.get(source, source.load_config)
-
-
 def skip_unused_interpolation_maps() -> None:
     """Have Hydra build a config's interpolation map only where the config has an interpolated
     default (idempotent)."""
     if defaults_list._create_interpolation_map is not _interpolation_map_if_read:
-        _HYDRAS_INTERPOLATION_MAP.append(defaults_list._create_interpolation_map)
+        _HYDRAS.setdefault(defaults_list, defaults_list._create_interpolation_map)
         defaults_list._create_interpolation_map = _interpolation_map_if_read
 
 
-def hydras_interpolation_map() -> Callable[..., DictConfig]:
-    """Hydra's own ``_create_interpolation_map``: built for every config of the defaults tree."""
-    return _HYDRAS_INTERPOLATION_MAP[0] if _HYDRAS_INTERPOLATION_MAP else defaults_list._create_interpolation_map
+@contextlib.contextmanager
+def hydra_alone() -> Iterator[None]:
+    """Hydra's own behaviour for the duration: the store deep-copied per composition, a parse per
+    file load, a map per config. What was installed before is installed again on leaving."""
+    source = file_config_source()
+    store_copy = vars(ConfigStore).get("__deepcopy__")
+    load, interpolation_map = source.load_config, defaults_list._create_interpolation_map
+    if store_copy is not None:
+        del ConfigStore.__deepcopy__  # type: ignore[attr-defined]
+    source.load_config = _HYDRAS.get(source, load)  # type: ignore[method-assign]
+    defaults_list._create_interpolation_map = _HYDRAS.get(defaults_list, interpolation_map)
+    try:
+        yield
+    finally:
+        if store_copy is not None:
+            ConfigStore.__deepcopy__ = store_copy  # type: ignore[attr-defined]
+        source.load_config = load  # type: ignore[method-assign]
+        defaults_list._create_interpolation_map = interpolation_map
 
 
 def _interpolation_map_if_read(overrides: Any, defaults: list[Any], *rest: Any) -> DictConfig:
     """Hydra's map where ``defaults`` (a config's defaults list, after the overrides) holds an
     interpolated default, the only thing Hydra reads it for; else an empty config, never read."""
     if any(default.is_interpolation() for default in defaults):
-        return _HYDRAS_INTERPOLATION_MAP[0](overrides, defaults, *rest)
+        return _HYDRAS[defaults_list](overrides, defaults, *rest)
     return OmegaConf.create()
 
 
-#: Hydra's ``_create_interpolation_map``, once :func:`skip_unused_interpolation_maps` replaced it.
-_HYDRAS_INTERPOLATION_MAP: list[Callable[..., DictConfig]] = []
-
-#: Hydra's ``load_config`` of each file source class :func:`cache_yaml_parses` replaced.
-_HYDRAS_FILE_LOAD: dict[type[ConfigSource], Callable[[ConfigSource, str], ConfigResult]] = {}
+#: Hydra's own function where a speed-up replaced one: the file source class's ``load_config``,
+#: the ``defaults_list`` module's ``_create_interpolation_map``.
+_HYDRAS: dict[object, Callable[..., Any]] = {}
 
 
 def _the_store_itself(store: ConfigStore, memo: dict[int, Any]) -> ConfigStore:
