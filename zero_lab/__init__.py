@@ -8,6 +8,7 @@ opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=
 from zero_lab.chained import ChainedOptimizer, merge_state_dicts, split_state_dict
 from zero_lab.collectives import Collective, register_collective
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise, register_elementwise
+from zero_lab.engine import ShardedDataParallel
 from zero_lab.grad_reduce import GradReduce, reduce_gradients, register_grad_reduce
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Partitioner, SortedGreedy
@@ -25,6 +26,7 @@ __all__ = [
     "ParamSpec",
     "Partition",
     "Partitioner",
+    "ShardedDataParallel",
     "ShardedOptimizer",
     "SortedGreedy",
     "ZeroRedundancyOptimizer",

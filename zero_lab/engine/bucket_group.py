@@ -1,0 +1,148 @@
+"""The engine's communication: each bucket's gradients to their owners, and parameters back.
+
+:class:`BucketGroup` (Megatron-Core's bucket group, with ZeRO owners):
+
+* **gradients** — :meth:`BucketGroup.grad_ready` is called from every parameter's
+  post-accumulate-grad hook in a synchronised backward. It writes the gradient (÷ W) into the
+  bucket's buffer, releases ``param.grad`` and counts; when a bucket has all its gradients it is
+  *ready*, and ready buckets are issued strictly in bucket order (so every rank issues the same
+  collectives in the same order) through a registered ``grad_reduce`` strategy
+  (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments,
+  the bucket index as the point-to-point tag). After each issue the bucket issued before it is
+  waited and finished — its reduced range added into (or becoming) the owned tensor's ``.grad``,
+  its buffer released — so at most two bucket buffers live at once and the reduction of one
+  bucket overlaps the backward that fills the next;
+* :meth:`BucketGroup.finish_grad_sync` (before the optimizer steps) completes the buckets some
+  parameter's hook never reached — a parameter no gradient reached this time counts as zeros, one
+  that holds a gradient accumulated under ``no_sync()`` contributes it — issues them in order and
+  waits for everything in flight;
+* **parameters** — :meth:`BucketGroup.start_param_sync` (after the step) issues every bucket's
+  all-gather of the owners' ranges in place on the parameter buffer, in forward order (the reverse
+  of bucket order), through a registered ``exchange`` collective
+  (:class:`zero_lab.collectives.Collective`); :meth:`BucketGroup.wait_params` waits for one bucket
+  (the next forward calls it module by module), :meth:`BucketGroup.wait_all` for all.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from zero_lab.collectives import Collective, InFlight
+from zero_lab.comm import Communicator
+from zero_lab.engine.buffer import ParamAndGradBuffer
+from zero_lab.grad_reduce import GradReduce, Reduced
+
+__all__ = ["BucketGroup"]
+
+
+class BucketGroup:
+    """Reduces each complete bucket to its owners and gathers parameters (see the module docstring)."""
+
+    def __init__(self, buffer: ParamAndGradBuffer, comm: Communicator, reduce: GradReduce, gather: Collective):
+        self.buffer = buffer
+        self.comm = comm
+        self.reduce = reduce
+        self.gather = gather
+        count = len(buffer.buckets)
+        self._arrived: list[set[int]] = [set() for _ in range(count)]
+        self._ready = [False] * count
+        self._next = 0  # the first bucket not yet issued
+        self._reducing: deque[tuple[int, Reduced]] = deque()
+        self._gathering: list[InFlight | None] = [None] * count
+        self.started = False  # a gradient of this synchronised backward arrived
+
+    # ------------------------------------------------------------------ gradients
+    def grad_ready(self, param: torch.Tensor) -> None:
+        """``param``'s gradient is accumulated (a post-accumulate-grad hook): into its bucket."""
+        b, position = self.buffer.where[id(param)]
+        self.started = True
+        if position in self._arrived[b]:
+            raise RuntimeError(
+                "a parameter received a second gradient in one synchronised backward after its bucket was "
+                "complete (a parameter used twice across two backward calls?): run every backward but the "
+                "last inside model.no_sync()"
+            )
+        self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
+        param.grad = None
+        self._arrived[b].add(position)
+        if len(self._arrived[b]) == len(self.buffer.buckets[b].params):
+            self._ready[b] = True
+            self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        while self._next < len(self._ready) and self._ready[self._next]:
+            b = self._next
+            self._next += 1
+            bucket = self.buffer.buckets[b]
+            data = self.buffer.grad_buffer(b)
+            segments = [data[a:z] for a, z in bucket.bounds] if self.reduce.scatters else [data]
+            self._reducing.append((b, self.reduce.issue(self.comm, segments, tag=b)))
+            while len(self._reducing) > 1:
+                self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        b, reduced = self._reducing.popleft()
+        result = reduced.wait()
+        owned = self.buffer.owned[b]
+        if owned is not None:
+            if not self.reduce.scatters:
+                result = result[slice(*self.buffer.buckets[b].bounds[self.comm.rank])]
+            if owned.grad is None:
+                owned.grad = result.clone()
+            else:
+                owned.grad.add_(result)
+        self.buffer.release(b)
+        self.buffer.note_held()
+
+    def finish_grad_sync(self) -> None:
+        """Complete, issue and wait for every bucket of this backward (see the module docstring)."""
+        if not self.started:
+            return
+        for b in range(self._next, len(self._ready)):
+            bucket = self.buffer.buckets[b]
+            for position, index in enumerate(bucket.params):
+                if position not in self._arrived[b]:
+                    param = self.buffer.params[index]
+                    self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
+                    param.grad = None
+            self._ready[b] = True
+        self._issue_ready()
+        while self._reducing:
+            self._finish_oldest()
+        for arrived in self._arrived:
+            arrived.clear()
+        self._ready = [False] * len(self._ready)
+        self._next = 0
+        self.started = False
+
+    # ------------------------------------------------------------------ parameters
+    def start_param_sync(self) -> None:
+        """Issue every bucket's all-gather of the owners' ranges, in forward order."""
+        for b in reversed(range(len(self.buffer.buckets))):
+            self.wait_params(b)
+            bounds = self.buffer.buckets[b].bounds
+            self._gathering[b] = self.gather.issue(self.comm, self.buffer.param_data[b], bounds, "engine_param_gather")
+
+    def wait_params(self, b: int) -> None:
+        """Wait for bucket ``b``'s parameter all-gather, if one is in flight."""
+        inflight = self._gathering[b]
+        if inflight is not None:
+            self._gathering[b] = None
+            inflight.wait()
+
+    def wait_buckets(self, buckets: Sequence[int]) -> None:
+        for b in buckets:
+            self.wait_params(b)
+
+    def wait_all(self) -> None:
+        """Wait for every collective in flight: reductions, then all-gathers."""
+        while self._reducing:
+            self._finish_oldest()
+        self.wait_buckets(range(len(self._gathering)))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._reducing) + sum(g is not None for g in self._gathering)

@@ -1,0 +1,90 @@
+"""Parameters and gradients as views of contiguous per-bucket buffers (the engine's storage).
+
+:class:`ParamAndGradBuffer` owns, for every :class:`~zero_lab.engine.layout.Bucket`:
+
+* ``param_data[b]`` — one tensor of ``bucket.numel`` elements on the parameters' device; every
+  parameter of the bucket is re-seated as a view of its range (``param.data = ...``), so the
+  owner's optimizer steps ``param_data[b][bounds[rank]]`` in place and the all-gather fills the
+  rest in place: no proxy and no copy back;
+* ``grad_data[b]`` — the bucket's gradient buffer, allocated when its first gradient of a
+  synchronised backward arrives and dropped as soon as its reduction is done (what makes the
+  engine ZeRO-2 at the peak: the unowned gradients live for about one bucket's reduction).
+  Each gradient is written into its range multiplied by ``1/W`` (``torch.mul(..., out=)``, as
+  DDP's reducer does), and the parameter's own ``.grad`` is released at once.
+
+What a rank holds of gradients is measured here, on the real tensors
+(:meth:`ParamAndGradBuffer.held_grad_bytes`), and its peak kept in ``peak_grad_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from zero_lab.engine.layout import Bucket
+
+__all__ = ["ParamAndGradBuffer"]
+
+
+class ParamAndGradBuffer:
+    """The engine's parameter and gradient storage for this ``rank`` (see the module docstring)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], buckets: Sequence[Bucket], rank: int):
+        self.params = list(params)
+        self.buckets = tuple(buckets)
+        self.rank = rank
+        self.param_data: list[torch.Tensor] = []
+        #: ``id(param) -> (bucket index, position in the bucket)``
+        self.where: dict[int, tuple[int, int]] = {}
+        for bucket in self.buckets:
+            first = self.params[bucket.params[0]]
+            data = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
+            for position, (index, offset, size) in enumerate(zip(bucket.params, bucket.offsets, bucket.sizes)):
+                param = self.params[index]
+                view = data[offset : offset + size]
+                view.copy_(param.detach().reshape(-1))
+                param.data = view.view_as(param)
+                self.where[id(param)] = (bucket.index, position)
+            self.param_data.append(data)
+        self.grad_data: list[torch.Tensor | None] = [None] * len(self.buckets)
+        #: the tensors the optimizer steps (this rank's range of each bucket); ``None`` where it owns nothing
+        self.owned: list[torch.Tensor | None] = [
+            data[slice(*bucket.bounds[rank])] if bucket.owned_numel(rank) else None
+            for bucket, data in zip(self.buckets, self.param_data)
+        ]
+        self.peak_grad_bytes = 0
+
+    def grad_buffer(self, b: int) -> torch.Tensor:
+        """Bucket ``b``'s gradient buffer, allocated on first use (its padding zeroed)."""
+        data = self.grad_data[b]
+        if data is None:
+            bucket = self.buckets[b]
+            data = torch.empty_like(self.param_data[b])
+            data[bucket.offsets[-1] + bucket.sizes[-1] :].zero_()  # offsets increase: the tail is padding
+            self.grad_data[b] = data
+            self.note_held()
+        return data
+
+    def write_grad(self, b: int, position: int, grad: torch.Tensor | None, scale: float) -> None:
+        """Put ``grad · scale`` (zeros for ``None``) into parameter ``position``'s range of bucket ``b``."""
+        bucket = self.buckets[b]
+        start = bucket.offsets[position]
+        slot = self.grad_buffer(b)[start : start + bucket.sizes[position]]
+        if grad is None:
+            slot.zero_()
+        else:
+            torch.mul(grad.reshape(-1), scale, out=slot)
+
+    def release(self, b: int) -> None:
+        """Drop bucket ``b``'s gradient buffer (its reduction is done)."""
+        self.grad_data[b] = None
+
+    def held_grad_bytes(self) -> int:
+        """Bytes of gradient tensors this rank holds now: live bucket buffers and owned gradients."""
+        live = sum(data.numel() * data.element_size() for data in self.grad_data if data is not None)
+        owned = sum(t.grad.numel() * t.grad.element_size() for t in self.owned if t is not None and t.grad is not None)
+        return live + owned
+
+    def note_held(self) -> None:
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self.held_grad_bytes())
