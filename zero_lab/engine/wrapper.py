@@ -57,7 +57,11 @@ from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
 from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.partition import Flat, ParamSpec, Partitioner
 
-__all__ = ["ShardedDataParallel", "default_modes"]
+__all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes"]
+
+#: The engine's default bucket cap: about a layer of a mid-sized model (12 × Linear(768) is 2.25 MiB a
+#: layer), so the gradients held stay near Ψ/W (+ two buckets); DDP's 25 MiB would hold ten such layers.
+BUCKET_CAP_MB = 4.0
 
 
 def default_modes(backend: str) -> tuple[str, str]:
@@ -97,7 +101,7 @@ class ShardedDataParallel(nn.Module):
         grad_reduce: str | None = None,
         exchange: str | None = None,
         prefetch: bool = True,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float = BUCKET_CAP_MB,
         process_group: Any = None,
         broadcast_buffers: bool = True,
     ):
