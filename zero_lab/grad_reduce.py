@@ -67,7 +67,6 @@ and its tests, registered with :func:`register_grad_reduce`; ``auto`` then times
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations by
 # identity (``bucket: dist.GradBucket``), and string annotations fail that check.
 import queue
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -77,6 +76,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from zero_lab import background
 from zero_lab.comm import CommStats, Communicator, Pending
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.optimizer import ZeroRedundancyOptimizer
@@ -318,12 +318,12 @@ class BucketRoute:
 
 # ---------------------------------------------------------------------- the hook
 class _Worker:
-    """One daemon thread finishing reductions in the order they were issued."""
+    """One daemon thread finishing reductions in the order they were issued; ended and joined
+    at the latest at interpreter exit (:mod:`zero_lab.background`)."""
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="zero_lab-grad-reduce", daemon=True)
-        self.thread.start()
+        self.thread = background.start_thread(self._run, "zero_lab-grad-reduce", lambda: self.jobs.put(None))
 
     def _run(self) -> None:
         while True:
@@ -331,6 +331,7 @@ class _Worker:
             if job is None:
                 return
             job()
+            del job  # its collectives' Work objects are freed now, not when the thread ends at exit
 
     def submit(self, job: Callable[[], None]) -> None:
         self.jobs.put(job)
@@ -490,9 +491,9 @@ class GradReduceHandle:
         return sum(storage.nbytes() for storage in self.ddp_buffers.values())
 
     def close(self) -> None:
-        """Stop the worker thread (the hook must not be called afterwards)."""
+        """Stop the worker thread and wait for it (the hook must not be called afterwards)."""
         if self._worker is not None:
-            self._worker.submit(None)
+            background.end(self._worker.thread)
             self._worker = None
 
 

@@ -10,7 +10,10 @@ an ephemeral port — and publishes ``host:port:token`` in the process group's s
 key unique to the optimizer. The rank that needs the full state (:func:`fetch_shard_states`)
 reads each peer's address from the store, connects, sends the token, and receives that rank's
 shard states (``torch.save`` bytes, loaded ``weights_only``). Nothing is sent unless asked;
-every wait (store read, connect, each read) has the store's timeout.
+every wait (store read, connect, each read) has the store's timeout. The thread ends once the
+optimizer is collected or the default process group destroyed (checked every ``_POLL_S``), on
+:meth:`ShardStateServer.stop`, and at the latest at interpreter exit, before finalization
+(:mod:`zero_lab.background`: a daemon thread alive then can abort the process).
 
 The peer's optimizer cannot change meanwhile: its next step needs this rank's gradients
 (DDP's all-reduce) and parameters (the exchange), and this rank is busy saving.
@@ -22,6 +25,7 @@ The peer's optimizer cannot change meanwhile: its next step needs this rank's gr
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -35,6 +39,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zero_lab import background
 
 __all__ = ["ShardStateServer", "default_store", "fetch_shard_states"]
 
@@ -108,14 +114,20 @@ class ShardStateServer:
         listener.settimeout(_POLL_S)
         self._socket = listener
         port = listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, name=f"zero_lab-state-{self.rank}", daemon=True)
-        self._thread.start()
+        self._thread = background.start_thread(self._serve, f"zero_lab-state-{self.rank}", self._close)
         self._store.set(f"{self.key}/{self.rank}", f"{host}:{port}:{self._token}")
 
     def stop(self) -> None:
-        """Stop serving (the thread ends within ``_POLL_S``) and close the socket."""
+        """Stop serving and wait for the thread to end (:func:`zero_lab.background.end`)."""
+        if self._thread is not None:
+            background.end(self._thread)
+
+    def _close(self) -> None:
+        """Ask the thread to end: shutting the listening socket down wakes its ``accept`` at once."""
         self._stop.set()
         if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
             self._socket.close()
 
     def _serve(self) -> None:
@@ -125,7 +137,7 @@ class ShardStateServer:
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
-                if self._owner() is None:  # the optimizer is gone
+                if self._owner() is None or not dist.is_initialized():  # the optimizer or the group is gone
                     listener.close()
                     return
                 continue

@@ -1,0 +1,103 @@
+"""A job that exits right after ``step()`` leaves no thread of zero_lab's alive (issue 37).
+
+A daemon thread alive when the interpreter finalizes dies of ``pthread_exit`` the moment it wants
+the GIL back; inside one of torch's GIL-releasing destructors (a ``Work``, a process group, a store)
+that is ``std::terminate`` — "terminate called without an active exception", SIGABRT, after all the
+work was done (:mod:`zero_lab.background`). So for every strategy and exchange collective, ten
+times in a row in one world, each rank builds the optimizer, takes one step and runs what the
+interpreter runs at exit (``atexit``): every thread zero_lab started (the shard-state server of each
+ZeRO optimizer, the gradient-reduction worker) must be gone — joined, not just asked to stop —
+before finalization could begin; and the threads exist before that, so the test sees them end.
+
+Forkserver ranks end with ``os._exit`` (no finalization, so no abort to wait for): the test checks
+the precondition directly, which fails every time rather than once in ten runs. Adding a strategy
+is one entry in :data:`STRATEGIES`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.dist.training import batch, loss_of, make_model
+from zero_lab import Flat, ZeroRedundancyOptimizer, background, reduce_gradients
+from zero_lab.overlap import hook_with_zero_step, prefetch_exchange
+
+RUNS = 10
+
+
+def _zero(ddp: DDP, **kwargs: Any) -> ZeroRedundancyOptimizer:
+    return ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, lr=1e-2, **kwargs)
+
+
+def _overlap(ddp: DDP) -> ZeroRedundancyOptimizer:
+    opt = _zero(ddp, overlap_with_ddp=True)
+    ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, opt))
+    return opt
+
+
+def _grad_reduce(ddp: DDP) -> ZeroRedundancyOptimizer:
+    opt = _zero(ddp, exchange="broadcast")
+    reduce_gradients(ddp, opt, "reduce_scatter")
+    return opt
+
+
+def _prefetch(ddp: DDP) -> ZeroRedundancyOptimizer:
+    opt = _zero(ddp, exchange="p2p_all_gather")
+    prefetch_exchange(ddp.module, opt)  # the exit comes with the last step's exchange in flight
+    return opt
+
+
+#: name -> build the optimizer over a fresh DDP model (the DDP path: comm hooks, if any, installed here).
+STRATEGIES: dict[str, Callable[[DDP], torch.optim.Optimizer]] = {
+    "ddp-adam": lambda ddp: torch.optim.Adam(ddp.parameters(), lr=1e-2),
+    "sorted_greedy-broadcast": lambda ddp: _zero(ddp, exchange="broadcast"),
+    "sorted_greedy-all_gather": lambda ddp: _zero(ddp, exchange="all_gather"),
+    "sorted_greedy-p2p_all_gather": lambda ddp: _zero(ddp, exchange="p2p_all_gather"),
+    "flat-broadcast": lambda ddp: _zero(ddp, partitioner=Flat(), exchange="broadcast"),
+    "flat-bucket_view-all_gather": lambda ddp: _zero(
+        ddp, partitioner=Flat(), parameters_as_bucket_view=True, exchange="all_gather"
+    ),
+    "overlap": _overlap,
+    "grad_reduce=reduce_scatter": _grad_reduce,
+    "prefetch-p2p_all_gather": _prefetch,
+}
+
+
+def _ours() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("zero_lab-"))
+
+
+def exit_after_step(name: str, runs: int) -> dict[str, list[list[str]]]:
+    """``runs`` times: a fresh model and optimizer, one step, then what ``atexit`` runs; zero_lab's
+    threads before and after that."""
+    before, after = [], []
+    for run in range(runs):
+        ddp = DDP(make_model(seed=run))
+        opt = STRATEGIES[name](ddp)
+        loss_of(ddp, batch(run, dist.get_rank())).backward()
+        opt.step()
+        before.append(_ours())
+        background.end_all()  # what the interpreter's exit runs (atexit), before it finalizes
+        after.append(_ours())
+        if isinstance(opt, ZeroRedundancyOptimizer):
+            opt.wait_for_exchange()  # a prefetched exchange lands before the next run's collectives
+        del ddp, opt
+    return {"before": before, "after": after}
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_no_thread_of_zero_labs_outlives_the_exit_right_after_step(world, name):
+    for rank, seen in enumerate(world(exit_after_step, 2, name, RUNS)):
+        assert seen["after"] == [[]] * RUNS, (rank, seen["after"])
+        if name != "ddp-adam":  # each ZeRO optimizer serves its shard states from its first step
+            assert all(f"zero_lab-state-{rank}" in names for names in seen["before"]), (rank, seen["before"])
+        if name.startswith("grad_reduce"):
+            assert all("zero_lab-grad-reduce" in names for names in seen["before"]), (rank, seen["before"])
