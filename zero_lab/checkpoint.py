@@ -65,12 +65,14 @@ from zero_lab.state_probe import expected_state, state_problem
 __all__ = [
     "FORMAT",
     "CheckpointError",
+    "check_digest",
     "check_saved_states",
     "check_state_dict",
     "checkpoint_step",
     "checkpoints",
     "digest_path",
     "export_plain_state_dict",
+    "file_digest",
     "find_checkpoint",
     "hyperparameters",
     "is_complete",
@@ -123,7 +125,8 @@ def _swap_into_place(partial: Path, final: Path, token: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _digest(path: Path) -> dict[str, Any]:
+def file_digest(path: Path) -> dict[str, Any]:
+    """``{"bytes": size, "sha256": hex digest}`` of one file, read in 1 MiB blocks."""
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -170,7 +173,7 @@ def read_json_file(path: Path, what: str) -> Any:
         ) from error
 
 
-def _check_digest(path: Path, expected: dict[str, Any], subject: str, source: str) -> None:
+def check_digest(path: Path, expected: dict[str, Any], subject: str, source: str) -> None:
     """Raise unless ``path`` has the size and sha256 that ``source`` (its record) gives; the
     size (and that it is a regular file) is checked before a byte is hashed."""
     size = regular_file_size(path)
@@ -178,7 +181,7 @@ def _check_digest(path: Path, expected: dict[str, Any], subject: str, source: st
         raise CheckpointError(
             f"{subject} is corrupt: {path.name} has {size} bytes, {source} says {expected.get('bytes')} bytes"
         )
-    found = _digest(path)
+    found = file_digest(path)
     if (found["bytes"], found["sha256"]) != (expected.get("bytes"), expected.get("sha256")):
         raise CheckpointError(
             f"{subject} is corrupt: {path.name} has {found['bytes']} bytes (sha256 {found['sha256'][:12]}…), "
@@ -287,7 +290,7 @@ def load_checked_file(path: str | Path) -> Any:
         ) from error
     if not isinstance(expected, dict):
         raise CheckpointError(f"{record}: the size/sha256 record is not a JSON object")
-    _check_digest(path, expected, str(path), record.name)
+    check_digest(path, expected, str(path), record.name)
     return load_file(path)
 
 
@@ -298,7 +301,7 @@ def load_verified(directory: str | Path, name: str, manifest: dict[str, Any], mm
     expected = manifest["files"].get(name)
     if expected is None or not path.exists():
         raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing")
-    _check_digest(path, expected, f"checkpoint {directory}", "the manifest")
+    check_digest(path, expected, f"checkpoint {directory}", "the manifest")
     return load_file(path, mmap=mmap)
 
 
@@ -426,10 +429,10 @@ def save_checkpoint(
     mine = f"optim-rank{rank:05d}.pt"
     shards = optimizer.local_shard_states()
     save_tensors({"shards": shards}, partial / mine)
-    written = {mine: {**_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
+    written = {mine: {**file_digest(partial / mine), "ranges": [[i, a, b] for i, (a, b, _) in sorted(shards.items())]}}
     if rank == 0 and model is not None:
         save_tensors(model.state_dict(), partial / "model.pt")
-        written["model.pt"] = _digest(partial / "model.pt")
+        written["model.pt"] = file_digest(partial / "model.pt")
     everyone = comm.gather_objects(written, to=0, device=optimizer.join_device)
 
     if rank == 0:

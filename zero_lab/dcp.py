@@ -26,16 +26,38 @@ Plain optimizers are passed through to torch's functions, so one code path serve
     osd = zero_lab.dcp.get_optimizer_state_dict(model, opt)        # the template
     dcp.load({"optim": osd}, checkpoint_id=path)
     zero_lab.dcp.set_optimizer_state_dict(model, opt, osd)
+
+Saving and loading through this module adds what torch's ``dcp.save`` / ``dcp.load`` lack for a
+checkpoint that is shared or downloaded:
+
+* :func:`save` — ``dcp.save``, then rank 0 writes the integrity record (every file's size and
+  sha256, last; :mod:`zero_lab.dcp_record`), as the native format's manifest does;
+* :func:`load` — ``dcp.load`` through :class:`~zero_lab.dcp_reader.CheckedReader`: ``.metadata``
+  unpickled with an allow list of DCP's metadata classes, non-tensor values read
+  ``weights_only``, every file checked against the record (a checkpoint without one loads, with
+  a one-line warning that it is unverified); a failure is one
+  :class:`~zero_lab.checkpoint.CheckpointError` line naming the checkpoint, the file and the cause;
+* :func:`check` — the same decided before loading, from the files and the metadata alone
+  (:mod:`zero_lab.dcp_check`): the record, truncated or missing files, each tensor's shape and
+  dtype against a template, keys the template lacks.
+
+    zero_lab.dcp.save({"model": get_model_state_dict(model), "optim": osd}, path)
+    zero_lab.dcp.load({"model": ..., "optim": osd}, path)
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from zero_lab.checkpoint import CheckpointError
+from zero_lab.dcp_record import RECORD, write_record
 from zero_lab.optimizer import MASTER_KEY, ZeroRedundancyOptimizer
 from zero_lab.shard_state import merge_states
 
@@ -49,7 +71,9 @@ def _torch_state_dict() -> Any:
     return state_dict
 
 
-__all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
+__all__ = ["check", "get_optimizer_state_dict", "load", "save", "set_optimizer_state_dict"]
+
+log = logging.getLogger(__name__)
 
 
 def _fqns(model: nn.Module, opt: ZeroRedundancyOptimizer) -> list[str]:
@@ -130,3 +154,78 @@ def set_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer,
     groups = [{**group, "params": [index_of[fqn] for fqn in group["params"]]} for group in state_dict["param_groups"]]
     state = {index_of[fqn]: dict(entry) for fqn, entry in state_dict["state"].items() if fqn in index_of}
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _barrier(process_group: dist.ProcessGroup | None) -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(group=process_group)
+
+
+def _is_writer(process_group: dist.ProcessGroup | None) -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
+
+
+def save(state_dict: dict[str, Any], path: str | Path, process_group: dist.ProcessGroup | None = None) -> Path:
+    """``dcp.save(state_dict)`` into ``path``, then the integrity record (rank 0, after every rank
+    finished). Call on every rank (or without a process group)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    dcp.save(state_dict, checkpoint_id=str(path), process_group=process_group)
+    _barrier(process_group)
+    if _is_writer(process_group):
+        write_record(path)
+    _barrier(process_group)
+    return path
+
+
+def load(state_dict: dict[str, Any], path: str | Path, process_group: dist.ProcessGroup | None = None) -> bool:
+    """``dcp.load(state_dict)`` from ``path`` through the checked reader (module docstring), in
+    place. Returns whether the files were verified against an integrity record; without one a
+    WARNING says the checkpoint is loaded unverified. Raises one-line :class:`CheckpointError`."""
+    import torch.distributed.checkpoint as dcp
+
+    from zero_lab.dcp_check import load_failure
+    from zero_lab.dcp_reader import CheckedReader
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path}: no such directory")
+    reader = CheckedReader(path)
+    if not reader.verified:
+        log.warning("checkpoint %s has no integrity record (%s): its files are loaded unverified", path, RECORD)
+    _read_metadata_first(reader, path, process_group)
+    try:
+        dcp.load(state_dict, storage_reader=reader, process_group=process_group)
+    except dcp.CheckpointException as error:  # a BaseException: every rank raises it, with every rank's cause
+        raise load_failure(path, error) from None
+    return reader.verified
+
+
+def _read_metadata_first(reader: Any, path: Path, process_group: dist.ProcessGroup | None) -> None:
+    """Read the metadata once before ``dcp.load`` does, so a missing, tampered or unreadable one is
+    this rank's one-line error (the same on every rank: they read the same file), not torch's
+    fallback to per-rank metadata, which logs a traceback on the root logger. A checkpoint saved
+    without a coordinator has only ``__<rank>.metadata``: that one must then read."""
+    from zero_lab.dcp_reader import METADATA
+
+    try:
+        reader.read_metadata()
+    except CheckpointError:
+        rank = dist.get_rank(process_group) if dist.is_available() and dist.is_initialized() else 0
+        if not (path / f"__{rank}{METADATA}").exists() or (path / METADATA).exists():
+            raise
+        reader.read_metadata(rank=rank)
+
+
+def check(path: str | Path, state_dict: dict[str, Any] | None = None, strict: Sequence[str] = ("model",)) -> bool:
+    """Check ``path`` before loading it (:mod:`zero_lab.dcp_check`): its files (against the
+    integrity record when it has one: returns whether it did), its metadata, and, given a
+    ``state_dict`` template, each tensor's shape and dtype and, under the ``strict`` top-level
+    keys, no key the template lacks. No process group needed; raises one-line :class:`CheckpointError`."""
+    from zero_lab.dcp_check import check_files, check_fits
+
+    metadata, verified = check_files(path)
+    if state_dict is not None:
+        check_fits(path, metadata, state_dict, strict)
+    return verified

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.check.before_start import check_external_world, fail, share_run_dir
+from zero_lab.app.check.dcp_resume import refuse_bad_dcp_resume
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.hydra_errors import describe_hydra_error
 from zero_lab.app.plan.run_plan import RunPlan
@@ -110,6 +111,7 @@ def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> Ru
             raise ConfigError(problems)
     except ConfigError as error:
         raise ConfigError(error.problems, job=job) from None
+    refuse_bad_dcp_resume(cfg, plan)  # a DCP checkpoint to resume: its files and fit, one line if not
     _SEEN.checked.add(_fingerprint(cfg))
     plan.release_data()  # the task reads the plan's model, specs and partition, not the data source
     _SEEN.plans[_fingerprint(cfg)] = plan

@@ -4,11 +4,16 @@
 writes for ``{"model": ..., "optim": ...}`` — the model as ``get_model_state_dict`` gives it,
 the optimizer as :func:`zero_lab.dcp.get_optimizer_state_dict` does (torch's format: whole
 tensors keyed by FQN) — plus ``zero_lab.json`` (step, losses, world size, optimizer class
-and hyper-parameters, scheduler/scaler state), which rank 0 writes last. So torchtitan,
+and hyper-parameters, scheduler/scaler state) and, last, the integrity record
+``files.sha256.json`` (every file's size and sha256: :mod:`zero_lab.dcp_record`), both written
+by rank 0. So torchtitan,
 FSDP2 or a plain DDP + AdamW script read it with torch's own functions, and the app resumes
 it at any world size and partitioner, ZeRO or plain. Every rank writes into a hidden
 ``.step_NNNNNNNN.dcp.partial-<token>`` directory; rank 0 renames it into place after all
-ranks finished (a barrier with the group's timeout), so a visible one is complete.
+ranks finished (a barrier with the group's timeout), so a visible one is complete. A resume
+reads it through :func:`zero_lab.dcp.load` (restricted unpickling, every file checked against
+the record); the job's check has already checked it from its files and metadata
+(:mod:`zero_lab.app.check.dcp_resume`).
 
     save(training, path, extra)          # every rank
     extra = read_extra(path)             # the JSON, before anything is loaded
@@ -30,6 +35,7 @@ import torch.distributed as dist
 from zero_lab import dcp as zero_dcp
 from zero_lab.app.run.training import Training
 from zero_lab.checkpoint import CheckpointError
+from zero_lab.dcp_record import write_record
 
 # torch.distributed.checkpoint itself is imported where a checkpoint is written or read: the config
 # check (schema, validate) finds checkpoints through this module and should not pay for it.
@@ -93,6 +99,7 @@ def save(training: Training, path: Path, extra: dict[str, Any]) -> Path:
     dist.barrier()
     if rank == 0:
         (partial / EXTRA).write_text(json.dumps(extra))
+        write_record(partial)  # last: the size and sha256 of every file above
         if path.exists():
             shutil.rmtree(path)
         os.replace(partial, path)
@@ -110,13 +117,12 @@ def read_extra(path: Path) -> dict[str, Any]:
 
 def load(training: Training, path: Path, load_optimizer: bool) -> None:
     """Load the model (and the optimizer) from ``path`` into this rank; call on every rank."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
     state = _state(training)
     if not load_optimizer:
         state.pop("optim")
-    dcp.load(state, checkpoint_id=str(path))
+    zero_dcp.load(state, path)
     set_model_state_dict(training.model, state["model"])
     if load_optimizer:
         zero_dcp.set_optimizer_state_dict(training.model, training.optimizer, state["optim"])

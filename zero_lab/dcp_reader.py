@@ -1,0 +1,254 @@
+"""A DCP storage reader that unpickles nothing but data: checked files, restricted pickles.
+
+torch's ``FileSystemReader`` reads a checkpoint's ``.metadata`` with ``pickle.load`` and hands
+every non-tensor value of the ``.distcp`` files (an optimizer's ``lr``, ``betas``...) to the
+planner, whose ``load_bytes`` calls ``torch.load(weights_only=False)``: a downloaded checkpoint
+can run any code on every rank. :class:`CheckedReader` subclasses it (a public DCP extension
+point) and changes three things:
+
+1. ``.metadata`` (and a per-rank ``__<r>.metadata``) is unpickled by :func:`read_metadata_file`:
+   ``pickle.Unpickler`` whose ``find_class`` allows only the classes DCP's metadata is made of
+   (:data:`METADATA_GLOBALS`, and torch's dtypes). Any other global (``posix.system``, a
+   ``builtins.eval``) is refused by name before anything is called — Python's documented way
+   of restricting globals; torch's own ``weights_only`` unpickler reads only ``torch.save``
+   archives, which ``.metadata`` is not.
+2. Each non-tensor value is first loaded with ``torch.load(weights_only=True)``; one that needs
+   more than tensors and plain containers is refused by name, so the planner's own unrestricted
+   ``torch.load`` only ever sees bytes the restricted one accepted. (Tensors are already read
+   ``weights_only`` by torch.)
+3. With an integrity record (:mod:`zero_lab.dcp_record`), every file is checked for size and
+   sha256 before its first byte is used; a file the metadata names must be a plain name inside
+   the checkpoint directory. Each failure is one :class:`~zero_lab.checkpoint.CheckpointError`
+   line naming the checkpoint, the file and the cause.
+
+    dcp.load(state, storage_reader=CheckedReader(path))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, LoadPlan, LoadPlanner, Metadata, ReadItem
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.futures import Future
+
+from zero_lab.checkpoint import CheckpointError, regular_file_size
+from zero_lab.dcp_record import read_record, verify_file
+
+__all__ = [
+    "METADATA",
+    "METADATA_GLOBALS",
+    "CheckedReader",
+    "check_payload_file",
+    "check_value",
+    "payload_ends",
+    "read_metadata_file",
+]
+
+METADATA = ".metadata"  # torch's name for the coordinator's metadata file (``filesystem._metadata_fn``)
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+#: ``(module, name)`` of every global a DCP ``.metadata`` pickle may name: DCP's metadata
+#: dataclasses, the storage record FileSystemWriter keeps per item (``_StorageInfo``, a private
+#: torch name: it is what the file holds), ``torch.Size``, how a ``torch.layout`` pickles
+#: (``torch.serialization._get_layout``, private, likewise) and the path a checkpoint id may be.
+#: torch's dtypes (``torch.float32``...) are allowed besides, by kind.
+METADATA_GLOBALS = frozenset(
+    {(_DCP_METADATA, name) for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                        "ChunkStorageMetadata", "TensorProperties", "StorageMeta", "MetadataIndex",
+                                        "_MEM_FORMAT_ENCODING")}
+    | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+       ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+    | {(module, name) for module in ("pathlib", "pathlib._local")
+       for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path")}
+)  # fmt: skip
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only :data:`METADATA_GLOBALS` and torch's dtypes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refused the global {module}.{name}")
+
+
+def read_metadata_file(path: str | Path) -> Metadata:
+    """Unpickle one DCP metadata file with :class:`_MetadataUnpickler`; every failure is one
+    :class:`CheckpointError` naming the checkpoint and the file (missing, refused global,
+    truncated or not a pickle, not DCP metadata)."""
+    path = Path(path)
+    where = f"checkpoint {path.parent}: {path.name}"
+    try:
+        with open(path, "rb") as handle:
+            metadata = _MetadataUnpickler(handle).load()
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{where} is missing: this is not a complete DCP checkpoint (its writer did not finish, or the file "
+            "was deleted)"
+        ) from None
+    except pickle.UnpicklingError as error:
+        if str(error).startswith("refused the global "):
+            raise CheckpointError(
+                f"{where}: {error}; a DCP metadata file holds only torch.distributed.checkpoint's metadata classes, "
+                "so this one was not written by DCP or was tampered with: nothing of it was run"
+            ) from None
+        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({error})") from error
+    except Exception as error:  # a broken pickle raises EOFError, ValueError, TypeError...
+        raise CheckpointError(
+            f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {error})"
+        ) from error
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CheckpointError(f"{where}: holds a {type(metadata).__name__}, not DCP metadata; it was not written by "
+                              "torch.distributed.checkpoint")  # fmt: skip
+    return metadata
+
+
+def check_payload_file(directory: Path, name: Any, end: int) -> Path:
+    """``directory / name`` for a file the metadata names: a plain name (no path), there, and at
+    least ``end`` bytes long (the last byte the metadata places in it); else one line naming it."""
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise CheckpointError(
+            f"checkpoint {directory}: {METADATA} names the file {name!r}, which is not a file in the checkpoint's "
+            "directory; it was tampered with"
+        )
+    path = directory / name
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {directory}: {name} is missing ({METADATA} places {end} bytes in it); "
+                              "restore the file from a good copy")  # fmt: skip
+    size = regular_file_size(path)
+    if size < end:
+        raise CheckpointError(
+            f"checkpoint {directory}: {name} is truncated: it has {size} bytes, {METADATA} places data up to byte "
+            f"{end}; restore the file from a good copy"
+        )
+    return path
+
+
+def payload_ends(storage_data: Any) -> dict[Any, int]:
+    """``{file name: the last byte the metadata places in it}`` from a DCP metadata's ``storage_data``."""
+    ends: dict[Any, int] = {}
+    for info in (storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        ends[name] = max(ends.get(name, 0), int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0)))
+    return ends
+
+
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def check_value(data: bytes, where: str) -> None:
+    """Raise unless ``data`` loads with ``torch.load(weights_only=True)`` (naming a refused global)."""
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        refused = _REFUSED_GLOBAL.search(str(error))
+        what = f"the global {refused.group(1)}" if refused else "a pickle that is not plain data"
+        raise CheckpointError(
+            f"{where}: refused to load {what} (a non-tensor value is read weights_only: plain numbers, strings and "
+            "containers; this checkpoint was not written by DCP from a state dict of those, or was tampered with)"
+        ) from None
+    except Exception as error:  # torch raises RuntimeError, EOFError... for broken bytes
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({first})") from error
+
+
+class _WeightsOnlyBytes:
+    """The planner as ``FileSystemReader.read_data`` uses it, with every non-tensor value checked
+    by :func:`check_value` before the planner's own ``load_bytes`` reads it."""
+
+    def __init__(self, planner: LoadPlanner, where: Callable[[ReadItem], str]):
+        self.planner, self.where = planner, where
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        check_value(value.getvalue(), self.where(read_item))
+        value.seek(0)
+        self.planner.load_bytes(read_item, value)
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        return self.planner.resolve_tensor(read_item)
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        self.planner.commit_tensor(read_item, tensor)
+
+
+class CheckedReader(FileSystemReader):
+    """``FileSystemReader`` for untrusted directories (module docstring): restricted unpickling,
+    weights-only values, and each file checked against the integrity record when there is one."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self._open(path)
+
+    def _open(self, path: str | Path) -> None:
+        self.directory = Path(path)
+        self.record = read_record(self.directory)  # None: no record, read unverified
+        self._verified: set[str] = set()
+
+    @property
+    def verified(self) -> bool:
+        """Whether the checkpoint has an integrity record (every file read is checked against it)."""
+        return self.record is not None
+
+    def reset(self, checkpoint_id: str | Path | None = None) -> None:
+        super().reset(checkpoint_id)
+        if checkpoint_id:
+            self._open(checkpoint_id)
+
+    def _checked(self, name: str, end: int = 0) -> Path:
+        """``name`` (a file the metadata names) inside the directory, verified against the record
+        when there is one, else there and at least ``end`` bytes long."""
+        if name in self._verified:
+            return self.directory / name
+        check_payload_file(self.directory, name, end)
+        if self.record is not None:
+            verify_file(self.directory, name, self.record)
+        self._verified.add(name)
+        return self.directory / name
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        name = METADATA if rank is None else f"__{rank}{METADATA}"
+        if self.record is not None:
+            verify_file(self.directory, name, self.record)
+        metadata = read_metadata_file(self.directory / name)
+        if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _file_of(self, item: ReadItem) -> str:
+        return self.storage_data[item.storage_index].relative_path
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """torch's ``read_data``, one file at a time: each file verified first, and a failure
+        while reading it (truncated, corrupt, a refused value) named with it."""
+        by_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            by_file.setdefault(self._file_of(item), []).append(item)
+        ends = payload_ends(self.storage_data)
+        for name, items in by_file.items():
+            self._checked(name, ends.get(name, 0))
+            where = f"checkpoint {self.directory}: {name}"
+            checked = _WeightsOnlyBytes(planner, lambda item, where=where: f"{where} ({item.dest_index.fqn})")
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), checked).wait()  # type: ignore[arg-type]
+            except CheckpointError:
+                raise
+            except Exception as error:  # torch.load's and the view's errors for a broken file
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise CheckpointError(
+                    f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
+                ) from error
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
