@@ -1,37 +1,100 @@
-"""``checkpoint_format=dcp`` (issue 28): the app writes torch.distributed.checkpoint directories,
-and resumes them exactly — with another partitioner, and into a plain optimizer."""
+"""``checkpoint_format=dcp`` (issues 28, 37): the app writes torch.distributed.checkpoint directories
+with an integrity record, resumes them exactly — with another partitioner, and into a plain
+optimizer — and refuses a broken or tampered one before any rank starts, in one line."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import shutil
+from pathlib import Path
+
 import pytest
 
-from tests.e2e.runs import assert_close, run_once, runs_once, summary
+from tests.e2e.runs import assert_close, run_once, summary, train_together
+from zero_lab.dcp_record import RECORD, write_record
+
+STEP = "step_00000002.dcp"
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     base = tmp_path_factory.getbasetemp() / "test_dcp_checkpoints"
     args = ("logger=none", "optim=zero_adam", "steps=4", "checkpoint_every=2", "checkpoint_format=dcp")
-    return base, run_once(base, "saved", *args)
+    return run_once(base, "saved", *args)
 
 
-def test_dcp_checkpoints_resume_exactly_with_another_partitioner_and_into_plain_adam(saved):
-    base, run = saved
+def _copy(run: Path, to: Path) -> Path:
+    """A copy of the run's step-2 checkpoint at ``to/step_00000002.dcp``."""
+    return Path(shutil.copytree(run / "checkpoints" / STEP, to / STEP))
+
+
+def test_dcp_checkpoints_resume_exactly_with_another_partitioner_and_into_plain_adam(saved, tmp_path):
+    run = saved
     checkpoints = run / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000002.dcp", "step_00000004.dcp"]
-    assert {p.name for p in (checkpoints / "step_00000002.dcp").iterdir()} >= {".metadata", "zero_lab.json"}
-    source = f"resume={checkpoints / 'step_00000002.dcp'}"
-    resumed = runs_once(
-        base,
-        {
-            "flat": (("logger=none", "optim=zero_adam", "partitioner=flat", "steps=4", source,
-                      "checkpoint_every=1", "checkpoint_format=dcp", "keep_checkpoints=1"), False),
-            "plain": (("logger=none", "optim=adam", "steps=4", source), False),
-        },
+    assert sorted(p.name for p in checkpoints.iterdir()) == [STEP, "step_00000004.dcp"]
+    assert {p.name for p in (checkpoints / STEP).iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                               "zero_lab.json", RECORD}  # fmt: skip
+    theirs = _copy(run, tmp_path / "theirs")
+    (theirs / RECORD).unlink()  # as torch's dcp.save or an older zero_lab wrote it: no integrity record
+    flat, plain = tmp_path / "flat", tmp_path / "plain"
+    done = train_together(
+        ("logger=none", "optim=zero_adam", "partitioner=flat", "steps=4", f"resume={checkpoints / STEP}",
+         "checkpoint_every=1", "checkpoint_format=dcp", "keep_checkpoints=1", f"hydra.run.dir={flat}"),
+        ("logger=none", "optim=adam", "steps=4", f"resume={theirs}", f"hydra.run.dir={plain}"),
     )  # fmt: skip
-    original, flat, plain = summary(run), summary(resumed["flat"]), summary(resumed["plain"])
-    assert flat["start_step"] == plain["start_step"] == 2
-    assert flat["losses"] == original["losses"]  # bit for bit, Flat partitioner after SortedGreedy
-    assert flat["param_checksum"] == original["param_checksum"]
-    assert_close(plain["losses"], original["losses"])
-    assert sorted(p.name for p in (resumed["flat"] / "checkpoints").iterdir()) == ["step_00000004.dcp"]
+    assert [d.returncode for d in done] == [0, 0], [d.stderr[-3000:] for d in done]
+    assert "integrity record" not in done[0].stderr
+    assert (
+        f"zero_lab: note: checkpoint {theirs} has no integrity record ({RECORD}): it was written by another tool "
+        "or an older zero_lab, or copied without it; its files are loaded unverified"
+    ) in done[1].stderr.splitlines()
+    original, resumed_flat, resumed_plain = summary(run), summary(flat), summary(plain)
+    assert resumed_flat["start_step"] == resumed_plain["start_step"] == 2
+    assert resumed_flat["losses"] == original["losses"]  # bit for bit, Flat partitioner after SortedGreedy
+    assert resumed_flat["param_checksum"] == original["param_checksum"]
+    assert_close(resumed_plain["losses"], original["losses"])
+    assert sorted(p.name for p in (flat / "checkpoints").iterdir()) == ["step_00000004.dcp"]
+
+
+class _Touch:
+    """Unpickling this runs ``touch <marker>``: a ``.metadata`` someone replaced."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_broken_or_tampered_dcp_checkpoint_is_one_line_before_any_rank_starts(saved, tmp_path):
+    """A tampered ``.metadata`` (its record rewritten too) runs nothing; a byte flipped mid-file
+    and another model size are named — each one line, exit code 2, no rank started, no traceback."""
+    run = saved
+    marker = tmp_path / "ran"
+    tampered = _copy(run, tmp_path / "tampered")
+    (tampered / ".metadata").write_bytes(pickle.dumps(_Touch(marker)))
+    write_record(tampered)
+    flipped = _copy(run, tmp_path / "flipped")
+    data = bytearray((flipped / "__0_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (flipped / "__0_0.distcp").write_bytes(bytes(data))
+    cases = {
+        tampered: ((), f"checkpoint {tampered}: .metadata: refused the global {os.system.__module__}.system"),
+        flipped: ((), f"checkpoint {flipped} is corrupt: __0_0.distcp has {len(data)} bytes (sha256 "),
+        run / "checkpoints" / STEP: (("model.hidden=48",), f"checkpoint {run / 'checkpoints' / STEP}: .metadata: "
+                                     "model.layers.0.weight has shape (512, 256) in the checkpoint, (48, 256) in "
+                                     "this model"),
+    }  # fmt: skip
+    runs = {path: tmp_path / f"run{i}" for i, path in enumerate(cases)}
+    done = train_together(
+        *(("logger=none", "steps=4", *extra, f"resume={path}", f"hydra.run.dir={runs[path]}")
+          for path, (extra, _) in cases.items())
+    )  # fmt: skip
+    for (path, (_, expected)), result in zip(cases.items(), done):
+        assert result.returncode == 2, result.stderr[-3000:]
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"zero_lab: resume: {expected}"), line
+        assert "Traceback" not in result.stdout + result.stderr
+        assert not runs[path].exists()  # refused before Hydra made the run dir: no rank started
+    assert not marker.exists()
