@@ -3,9 +3,11 @@ plain DDP + AdamW (issue 28): ``zero_lab.dcp``'s ``get_optimizer_state_dict`` /
 ``set_optimizer_state_dict`` (every partition; plain optimizers pass through to torch's), and
 torch's own functions on a ZeRO optimizer with a whole-parameter partition.
 
-Each case trains W_save ranks 3 steps, saves model + optimizer with ``dcp.save``, resumes on
-W_load ranks and trains 2 more steps; the parameters must be bitwise those of the same
-save/resume done with plain DDP + AdamW on both sides.
+Each case trains W_save ranks 3 steps, saves model + optimizer with ``dcp.save`` (zero_lab's
+own ``zero_lab.dcp.save``, with its integrity record, for the zero_lab modes), resumes on W_load
+ranks (zero_lab's modes and FSDP2 through ``zero_lab.dcp.load``'s checked reader, with or without
+a record) and trains 2 more steps; the parameters must be bitwise those of the same save/resume
+done with plain DDP + AdamW on both sides.
 """
 
 from __future__ import annotations
@@ -78,13 +80,19 @@ def save(mode: str, path: str) -> None:
     ddp, opt = _build(mode)
     _train(ddp, opt, range(SAVE_STEPS))
     state = {"model": get_model_state_dict(ddp), "optim": _api(mode).get_optimizer_state_dict(ddp, opt)}
-    dcp.save(state, checkpoint_id=path)
+    if mode in ("zero", "zero_flat"):
+        zero_dcp.save(state, path)  # with its integrity record
+    else:
+        dcp.save(state, checkpoint_id=path)
 
 
 def resume(mode: str, path: str) -> dict[str, Any]:
     ddp, opt = _build(mode)
     state = {"model": get_model_state_dict(ddp), "optim": _api(mode).get_optimizer_state_dict(ddp, opt)}
-    dcp.load(state, checkpoint_id=path)
+    if mode in ("zero", "zero_flat"):  # the checked reader, at another world size than the save's
+        zero_dcp.load(state, path)
+    else:
+        dcp.load(state, checkpoint_id=path)
     set_model_state_dict(ddp, state["model"])
     if mode == "zero_torch_api":  # off the target each rank's template holds only its own parameters
         options = torch_dcp.StateDictOptions(strict=False)
@@ -108,7 +116,7 @@ def fsdp2_load(path: str) -> bool | None:
         else:
             model, opt = _build("plain")
         state = {"model": get_model_state_dict(model), "optim": torch_dcp.get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=path)
+        zero_dcp.load(state, path)  # the checked reader, into DTensor (FSDP2) and plain templates
         set_model_state_dict(model, state["model"])
         torch_dcp.set_optimizer_state_dict(model, opt, state["optim"])
         full = torch_dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
