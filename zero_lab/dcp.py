@@ -32,7 +32,7 @@ checkpoint that is shared or downloaded:
 
 * :func:`save` — ``dcp.save``, then rank 0 writes the integrity record (every file's size and
   sha256, last; :mod:`zero_lab.dcp_record`), as the native format's manifest does;
-* :func:`load` — ``dcp.load`` through :class:`~zero_lab.dcp_reader.CheckedReader`: ``.metadata``
+* :func:`load` — ``dcp.load`` through :func:`~zero_lab.dcp_reader.checked_reader`: ``.metadata``
   unpickled with an allow list of DCP's metadata classes, non-tensor values read
   ``weights_only``, every file checked against the record (a checkpoint without one loads, with
   a one-line warning that it is unverified); a failure is one
@@ -57,6 +57,8 @@ import torch.distributed as dist
 from torch import nn
 
 from zero_lab.checkpoint import CheckpointError
+from zero_lab.dcp_check import check_files, check_fits, load_failure
+from zero_lab.dcp_reader import METADATA, CheckedReading, checked_reader
 from zero_lab.dcp_record import RECORD, write_record
 from zero_lab.optimizer import MASTER_KEY, ZeroRedundancyOptimizer
 from zero_lab.shard_state import merge_states
@@ -185,13 +187,10 @@ def load(state_dict: dict[str, Any], path: str | Path, process_group: dist.Proce
     WARNING says the checkpoint is loaded unverified. Raises one-line :class:`CheckpointError`."""
     import torch.distributed.checkpoint as dcp
 
-    from zero_lab.dcp_check import load_failure
-    from zero_lab.dcp_reader import CheckedReader
-
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path}: no such directory")
-    reader = CheckedReader(path)
+    reader = checked_reader(path)
     if not reader.verified:
         log.warning("checkpoint %s has no integrity record (%s): its files are loaded unverified", path, RECORD)
     _read_metadata_first(reader, path, process_group)
@@ -202,13 +201,11 @@ def load(state_dict: dict[str, Any], path: str | Path, process_group: dist.Proce
     return reader.verified
 
 
-def _read_metadata_first(reader: Any, path: Path, process_group: dist.ProcessGroup | None) -> None:
+def _read_metadata_first(reader: CheckedReading, path: Path, process_group: dist.ProcessGroup | None) -> None:
     """Read the metadata once before ``dcp.load`` does, so a missing, tampered or unreadable one is
     this rank's one-line error (the same on every rank: they read the same file), not torch's
     fallback to per-rank metadata, which logs a traceback on the root logger. A checkpoint saved
     without a coordinator has only ``__<rank>.metadata``: that one must then read."""
-    from zero_lab.dcp_reader import METADATA
-
     try:
         reader.read_metadata()
     except CheckpointError:
@@ -223,8 +220,6 @@ def check(path: str | Path, state_dict: dict[str, Any] | None = None, strict: Se
     integrity record when it has one: returns whether it did), its metadata, and, given a
     ``state_dict`` template, each tensor's shape and dtype and, under the ``strict`` top-level
     keys, no key the template lacks. No process group needed; raises one-line :class:`CheckpointError`."""
-    from zero_lab.dcp_check import check_files, check_fits
-
     metadata, verified = check_files(path)
     if state_dict is not None:
         check_fits(path, metadata, state_dict, strict)

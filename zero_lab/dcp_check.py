@@ -30,14 +30,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint import BytesStorageMetadata, CheckpointException, Metadata, TensorStorageMetadata
 
 from zero_lab.checkpoint import CheckpointError
 from zero_lab.dcp_reader import METADATA, check_payload_file, check_value, payload_ends, read_metadata_file
 from zero_lab.dcp_record import RECORD, read_record, verify_all
+
+if TYPE_CHECKING:  # torch.distributed.checkpoint takes 1-3 s to import: only where a DCP checkpoint is read
+    from torch.distributed.checkpoint import CheckpointException, Metadata
 
 __all__ = ["check_files", "check_fits", "check_state_names", "flat_tensors", "load_failure"]
 
@@ -66,6 +68,8 @@ def _check_values(directory: Path, metadata: Metadata) -> None:
     (:func:`~zero_lab.dcp_reader.check_value`): read from where the metadata places it, a few
     hundred bytes each. One stored through a transform (compression) is left to the reader,
     which checks it after the transform."""
+    from torch.distributed.checkpoint import BytesStorageMetadata
+
     for index, info in (metadata.storage_data or {}).items():
         entry = metadata.state_dict_metadata.get(getattr(index, "fqn", None))
         if not isinstance(entry, BytesStorageMetadata) or getattr(info, "transform_descriptors", None):
@@ -97,6 +101,8 @@ def check_fits(
 ) -> None:
     """Every tensor of ``template`` is in the checkpoint, of its shape and dtype; under each
     top-level key in ``strict`` the checkpoint holds no key the template lacks."""
+    from torch.distributed.checkpoint import TensorStorageMetadata
+
     where = f"checkpoint {directory}: {METADATA}"
     saved = metadata.state_dict_metadata
     wanted = dict(flat_tensors(template))

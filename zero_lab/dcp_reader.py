@@ -3,8 +3,8 @@
 torch's ``FileSystemReader`` reads a checkpoint's ``.metadata`` with ``pickle.load`` and hands
 every non-tensor value of the ``.distcp`` files (an optimizer's ``lr``, ``betas``...) to the
 planner, whose ``load_bytes`` calls ``torch.load(weights_only=False)``: a downloaded checkpoint
-can run any code on every rank. :class:`CheckedReader` subclasses it (a public DCP extension
-point) and changes three things:
+can run any code on every rank. :func:`checked_reader` makes one with :class:`CheckedReading` mixed in (subclassing
+it: a public DCP extension point), which changes three things:
 
 1. ``.metadata`` (and a per-rank ``__<r>.metadata``) is unpickled by :func:`read_metadata_file`:
    ``pickle.Unpickler`` whose ``find_class`` allows only the classes DCP's metadata is made of
@@ -21,33 +21,36 @@ point) and changes three things:
    the checkpoint directory. Each failure is one :class:`~zero_lab.checkpoint.CheckpointError`
    line naming the checkpoint, the file and the cause.
 
-    dcp.load(state, storage_reader=CheckedReader(path))
+    dcp.load(state, storage_reader=checked_reader(path))
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader, LoadPlan, LoadPlanner, Metadata, ReadItem
-from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.futures import Future
 
 from zero_lab.checkpoint import CheckpointError, regular_file_size
 from zero_lab.dcp_record import read_record, verify_file
 
+if TYPE_CHECKING:  # torch.distributed.checkpoint takes 1-3 s to import: only where a DCP checkpoint is read
+    from torch.distributed.checkpoint import LoadPlan, LoadPlanner, Metadata, ReadItem
+
 __all__ = [
     "METADATA",
     "METADATA_GLOBALS",
-    "CheckedReader",
+    "CheckedReading",
     "check_payload_file",
     "check_value",
+    "checked_reader",
     "payload_ends",
     "read_metadata_file",
 ]
@@ -107,6 +110,8 @@ def read_metadata_file(path: str | Path) -> Metadata:
         raise CheckpointError(
             f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {error})"
         ) from error
+    from torch.distributed.checkpoint import Metadata
+
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CheckpointError(f"{where}: holds a {type(metadata).__name__}, not DCP metadata; it was not written by "
                               "torch.distributed.checkpoint")  # fmt: skip
@@ -181,12 +186,30 @@ class _WeightsOnlyBytes:
         self.planner.commit_tensor(read_item, tensor)
 
 
-class CheckedReader(FileSystemReader):
-    """``FileSystemReader`` for untrusted directories (module docstring): restricted unpickling,
-    weights-only values, and each file checked against the integrity record when there is one."""
+def checked_reader(path: str | Path) -> CheckedReading:
+    """A ``FileSystemReader`` of ``path`` with :class:`CheckedReading`'s checks (module docstring).
+    The class is made on the first call, so importing this module does not import
+    ``torch.distributed.checkpoint`` (a job's config check imports it and reads no checkpoint)."""
+    return _checked_reader_class()(path)
+
+
+@functools.cache
+def _checked_reader_class() -> type[CheckedReading]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return type("CheckedReader", (CheckedReading, FileSystemReader), {"__doc__": CheckedReading.__doc__})
+
+
+class CheckedReading:
+    """What makes a ``FileSystemReader`` safe for untrusted directories (module docstring), mixed in
+    before it (:func:`checked_reader`): restricted unpickling, weights-only values, and each file
+    checked against the integrity record when there is one."""
+
+    load_id: str
+    storage_data: dict[Any, Any]
 
     def __init__(self, path: str | Path):
-        super().__init__(path)
+        super().__init__(path)  # type: ignore[call-arg]  # FileSystemReader's
         self._open(path)
 
     def _open(self, path: str | Path) -> None:
@@ -200,7 +223,7 @@ class CheckedReader(FileSystemReader):
         return self.record is not None
 
     def reset(self, checkpoint_id: str | Path | None = None) -> None:
-        super().reset(checkpoint_id)
+        super().reset(checkpoint_id)  # type: ignore[misc]
         if checkpoint_id:
             self._open(checkpoint_id)
 
@@ -221,6 +244,8 @@ class CheckedReader(FileSystemReader):
         if self.record is not None:
             verify_file(self.directory, name, self.record)
         metadata = read_metadata_file(self.directory / name)
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
         if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -241,7 +266,7 @@ class CheckedReader(FileSystemReader):
             where = f"checkpoint {self.directory}: {name}"
             checked = _WeightsOnlyBytes(planner, lambda item, where=where: f"{where} ({item.dest_index.fqn})")
             try:
-                super().read_data(dataclasses.replace(plan, items=items), checked).wait()  # type: ignore[arg-type]
+                super().read_data(dataclasses.replace(plan, items=items), checked).wait()  # type: ignore[misc]
             except CheckpointError:
                 raise
             except Exception as error:  # torch.load's and the view's errors for a broken file

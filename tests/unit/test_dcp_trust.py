@@ -13,6 +13,8 @@ import logging
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +234,14 @@ def test_a_file_the_metadata_places_outside_the_checkpoint_is_refused(saved, tmp
     message = _refused(lambda: zero_dcp.check(path))
     assert f"checkpoint {path}: .metadata names the file '../outside.distcp'" in message
     assert "names the file '../outside.distcp'" in _refused(lambda: zero_dcp.load(_template(), path))
+
+
+def test_the_job_check_imports_no_dcp_until_it_reads_a_checkpoint():
+    """Every job's config check imports these modules; torch.distributed.checkpoint (1-3 s to
+    import) loads only when a DCP checkpoint is read."""
+    code = (
+        "import sys, zero_lab.dcp, zero_lab.dcp_check, zero_lab.app.check.callback\n"
+        "print('torch.distributed.checkpoint' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
