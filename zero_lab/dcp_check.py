@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zero_lab.checkpoint import CheckpointError
-from zero_lab.dcp_reader import METADATA, check_payload_file, check_value, payload_ends, read_metadata_file
+from zero_lab.dcp_reader import METADATA, cause, check_payload_file, check_value, payload_ends, read_metadata_file
 from zero_lab.dcp_record import RECORD, read_record, verify_all
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes 1-3 s to import: only where a DCP checkpoint is read
@@ -160,10 +160,10 @@ def load_failure(directory: str | Path, error: CheckpointException) -> Checkpoin
     failures = error.failures
     if not failures:
         return CheckpointError(f"checkpoint {directory}: cannot load it ({str(error).splitlines()[0]})")
-    cause = failures[min(failures)][0]
-    if isinstance(cause, CheckpointError):
-        return cause
-    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    first = failures[min(failures)][0]
+    if isinstance(first, CheckpointError):
+        return first
+    text = (str(first).strip().splitlines() or [type(first).__name__])[0]
     where = f"checkpoint {directory}: {METADATA}"
     if match := _SIZE_MISMATCH.search(text):
         saved, here, key = match.groups()
@@ -173,7 +173,7 @@ def load_failure(directory: str | Path, error: CheckpointException) -> Checkpoin
         )
     if match := _MISSING_KEY.search(text):
         return CheckpointError(f"{where}: has no {match.group(1)}; load it into the model it was saved from")
-    return CheckpointError(f"checkpoint {directory}: cannot load it ({type(cause).__name__}: {text})")
+    return CheckpointError(f"checkpoint {directory}: cannot load it ({cause(first)})")
 
 
 def _ints(text: str) -> list[int]:

@@ -3,8 +3,8 @@
 torch's ``FileSystemReader`` reads a checkpoint's ``.metadata`` with ``pickle.load`` and hands
 every non-tensor value of the ``.distcp`` files (an optimizer's ``lr``, ``betas``...) to the
 planner, whose ``load_bytes`` calls ``torch.load(weights_only=False)``: a downloaded checkpoint
-can run any code on every rank. :func:`checked_reader` makes one with :class:`CheckedReading` mixed in (subclassing
-it: a public DCP extension point), which changes three things:
+can run any code on every rank. :func:`checked_reader` makes one with :class:`CheckedReading`
+mixed in (subclassing it: a public DCP extension point), which changes three things:
 
 1. ``.metadata`` (and a per-rank ``__<r>.metadata``) is unpickled by :func:`read_metadata_file`:
    ``pickle.Unpickler`` whose ``find_class`` allows only the classes DCP's metadata is made of
@@ -48,6 +48,7 @@ __all__ = [
     "METADATA",
     "METADATA_GLOBALS",
     "CheckedReading",
+    "cause",
     "check_payload_file",
     "check_value",
     "checked_reader",
@@ -107,9 +108,7 @@ def read_metadata_file(path: str | Path) -> Metadata:
             ) from None
         raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({error})") from error
     except Exception as error:  # a broken pickle raises EOFError, ValueError, TypeError...
-        raise CheckpointError(
-            f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {error})"
-        ) from error
+        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({cause(error)})") from error
     from torch.distributed.checkpoint import Metadata
 
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
@@ -148,6 +147,12 @@ def payload_ends(storage_data: Any) -> dict[Any, int]:
     return ends
 
 
+def cause(error: BaseException) -> str:
+    """``Type: first sentence`` of an error's message: torch's end in paragraphs of advice."""
+    text = (str(error).strip().splitlines() or [""])[0].split(". ")[0]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 _REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
 
 
@@ -163,8 +168,7 @@ def check_value(data: bytes, where: str) -> None:
             "containers; this checkpoint was not written by DCP from a state dict of those, or was tampered with)"
         ) from None
     except Exception as error:  # torch raises RuntimeError, EOFError... for broken bytes
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({first})") from error
+        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({cause(error)})") from error
 
 
 class _WeightsOnlyBytes:
@@ -241,8 +245,9 @@ class CheckedReading:
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = METADATA if rank is None else f"__{rank}{METADATA}"
-        if self.record is not None:
+        if self.record is not None and name not in self._verified:
             verify_file(self.directory, name, self.record)
+            self._verified.add(name)
         metadata = read_metadata_file(self.directory / name)
         from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -252,6 +257,7 @@ class CheckedReading:
         return metadata
 
     def _file_of(self, item: ReadItem) -> str:
+        # storage_data holds torch's private _StorageInfo per item; relative_path is its file
         return self.storage_data[item.storage_index].relative_path
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -270,9 +276,8 @@ class CheckedReading:
             except CheckpointError:
                 raise
             except Exception as error:  # torch.load's and the view's errors for a broken file
-                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 raise CheckpointError(
-                    f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
+                    f"{where}: cannot read it, the file is truncated or corrupt ({cause(error)})"
                 ) from error
         future: Future[None] = Future()
         future.set_result(None)
