@@ -11,6 +11,12 @@ on its parameter sizes and prices each rank's shards with the optimizer's state 
 Prints, per world size, one row per strategy (plain DDP first): the bytes every rank
 holds (parameters, gradients, DDP buckets — the same on all ranks) and the optimizer
 state's max / mean / min over ranks, with the partition imbalance.
+
+With ``--hardware`` (a profile of :mod:`zero_lab.bench.hardware`) it predicts the step instead:
+time per phase, memory and bytes per link class per rank, for every strategy of
+:data:`zero_lab.step_model.STRATEGIES` and every ``--shard-size`` (:mod:`zero_lab.bench.at_scale`)::
+
+    python scripts/plan.py --hardware h100_ib --model tutorial gpt2-xl --world-size 8 64 512 1024 --shard-size 1 8
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from zero_lab.bench import at_scale
+from zero_lab.bench.hardware import load_hardware, profile_names
 from zero_lab.bench.workloads import MODELS, PLAN_ONLY
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.planner import MemoryPlan, plan_memory, specs_from_module
+from zero_lab.step_model import STRATEGIES
 
 MIB = 2**20
 
@@ -95,32 +104,66 @@ def format_plans(plans: Sequence[MemoryPlan]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--model", default="lm", choices=sorted([*MODELS, *PLAN_ONLY]))
+    parser.add_argument("--model", nargs="+", default=["lm"], choices=sorted([*MODELS, *PLAN_ONLY]))
     parser.add_argument("--world-size", type=int, nargs="+", default=[2], help="one or more world sizes")
     parser.add_argument("--partitioner", default="all", choices=[*PARTITIONERS, "all"])
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--master-weights", action="store_true", help="ZeRO rows keep fp32 masters of bf16/fp16")
     parser.add_argument("--json", type=Path, help="also write every plan (per rank) as JSON here")
+    step = parser.add_argument_group("step time (with --hardware)")
+    step.add_argument(
+        "--hardware", help=f"predict step time on a profile: {', '.join(profile_names())}, or a YAML path"
+    )
+    step.add_argument("--shard-size", type=int, nargs="+", default=[], help="S: shard within groups of S ranks")
+    step.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
+    step.add_argument("--samples-per-rank", type=int, help="tokens (or rows) per rank per step; default per model")
     return parser.parse_args(argv)
+
+
+def step_times(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--hardware``: the at-scale table and its crossings, per model."""
+    hardware = load_hardware(args.hardware)
+    dtype = getattr(torch, args.dtype)
+    out = []
+    for model in args.model:
+        samples = args.samples_per_rank or at_scale.SAMPLES.get(model, 1)
+        module = build_on_meta(model)
+        numel = sum(p.numel() for p in module.parameters())
+        rows = at_scale.rows_for(
+            model, module, hardware, args.world_size, args.shard_size, args.strategies, samples, dtype
+        )
+        print(f"model {model}: {numel:,} parameters ({args.dtype}), {samples} samples per rank, {hardware.name}\n")
+        print(at_scale.format_rows(rows) + "\n")
+        for line in at_scale.crossings(rows):
+            print(f"- {line}")
+        print()
+        out += [row.as_dict() for row in rows]
+    if args.json:
+        args.json.write_text(json.dumps({"hardware": hardware.name, "rows": out}, indent=1))
+        print(f"rows: {args.json}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
-    module = build_on_meta(args.model)
+    if args.hardware:
+        return step_times(args)
     dtype = getattr(torch, args.dtype)
     partitioners = list(PARTITIONERS) if args.partitioner == "all" else [args.partitioner]
-    numel = sum(p.numel() for p in module.parameters())
-    print(f"model {args.model}: {numel:,} parameters ({args.dtype}), optimizer {args.optimizer}")
     out = []
-    for world_size in args.world_size:
-        plans = plans_for(module, world_size, partitioners, args.optimizer, dtype, args.master_weights)
-        if not out:
-            print(f"optimizer state per stepped tensor: {plans[0].state_rule}\n")
-        print(format_plans(plans) + "\n")
-        out += [plan.as_dict(per_rank=args.json is not None) for plan in plans]
+    for model in args.model:
+        module = build_on_meta(model)
+        numel = sum(p.numel() for p in module.parameters())
+        print(f"model {model}: {numel:,} parameters ({args.dtype}), optimizer {args.optimizer}")
+        for index, world_size in enumerate(args.world_size):
+            plans = plans_for(module, world_size, partitioners, args.optimizer, dtype, args.master_weights)
+            if index == 0:
+                print(f"optimizer state per stepped tensor: {plans[0].state_rule}\n")
+            print(format_plans(plans) + "\n")
+            out += [plan.as_dict(per_rank=args.json is not None) | {"model": model} for plan in plans]
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "numel": numel, "plans": out}, indent=1))
+        args.json.write_text(json.dumps({"models": args.model, "plans": out}, indent=1))
         print(f"per-rank plans: {args.json}")
     return out
 

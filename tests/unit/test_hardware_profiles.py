@@ -1,0 +1,92 @@
+"""Hardware profiles (zero_lab.bench.hardware), the calibration's fit (zero_lab.bench.calibrate) and
+``scripts/plan.py --hardware`` (zero_lab.bench.plan, zero_lab.bench.at_scale)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from zero_lab.bench import plan
+from zero_lab.bench.calibrate import fit_link, profile_from
+from zero_lab.bench.hardware import PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
+from zero_lab.collective_cost import Collective, Link, seconds
+
+
+def test_every_shipped_profile_loads_and_names_its_sources() -> None:
+    assert {"h100_ib", "a100_hdr", "gloo_local"} <= set(profile_names())
+    for name in profile_names():
+        hardware = load_hardware(name)
+        assert hardware.name == name
+        assert {"matmul_flops", "memory_bandwidth"} <= set(hardware.sources)
+    for name in ("h100_ib", "a100_hdr"):
+        sources = load_hardware(name).sources
+        assert all("https://" in sources[key] for key in ("matmul_flops", "intra", "inter", "bus_bandwidth"))
+    h100 = load_hardware("h100_ib")
+    assert (h100.intra.bus_bandwidth, h100.inter.bus_bandwidth, h100.ranks_per_node) == (450e9, 50e9, 8)
+    gloo = load_hardware("gloo_local")
+    assert gloo.cores and set(gloo.collectives) == {
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "send_recv",
+    }
+
+
+def test_a_bad_profile_names_every_problem_and_the_file(tmp_path) -> None:
+    data = yaml.safe_load((PROFILE_DIR / "h100_ib.yaml").read_text())
+    del data["matmul_flops"]
+    data["nics"] = 8
+    data["links"] = {"intra": data["links"]["intra"]}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=r"broken.yaml: missing key 'matmul_flops'; unknown key 'nics'; links must"):
+        load_hardware(path)
+    with pytest.raises(ValueError, match=r"--hardware 'tpu': no such profile; pick one of \['a100_hdr'"):
+        load_hardware("tpu")
+    data = yaml.safe_load((PROFILE_DIR / "h100_ib.yaml").read_text())
+    data["links"]["inter"] = {"alpha_s": 1e-6}
+    with pytest.raises(ValueError, match=r"links\.inter must be a mapping with exactly alpha_s and bus_bandwidth"):
+        hardware_from_dict(data, "x.yaml")
+
+
+def test_the_fit_recovers_alpha_and_bandwidth() -> None:
+    truth = dataclasses.replace(load_hardware("h100_ib"), intra=Link(2e-5, 3e9))
+    collectives = [Collective("all_reduce", n, w) for w in (2, 4) for n in (2**18, 2**21, 2**24)]
+    fitted = fit_link([(c, seconds(truth, c)) for c in collectives])
+    assert fitted.alpha_s == pytest.approx(2e-5, rel=1e-6) and fitted.bus_bandwidth == pytest.approx(3e9, rel=1e-6)
+    # a negative intercept is clamped to 0 and the bandwidth refitted through the origin
+    clamped = fit_link([(Collective("broadcast", 10**6, 2), 1e-4), (Collective("broadcast", 2 * 10**6, 2), 3e-4)])
+    assert clamped.alpha_s == 0.0 and clamped.bus_bandwidth == pytest.approx((1e12 + 4e12) / (1e2 + 6e2))
+
+
+def test_a_calibration_makes_a_profile_that_loads() -> None:
+    rows = [
+        {"op": op, "world_size": w, "nbytes": n, "seconds": 1e-4 * w + n / 1e9}
+        for op in ("all_reduce", "broadcast")
+        for w in (2, 4)
+        for n in (2**20, 2**24)
+    ]
+    profile = profile_from(rows, {"matmul_flops": 2e10, "memory_bandwidth": 5e9}, "python scripts/calibrate.py", 2)
+    hardware = hardware_from_dict(yaml.safe_load(yaml.safe_dump(profile)))
+    assert set(hardware.collectives) == {"all_reduce", "broadcast"} and hardware.cores == 2
+    assert "python scripts/calibrate.py" in hardware.sources["collectives"]
+
+
+def test_plan_with_hardware_prints_the_at_scale_table_and_crossings(capsys) -> None:
+    rows = plan.main(
+        ["--hardware", "h100_ib", "--model", "tutorial", "--world-size", "8", "64", "--shard-size", "1", "8"]
+    )
+    keys = {(r["strategy"], r["world_size"], r["shard_size"]) for r in rows}
+    assert ("ddp", 64, 64) in keys and ("ddp", 64, 8) not in keys
+    assert {("zero2_engine", 64, s) for s in (1, 8, 64)} <= keys
+    by = {(r["strategy"], r["world_size"], r["shard_size"]): r for r in rows}
+    ddp_state = by[("ddp", 64, 64)]["state_bytes"]
+    assert by[("zero1_flat", 64, 64)]["state_bytes"] == pytest.approx(ddp_state / 64, rel=0.01)
+    assert by[("zero1_flat", 64, 8)]["state_bytes"] == pytest.approx(ddp_state / 8, rel=0.01)
+    # 20 equal layers (+ biases) over 64 owners: a layer's state on the fullest, 64 / 20 × the mean
+    assert by[("zero1_sorted_greedy", 64, 64)]["imbalance"] == pytest.approx(64 / 20, rel=0.01)
+    out = capsys.readouterr().out
+    assert "| W | S | strategy |" in out and "sorted_greedy's imbalance (3.20)" in out

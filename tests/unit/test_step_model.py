@@ -1,0 +1,203 @@
+"""The step model (zero_lab.step_model, zero_lab.collective_cost): α-β costs, link classes, phases, overlap,
+hierarchical sharding and the Communicator's bytes, checked against figures worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zero_lab.collective_cost import (
+    Collective,
+    Hardware,
+    Link,
+    bus_factor,
+    bytes_by_link,
+    latency_steps,
+    nodes_spanned,
+    seconds,
+)
+from zero_lab.partition import Flat, ParamSpec, SortedGreedy
+from zero_lab.step_model import (
+    ADAM_TOUCHES,
+    STRATEGIES,
+    ModeledStrategy,
+    communicator_bytes,
+    newton_schulz_flops,
+    predict_step,
+)
+
+GB = 1e9
+
+
+def hardware(**changes) -> Hardware:
+    """Round numbers: 100 GB/s inside a node of 8, 10 GB/s per rank between nodes, no latency."""
+    figures = dict(
+        name="round",
+        ranks_per_node=8,
+        intra=Link(0.0, 100 * GB),
+        inter=Link(0.0, 10 * GB),
+        matmul_flops=1e12,
+        memory_bandwidth=1e11,
+        overlap=0.0,
+    )
+    return Hardware(**(figures | changes))
+
+
+def test_bus_factors_and_steps_are_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bus_factor("reduce_scatter", 8) == bus_factor("all_gather", 8) == pytest.approx(0.875)
+    assert bus_factor("broadcast", 8) == bus_factor("send_recv", 2) == 1.0
+    assert bus_factor("all_reduce", 1) == 0.0
+    assert latency_steps("all_reduce", 8) == 14 and latency_steps("all_gather", 8) == 7
+    assert latency_steps("all_reduce", 1024, "tree") == 20
+
+
+def test_seconds_is_alpha_steps_plus_bus_bytes_over_bandwidth() -> None:
+    h = hardware(intra=Link(1e-5, 100 * GB))
+    # 1 GB all-reduce over 8 ranks of one node: 14 steps × 10 µs + 1.75 GB / 100 GB/s
+    assert seconds(h, Collective("all_reduce", 10**9, 8, 1)) == pytest.approx(14e-5 + 0.0175)
+    assert seconds(h, Collective("all_reduce", 10**9, 1, 1)) == 0.0
+
+
+def test_a_collective_across_nodes_runs_at_the_nodes_nics_capped_by_the_node() -> None:
+    h = hardware()
+    # 64 ranks on 8 nodes: 8 rings, each through its own 10 GB/s NIC -> 80 GB/s (under the node's 100)
+    assert seconds(h, Collective("reduce_scatter", 64 * 10**6, 64, 8)) == pytest.approx(63e6 / 80e9)
+    # one rank per node (the peers of a hierarchical all-reduce): one NIC, 10 GB/s
+    assert seconds(h, Collective("all_reduce", 8 * 10**6, 8, 8)) == pytest.approx(14e6 / 10e9)
+    # 16 of a node's ranks would have 160 GB/s of NICs: the node's own links (100) cap it
+    assert seconds(h, Collective("all_gather", 10**9, 32, 2)) == pytest.approx(31 / 32 * 1e9 / 100e9)
+
+
+def test_bytes_by_link_splits_the_hops() -> None:
+    intra, inter = bytes_by_link(Collective("all_gather", 64 * 10**6, 64, 8))
+    assert intra + inter == pytest.approx(63e6) and inter == pytest.approx(63e6 * 8 / 64)
+    assert bytes_by_link(Collective("all_reduce", 8 * 10**6, 8, 8)) == (0.0, pytest.approx(14e6))
+    assert bytes_by_link(Collective("all_reduce", 8 * 10**6, 8, 1)) == (pytest.approx(14e6), 0.0)
+    assert nodes_spanned(range(0, 64, 8), 8) == 8 and nodes_spanned(range(8), 8) == 1
+
+
+def test_hardware_names_every_bad_figure() -> None:
+    with pytest.raises(ValueError, match=r"'bad'.*ranks_per_node=0.*overlap=2.*algorithm='mesh'.*\['gather'\]"):
+        hardware(name="bad", ranks_per_node=0, overlap=2, algorithm="mesh", collectives={"gather": Link(0, 1)})
+
+
+def specs_of(*numels: int) -> list[ParamSpec]:
+    return [ParamSpec(numel=n, name=f"layer{i}.weight") for i, n in enumerate(numels)]
+
+
+def test_ddp_phases_by_hand() -> None:
+    """4 parameters of 1 M floats (16 MB), W = 8 on one node, 10 samples per rank."""
+    specs = specs_of(*[10**6] * 4)
+    p = predict_step(specs, STRATEGIES["ddp"], hardware(), 8, samples_per_rank=10)
+    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12)
+    assert p.phase("backward").seconds == pytest.approx(2 * p.phase("forward").seconds)
+    assert p.phase("grad_reduce").seconds == pytest.approx(1.75 * 16e6 / 100e9)
+    assert p.phase("grad_reduce").intra_bytes == pytest.approx(1.75 * 16e6)
+    assert p.phase("step").seconds == pytest.approx(16e6 * ADAM_TOUCHES / 1e11)
+    assert p.phase("exchange").seconds == 0.0
+    assert p.seconds == pytest.approx(sum(ph.seconds for ph in p.phases))  # overlap 0: nothing hides
+
+
+def test_overlap_hides_all_but_the_last_bucket_behind_backward() -> None:
+    specs = specs_of(*[10**6] * 4)  # DDP's buckets: 4 MB alone (first, 1 MiB cap), then 12 MB
+    ddp = STRATEGIES["ddp"]
+    apart = predict_step(specs, ddp, hardware(), 8, samples_per_rank=10_000)
+    hidden = predict_step(specs, ddp, hardware(overlap=1.0), 8, samples_per_rank=10_000)
+    last_bucket = 1.75 * 4e6 / 100e9  # DDP reduces the bucket of the first layer last
+    assert hidden.phase("grad_reduce").exposed_s == pytest.approx(last_bucket)
+    assert apart.seconds - hidden.seconds == pytest.approx(1.75 * 12e6 / 100e9)
+
+
+def test_zero1_steps_the_slowest_owner_and_exchanges_the_padded_buffer() -> None:
+    specs = specs_of(3_000_000, 1_000_000, 1_000_000, 1_000_000)
+    greedy = predict_step(specs, STRATEGIES["zero1_sorted_greedy"], hardware(), 4, 1)
+    assert greedy.imbalance == pytest.approx(3e6 / 1.5e6)  # the 3 M parameter alone on one rank
+    assert greedy.phase("step").seconds == pytest.approx(12e6 * ADAM_TOUCHES / 1e11)
+    assert greedy.phase("exchange").seconds == pytest.approx(0.75 * 4 * 12e6 / 100e9)  # W × the largest range
+    flat = predict_step(specs, STRATEGIES["zero1_flat"], hardware(), 4, 1)
+    assert flat.phase("step").seconds == pytest.approx(6e6 * ADAM_TOUCHES / 1e11)
+    assert flat.phase("exchange").seconds == pytest.approx(0.75 * 24e6 / 100e9)
+
+
+def test_hierarchical_sharding_moves_a_shard_across_groups() -> None:
+    """W = 64 on 8 nodes, S = 8 (a node): reduce-scatter inside, all-reduce of Ψ/8 across, all-gather inside."""
+    specs = specs_of(*[2**20] * 8)  # 32 MiB: buckets 4 MiB (first) then 28 MiB (25 MiB cap: 24 + 4)
+    engine = STRATEGIES["zero2_engine"]
+    p = predict_step(specs, engine, hardware(), 64, 1, shard_size=8)
+    psi = 32 * 2**20
+    grad = p.phase("grad_reduce")
+    assert grad.intra_bytes == pytest.approx(7 / 8 * psi)
+    assert grad.inter_bytes == pytest.approx(2 * 7 / 8 * psi / 8)
+    assert p.phase("exchange").inter_bytes == 0.0 and p.phase("exchange").intra_bytes == pytest.approx(7 / 8 * psi)
+    assert grad.seconds == pytest.approx(7 / 8 * psi / 100e9 + 2 * 7 / 8 * psi / 8 / 10e9)
+    flat = predict_step(specs, engine, hardware(), 64, 1)  # S = W: every collective crosses nodes at 80 GB/s
+    assert flat.phase("grad_reduce").seconds == pytest.approx(63 / 64 * psi / 80e9)
+    assert flat.phase("grad_reduce").inter_bytes == pytest.approx(63 / 64 * psi * 8 / 64)
+    assert predict_step(specs, engine, hardware(), 64, 1, shard_size=1).phase("step").seconds == pytest.approx(
+        psi * ADAM_TOUCHES / 1e11
+    )
+    with pytest.raises(ValueError, match="shard_size=3 must be a positive divisor of world_size=64"):
+        predict_step(specs, engine, hardware(), 64, 1, shard_size=3)
+
+
+def test_native_reduce_scatter_pays_for_the_owner_that_holds_a_bucket() -> None:
+    specs = specs_of(4 * 2**20)  # one 16 MiB parameter, one bucket, one owner under sorted_greedy
+    native = ModeledStrategy("rs", "", SortedGreedy, grad_reduce="reduce_scatter_native")
+    p = predict_step(specs, native, hardware(), 8, 1)
+    assert p.phase("grad_reduce").seconds == pytest.approx(7 / 8 * 8 * 16 * 2**20 / 100e9)  # W × the bucket
+    owned = predict_step(specs, STRATEGIES["zero2_engine"], hardware(), 8, 1)
+    assert owned.phase("grad_reduce").seconds == pytest.approx(7 / 8 * 16 * 2**20 / 100e9)
+
+
+def test_point_to_point_reduce_scatter_is_set_by_the_busiest_rank() -> None:
+    specs = specs_of(4 * 2**20)
+    p2p = ModeledStrategy("p2p", "", SortedGreedy, grad_reduce="reduce_scatter")
+    p = predict_step(specs, p2p, hardware(), 4, 1)
+    assert p.phase("grad_reduce").seconds == pytest.approx(3 * 16 * 2**20 / 100e9)  # the owner receives 3 buckets
+
+
+def test_muon_owner_step_is_newton_schulz_on_the_slowest_owner() -> None:
+    assert newton_schulz_flops((100, 300)) == 5 * (4 * 100 * 100 * 300 + 2 * 100**3)
+    specs = [
+        ParamSpec(numel=512 * 2048, shape=(512, 2048), elementwise=False, name="a.weight"),
+        ParamSpec(numel=1024 * 1024, shape=(1024, 1024), elementwise=False, name="b.weight"),
+    ]
+    p = predict_step(specs, STRATEGIES["zero1_muon"], hardware(), 2, 1)
+    slowest = max(newton_schulz_flops(s.shape) / 1e12 + s.nbytes * 5 / 1e11 for s in specs)
+    assert p.phase("step").seconds == pytest.approx(slowest)
+
+
+def test_shared_cores_slow_compute() -> None:
+    h = hardware(cores=2)
+    one = predict_step(specs_of(10**6), STRATEGIES["ddp"], h, 2, 10).phase("forward").seconds
+    four = predict_step(specs_of(10**6), STRATEGIES["ddp"], h, 4, 10).phase("forward").seconds
+    assert four == pytest.approx(2 * one)
+
+
+def test_strategy_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="'x': grad_reduce='scatter'"):
+        ModeledStrategy("x", "", Flat, grad_reduce="scatter")
+    with pytest.raises(ValueError, match="DDP steps every parameter"):
+        ModeledStrategy("x", "", None, grad_reduce="owned", exchange="none")
+
+
+def test_communicator_bytes_by_hand() -> None:
+    """What zero_lab's Communicators count, in their conventions (the Gloo test compares with real counts)."""
+    specs = specs_of(10, 7, 5)  # 22 floats: flat chunks of ceil(22/4) = 6, padded buffer 24
+    flat_bc = ModeledStrategy("f", "", Flat, exchange="broadcast")
+    assert communicator_bytes(specs, flat_bc, 4, rank=1)["exchange"] == (24 * 4, 6 * 4 * 3)
+    flat_ag = ModeledStrategy("f", "", Flat, exchange="all_gather")
+    assert communicator_bytes(specs, flat_ag, 4, rank=1)["exchange"] == (96, 96 * 3 // 4)
+    greedy_ag = ModeledStrategy("g", "", SortedGreedy, exchange="all_gather")  # owners 10 | 7 | 5 | -
+    assert communicator_bytes(specs, greedy_ag, 4, rank=0)["exchange"] == (4 * 40, 4 * 40 * 3 // 4)
+    greedy_bc = ModeledStrategy("g", "", SortedGreedy, exchange="broadcast", bucket_view=False)
+    assert communicator_bytes(specs, greedy_bc, 4, rank=1)["exchange"] == (88, 28 * 3)
+    rs = ModeledStrategy("r", "", Flat, grad_reduce="reduce_scatter", exchange="broadcast")
+    owned = 6 * 4  # rank 1 owns elements 6..11
+    assert communicator_bytes(specs, rs, 4, rank=1)["grad_reduce"] == (88 - owned + 3 * owned, 88 - owned)
+    assert communicator_bytes(specs, STRATEGIES["ddp"], 4, rank=0)["grad_reduce"] == (88, 2 * 88 * 3 // 4)
+    assert communicator_bytes(specs, rs, 1, rank=0) == {"grad_reduce": (0, 0), "exchange": (0, 0)}
+    assert communicator_bytes(specs, flat_bc, 1, rank=0) == {"grad_reduce": (88, 0), "exchange": (0, 0)}  # DDP's
+    assert math.isclose(sum(communicator_bytes(specs, rs, 4, r)["grad_reduce"][1] for r in range(4)), 3 * 88)

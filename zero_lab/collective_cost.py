@@ -1,0 +1,187 @@
+"""What a collective costs on given hardware: α-β per link class, nccl-tests' bus bandwidth (pure).
+
+A collective over ``n`` ranks moving ``S`` bytes (nccl-tests' ``S``: the whole array — an
+all-reduce's buffer, a reduce-scatter's input, an all-gather's output, a broadcast's payload)
+puts ``factor(op, n) · S`` *bus bytes* through every rank's link, with the factors of
+nccl-tests' ``doc/PERFORMANCE.md`` (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)::
+
+    all_reduce 2(n-1)/n    reduce_scatter (n-1)/n    all_gather (n-1)/n    broadcast 1    send_recv 1
+
+Its time is the α-β model ``steps(op, n) · α + factor · S / B``: ``B`` the link class's bus
+bandwidth (nccl-tests' busbw: what the hardware bottleneck moves per rank and second), ``α``
+the latency of one algorithm step; a ring takes ``2(n-1)`` steps for an all-reduce and ``n-1``
+for the others, a tree ``2⌈log2 n⌉`` for an all-reduce (NCCL's tree is for all-reduce only).
+
+**Link classes.** Ranks ``0..G-1`` share node 0, ``G..2G-1`` node 1, ... (``G`` =
+``ranks_per_node``). A collective whose ranks sit on one node runs at the ``intra`` link's α
+and bandwidth. One that spans ``k`` nodes with ``m = n/k`` of its ranks on each runs ``m``
+rail-aligned rings in parallel (NCCL's layout on nodes with one NIC per GPU: each ring leaves a
+node through a different NIC), so its bus bandwidth is ``min(intra, m × inter)`` — the node's
+NICs together, capped by the node's own links — at the ``inter`` link's α. Its bus bytes per rank
+are split by the hops: each node's ``m`` rings cross to the next node once each, so on average
+``k/n`` of a rank's bus bytes are inter-node.
+
+A hardware profile may also carry per-collective fits (:attr:`Hardware.collectives`, the
+calibrated Gloo profile of one host): they replace the link's α and ``B`` for that op, with
+the same step counts and factors. Usage::
+
+    h100 = Hardware("h100", 8, intra=Link(3e-6, 450e9), inter=Link(6e-6, 50e9), matmul_flops=4e14,
+                    memory_bandwidth=3.0e12)
+    seconds(h100, Collective("all_reduce", 6 << 30, ranks=64, nodes=8))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "OPS",
+    "Collective",
+    "Hardware",
+    "Link",
+    "bus_bytes",
+    "bus_factor",
+    "bytes_by_link",
+    "latency_steps",
+    "nodes_spanned",
+    "seconds",
+]
+
+#: The collectives priced here; ``send_recv`` is one point-to-point message.
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link class: ``alpha_s`` seconds per algorithm step, ``bus_bandwidth`` bytes per second per rank."""
+
+    alpha_s: float
+    bus_bandwidth: float
+
+    def __post_init__(self) -> None:
+        if not self.alpha_s >= 0 or not self.bus_bandwidth > 0:
+            raise ValueError(f"Link needs alpha_s >= 0 and bus_bandwidth > 0, got {self}")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A machine the step model prices: links, compute and memory rates per rank.
+
+    ``matmul_flops``: FLOP/s one rank achieves in its forward and backward matmuls (peak ×
+    the efficiency reached); ``memory_bandwidth``: bytes/s one rank moves in an elementwise
+    optimizer step; ``overlap``: the share of a phase that may hide behind computation which
+    really does (1: dedicated communication engines; 0: communication and computation take
+    turns, as on a host whose cores run both); ``cores``: on a CPU host, the cores the ranks
+    share (a rank computes ``W / cores`` times slower beyond it; ``None``: one device per rank).
+    ``sources``: where each figure comes from (profile YAMLs carry them).
+    """
+
+    name: str
+    ranks_per_node: int
+    intra: Link
+    inter: Link
+    matmul_flops: float
+    memory_bandwidth: float
+    overlap: float = 1.0
+    algorithm: str = "ring"
+    cores: int | None = None
+    collectives: Mapping[str, Link] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.ranks_per_node < 1:
+            problems.append(f"ranks_per_node={self.ranks_per_node} must be >= 1")
+        if not self.matmul_flops > 0 or not self.memory_bandwidth > 0:
+            problems.append("matmul_flops and memory_bandwidth must be > 0")
+        if not 0 <= self.overlap <= 1:
+            problems.append(f"overlap={self.overlap} must be in [0, 1]")
+        if self.algorithm not in ALGORITHMS:
+            problems.append(f"algorithm={self.algorithm!r} must be one of {ALGORITHMS}")
+        unknown = sorted(set(self.collectives) - set(OPS))
+        if unknown:
+            problems.append(f"collectives {unknown} are not among {OPS}")
+        if problems:
+            raise ValueError(f"hardware {self.name!r}: " + "; ".join(problems))
+
+    def compute_slowdown(self, world_size: int) -> float:
+        """How much slower one rank computes when ``world_size`` ranks share the host's cores."""
+        return max(1.0, world_size / self.cores) if self.cores else 1.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """``op`` over ``ranks`` ranks spanning ``nodes`` nodes, moving ``nbytes`` (nccl-tests' S)."""
+
+    op: str
+    nbytes: int
+    ranks: int
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"collective op {self.op!r} is not one of {OPS}")
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """nccl-tests' busbw / algbw correction: the bus bytes per byte of S, per rank."""
+    if ranks <= 1 and op != "send_recv":
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("reduce_scatter", "all_gather"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+def latency_steps(op: str, ranks: int, algorithm: str = "ring") -> int:
+    """Algorithm steps, each paying α once: ring ``2(n-1)`` (all-reduce) / ``n-1``; tree all-reduce ``2⌈log2 n⌉``."""
+    if op == "send_recv":
+        return 1
+    if ranks <= 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * math.ceil(math.log2(ranks)) if algorithm == "tree" else 2 * (ranks - 1)
+    return ranks - 1
+
+
+def bus_bytes(collective: Collective) -> float:
+    """Bytes through each rank's link: ``factor · S``."""
+    return bus_factor(collective.op, collective.ranks) * collective.nbytes
+
+
+def _link(hardware: Hardware, collective: Collective) -> Link:
+    if collective.op in hardware.collectives:
+        return hardware.collectives[collective.op]
+    if collective.nodes <= 1:
+        return hardware.intra
+    rings = max(1, collective.ranks // collective.nodes)
+    bandwidth = min(hardware.intra.bus_bandwidth, rings * hardware.inter.bus_bandwidth)
+    return Link(hardware.inter.alpha_s, bandwidth)
+
+
+def seconds(hardware: Hardware, collective: Collective) -> float:
+    """α-β time of one collective: ``steps · α + factor · S / B`` on its link class (see the module docstring)."""
+    if collective.ranks <= 1 and collective.op != "send_recv":
+        return 0.0
+    link = _link(hardware, collective)
+    steps = latency_steps(collective.op, collective.ranks, hardware.algorithm)
+    return steps * link.alpha_s + bus_bytes(collective) / link.bus_bandwidth
+
+
+def bytes_by_link(collective: Collective) -> tuple[float, float]:
+    """``(intra, inter)`` bus bytes per rank, on average over the ring's ranks (``nodes / ranks`` of
+    the hops cross nodes when the collective spans more than one)."""
+    total = bus_bytes(collective)
+    if collective.nodes <= 1:
+        return total, 0.0
+    inter = total * min(1.0, collective.nodes / collective.ranks)
+    return total - inter, inter
+
+
+def nodes_spanned(ranks: Sequence[int], ranks_per_node: int) -> int:
+    """How many nodes hold ``ranks`` (node of rank r = ``r // ranks_per_node``)."""
+    return len({rank // ranks_per_node for rank in ranks})

@@ -1,0 +1,415 @@
+"""Predict one training step's time and traffic, per phase, at any world size (pure: no processes).
+
+Beside the memory planner (:mod:`zero_lab.planner`): the *real* partitioner runs on the
+model's :class:`~zero_lab.partition.ParamSpec` records at the predicted world size, so the
+owners' imbalance is the one a run would have, and every collective is priced with
+:mod:`zero_lab.collective_cost` (α-β per link class, nccl-tests' bus-bandwidth factors)::
+
+    specs = specs_from_module(meta_model)
+    p = predict_step(specs, STRATEGIES["zero1_flat"], h100, world_size=512, samples_per_rank=8192, shard_size=8)
+    print(p.seconds, [(ph.name, ph.exposed_s) for ph in p.phases])
+
+**Phases of a step** (``W`` ranks, sharded over groups of ``S`` = ``shard_size`` ranks, ``Ψ``
+the trainable bytes):
+
+1. *compute* — forward ``2·F`` and backward ``4·F`` FLOPs, ``F`` = trainable parameters ×
+   samples (tokens) per rank (6 FLOPs per parameter per token; attention scores left out), at
+   the hardware's ``matmul_flops`` (slowed ``W/cores`` on a shared CPU host).
+2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
+   ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
+   ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
+   its segment, an owner receives ``W-1`` contributions; the slowest rank's bytes set the time);
+   ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
+   longest: ``W × longest`` — a bucket owned by few ranks costs W times its size); ``owned``
+   (an engine whose buffers are cut evenly among the owners: one reduce-scatter of the bucket).
+   With ``S < W`` the reduce-scatter runs inside the group and each owner's shard is then
+   all-reduced across the ``W/S`` groups (``Ψ/S`` per rank crosses groups).
+3. *the owner's step* — Adam reads the parameter, gradient and two moments and writes three
+   (7 touches per element); Muon (non-elementwise specs) runs Newton–Schulz, ``ns_steps`` ×
+   (``4a²b + 2a³``) FLOPs on an ``a × b`` matrix (``a ≤ b``), plus 5 touches per element. Every
+   rank steps its owned shards; the slowest rank's load counts (the partition's real cost
+   imbalance). DDP steps everything on every rank.
+4. *parameter exchange* inside the group: ``all_gather`` (flat buffers: equal ranges; whole
+   parameters: the rank-major buffer padded to the largest owner) or ``broadcast`` (one per
+   owner's range, each from its owner).
+
+**Overlap rules.** Gradient reduction runs during backward (DDP issues a bucket when its
+gradients are ready): all but the last bucket's reduction may hide behind the backward, up to
+``overlap × backward``. The owner's step waits for every gradient and is never hidden. The
+exchange is exposed after the step (ZeRO-1), except for an engine that gathers each bucket
+before the next forward uses it (``exchange_hidden``): all but its first bucket may hide behind
+the forward, up to ``overlap × forward``.
+
+**Bytes.** Each phase reports its bus bytes per rank on each link class (intra-node,
+inter-node), and :func:`communicator_bytes` predicts exactly what zero_lab's
+:class:`~zero_lab.comm.Communicator` counts on a given rank (``bytes`` and ``sent_bytes``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from zero_lab.collective_cost import Collective, Hardware, bytes_by_link, nodes_spanned, seconds
+from zero_lab.ddp_buckets import DdpBuckets
+from zero_lab.partition import Flat, ParamSpec, Partition, Partitioner, SortedGreedy
+
+__all__ = [
+    "ADAM_TOUCHES",
+    "GRAD_REDUCES",
+    "MUON_TOUCHES",
+    "STRATEGIES",
+    "ModeledStrategy",
+    "Phase",
+    "StepPrediction",
+    "communicator_bytes",
+    "newton_schulz_flops",
+    "predict_step",
+]
+
+#: Memory touches per element of an Adam step: reads param, grad, exp_avg, exp_avg_sq; writes three.
+ADAM_TOUCHES = 7
+#: Memory touches per element of a Muon step beside Newton–Schulz: reads grad, momentum, param; writes two.
+MUON_TOUCHES = 5
+#: Newton–Schulz iterations per step (``torch.optim.Muon``'s default ``ns_steps``).
+NS_STEPS = 5
+GRAD_REDUCES = ("all_reduce", "reduce_scatter", "reduce_scatter_native", "owned")
+EXCHANGES = ("none", "broadcast", "all_gather")
+
+
+@dataclass(frozen=True)
+class ModeledStrategy:
+    """One strategy the model prices; ``partitioner=None`` is DDP (every rank steps everything).
+
+    ``bucket_view``: whole-parameter partitions exchange through one rank-major buffer
+    (``parameters_as_bucket_view``) rather than one collective per shard. ``muon``: the specs it
+    is priced on mark Muon's matrices non-elementwise (``ParamSpec.elementwise=False``), the rest AdamW.
+    """
+
+    name: str
+    label: str
+    partitioner: Callable[[], Partitioner] | None
+    grad_reduce: str = "all_reduce"
+    exchange: str = "all_gather"
+    exchange_hidden: bool = False
+    shard_grads: bool = False
+    bucket_view: bool = True
+    muon: bool = False
+
+    def __post_init__(self) -> None:
+        if self.grad_reduce not in GRAD_REDUCES:
+            raise ValueError(f"strategy {self.name!r}: grad_reduce={self.grad_reduce!r} is not one of {GRAD_REDUCES}")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"strategy {self.name!r}: exchange={self.exchange!r} is not one of {EXCHANGES}")
+        if (self.partitioner is None) != (self.exchange == "none"):
+            raise ValueError(f"strategy {self.name!r}: exchange='none' goes with partitioner=None (DDP) only")
+        if self.partitioner is None and self.grad_reduce != "all_reduce":
+            raise ValueError(f"strategy {self.name!r}: DDP steps every parameter, so it needs grad_reduce='all_reduce'")
+
+
+def _newton_schulz_greedy() -> Partitioner:
+    return SortedGreedy(cost="newton_schulz")
+
+
+#: The strategies of the at-scale table (Muon rows need specs marked non-elementwise).
+STRATEGIES: dict[str, ModeledStrategy] = {
+    s.name: s
+    for s in (
+        ModeledStrategy("ddp", "DDP (all-reduce, every rank steps all)", None, exchange="none"),
+        ModeledStrategy("zero1_sorted_greedy", "ZeRO-1 on DDP, sorted_greedy, all-gather", SortedGreedy),
+        ModeledStrategy("zero1_flat", "ZeRO-1 on DDP, flat, all-gather", Flat),
+        ModeledStrategy(
+            "zero1_flat_rs",
+            "ZeRO-1 on DDP, flat, grad_reduce=reduce_scatter (native, DDP's buckets)",
+            Flat,
+            grad_reduce="reduce_scatter_native",
+        ),
+        ModeledStrategy(
+            "zero2_engine",
+            "ZeRO-2 engine, owned buffers: reduce-scatter in backward, all-gather before forward",
+            Flat,
+            grad_reduce="owned",
+            exchange_hidden=True,
+            shard_grads=True,
+        ),
+        ModeledStrategy("zero1_muon", "ZeRO-1 Muon, owners by Newton–Schulz cost", _newton_schulz_greedy, muon=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the step: its own duration, what it adds to the step after overlap, its bus
+    bytes per rank on each link class, and the collectives it issues."""
+
+    name: str
+    seconds: float
+    exposed_s: float
+    intra_bytes: float = 0.0
+    inter_bytes: float = 0.0
+    collectives: tuple[Collective, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """The predicted step of one strategy at ``world_size`` ranks sharded over groups of ``shard_size``."""
+
+    strategy: str
+    world_size: int
+    shard_size: int
+    phases: tuple[Phase, ...]
+    imbalance: float
+    cost_imbalance: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(phase.exposed_s for phase in self.phases)
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+    @property
+    def intra_bytes(self) -> float:
+        return sum(p.intra_bytes for p in self.phases)
+
+    @property
+    def inter_bytes(self) -> float:
+        return sum(p.inter_bytes for p in self.phases)
+
+
+def newton_schulz_flops(shape: Sequence[int], ns_steps: int = NS_STEPS) -> float:
+    """FLOPs of Newton–Schulz on one matrix: per iteration ``A = X Xᵀ`` (2a²b), ``A·A`` (2a³), ``B·X`` (2a²b)."""
+    a, b = sorted(shape)
+    return ns_steps * (4 * a * a * b + 2 * a**3)
+
+
+def _phase(name: str, hardware: Hardware, collectives: Sequence[Collective], hidden: float = 0.0) -> Phase:
+    total = sum(seconds(hardware, c) for c in collectives)
+    split = [bytes_by_link(c) for c in collectives]
+    return Phase(
+        name,
+        total,
+        total - hidden,
+        sum(i for i, _ in split),
+        sum(o for _, o in split),
+        tuple(collectives),
+    )
+
+
+class _Layout:
+    """Where ranks sit: groups of ``S`` consecutive ranks, ``W/S`` groups, nodes of ``ranks_per_node``."""
+
+    def __init__(self, world_size: int, shard_size: int, ranks_per_node: int):
+        self.world_size, self.shard_size, self.per_node = world_size, shard_size, ranks_per_node
+
+    def group(self, op: str, nbytes: int) -> Collective:
+        """``op`` inside one group (rank 0's: every group spans as many nodes)."""
+        return Collective(op, nbytes, self.shard_size, nodes_spanned(range(self.shard_size), self.per_node))
+
+    def across(self, op: str, nbytes: int) -> Collective:
+        """``op`` across groups, among the ranks that own the same shard (rank 0's peers)."""
+        peers = range(0, self.world_size, self.shard_size)
+        return Collective(op, nbytes, len(peers), nodes_spanned(peers, self.per_node))
+
+
+def _owned(partition: Partition) -> list[int]:
+    """Elements each rank owns of parameters that get a gradient."""
+    owned = [0] * partition.world_size
+    for shard in partition.shards:
+        spec = partition.specs[shard.param]
+        if spec.trainable and spec.gets_grad:
+            owned[shard.rank] += shard.numel
+    return owned
+
+
+def _bucket_segments(specs: Sequence[ParamSpec], partition: Partition | None, world: int) -> list[list[int]]:
+    """Per DDP bucket (in the order DDP reduces them), the bytes of it each rank owns."""
+    trainable = [i for i, s in enumerate(specs) if s.trainable and s.gets_grad]
+    buckets = DdpBuckets().assign([specs[i].nbytes for i in trainable])
+    where = dict(zip(trainable, buckets))
+    segments = [[0] * world for _ in range(max(buckets, default=-1) + 1)]
+    if partition is None:
+        for index, bucket in where.items():
+            segments[bucket][0] += specs[index].nbytes
+        return segments
+    for shard in partition.shards:
+        if shard.param in where:
+            segments[where[shard.param]][shard.rank] += shard.numel * specs[shard.param].itemsize
+    return segments
+
+
+def _grad_phase(
+    strategy: ModeledStrategy,
+    hardware: Hardware,
+    layout: _Layout,
+    buckets: list[list[int]],
+    backward_s: float,
+) -> Phase:
+    world, shard = layout.world_size, layout.shard_size
+    collectives: list[Collective] = []
+    last: list[Collective] = []
+    for segments in buckets:
+        bucket = sum(segments)
+        if strategy.grad_reduce == "all_reduce":
+            issued = [Collective("all_reduce", bucket, world, nodes_spanned(range(world), layout.per_node))]
+        else:
+            if strategy.grad_reduce == "owned":
+                issued = [layout.group("reduce_scatter", bucket)]
+            elif strategy.grad_reduce == "reduce_scatter_native":
+                issued = [layout.group("reduce_scatter", max(segments) * shard)]
+            else:  # point to point: the slowest rank sends (bucket - own) or receives (S-1) × own
+                busiest = max(max(bucket - own, (shard - 1) * own) for own in segments)
+                per_peer = math.ceil(busiest / max(shard - 1, 1))
+                issued = [layout.group("send_recv", per_peer)] * max(shard - 1, 0)
+            if world > shard:
+                issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
+        collectives += issued
+        last = issued
+    total = sum(seconds(hardware, c) for c in collectives)
+    tail = sum(seconds(hardware, c) for c in last)
+    hidden = min(total - tail, hardware.overlap * backward_s)
+    return _phase("grad_reduce", hardware, collectives, hidden)
+
+
+def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardware: Hardware, world: int) -> float:
+    """The slowest rank's owner step (every parameter on every rank for DDP)."""
+    loads = [0.0] * (partition.world_size if partition else 1)
+    pieces = (
+        [(0, spec, spec.numel) for spec in specs]
+        if partition is None
+        else [(s.rank, partition.specs[s.param], s.numel) for s in partition.shards]
+    )
+    for rank, spec, count in pieces:
+        if not (spec.trainable and spec.gets_grad):
+            continue
+        if spec.elementwise:
+            loads[rank] += count * spec.itemsize * ADAM_TOUCHES / hardware.memory_bandwidth
+        else:
+            loads[rank] += count * spec.itemsize * MUON_TOUCHES / hardware.memory_bandwidth
+            loads[rank] += newton_schulz_flops(spec.shape) * count / spec.numel / hardware.matmul_flops
+    return max(loads) * hardware.compute_slowdown(world)
+
+
+def _exchange_units(partition: Partition, strategy: ModeledStrategy) -> list[list[int]]:
+    """Per unit of the exchange, the bytes each rank's range holds (flat buffers padded, as the run's)."""
+    specs = partition.specs
+    if partition.layouts:
+        units = []
+        for layout in partition.layouts:
+            itemsize = specs[layout.params[0]].itemsize
+            units.append([(stop - start) * itemsize for start, stop in layout.bounds])
+        return units
+    per_kind: dict[str, list[int]] = {}
+    for shard in partition.shards:
+        spec = specs[shard.param]
+        if spec.trainable:
+            per_kind.setdefault(spec.kind, [0] * partition.world_size)[shard.rank] += shard.numel * spec.itemsize
+    if strategy.bucket_view or strategy.exchange == "all_gather":
+        return list(per_kind.values())
+    units = []
+    for shard in partition.shards:
+        if specs[shard.param].trainable:
+            ranges = [0] * partition.world_size
+            ranges[shard.rank] = shard.numel * specs[shard.param].itemsize
+            units.append(ranges)
+    return units
+
+
+def _exchange_phase(
+    strategy: ModeledStrategy, hardware: Hardware, layout: _Layout, partition: Partition | None, forward_s: float
+) -> Phase:
+    if partition is None or layout.shard_size == 1:
+        return Phase("exchange", 0.0, 0.0)
+    collectives: list[Collective] = []
+    first: list[Collective] = []
+    for ranges in _exchange_units(partition, strategy):
+        if strategy.exchange == "all_gather":
+            issued = [layout.group("all_gather", max(ranges) * len(ranges))]
+        else:
+            issued = [layout.group("broadcast", size) for size in ranges if size]
+        collectives += issued
+        first = first or issued
+    if not strategy.exchange_hidden:
+        return _phase("exchange", hardware, collectives)
+    total = sum(seconds(hardware, c) for c in collectives)
+    head = sum(seconds(hardware, c) for c in first)
+    return _phase("exchange", hardware, collectives, min(total - head, hardware.overlap * forward_s))
+
+
+def predict_step(
+    specs: Sequence[ParamSpec],
+    strategy: ModeledStrategy,
+    hardware: Hardware,
+    world_size: int,
+    samples_per_rank: int,
+    shard_size: int | None = None,
+) -> StepPrediction:
+    """Time and traffic of one step of ``strategy`` (see the module docstring for the phases).
+
+    ``samples_per_rank``: tokens (or rows) each rank's forward sees per step; ``shard_size``:
+    ``S``, the group the optimizer state is partitioned over (default ``W``; it must divide ``W``).
+    The partitioner runs at ``S``; O(parameters + shards + W).
+    """
+    shard = world_size if shard_size is None else min(shard_size, world_size)
+    if world_size < 1 or shard < 1 or world_size % shard:
+        raise ValueError(f"shard_size={shard_size} must be a positive divisor of world_size={world_size}")
+    specs = list(specs)
+    partition = strategy.partitioner()(specs, shard) if strategy.partitioner else None
+    slowdown = hardware.compute_slowdown(world_size)
+    flops = 2 * sum(s.numel for s in specs if s.trainable) * samples_per_rank
+    forward_s = flops / hardware.matmul_flops * slowdown
+    backward_s = 2 * forward_s
+    layout = _Layout(world_size, shard, hardware.ranks_per_node)
+    buckets = _bucket_segments(specs, partition, shard)
+    phases = (
+        Phase("forward", forward_s, forward_s),
+        Phase("backward", backward_s, backward_s),
+        _grad_phase(strategy, hardware, layout, buckets, backward_s) if world_size > 1 else Phase("grad_reduce", 0, 0),
+        Phase("step", *(2 * [_step_seconds(specs, partition, hardware, world_size)])),
+        _exchange_phase(strategy, hardware, layout, partition, forward_s),
+    )
+    imbalance = cost_imbalance = 1.0
+    if partition is not None:
+        report = partition.report()
+        imbalance, cost_imbalance = report.imbalance, report.cost_imbalance
+    return StepPrediction(strategy.name, world_size, shard, phases, imbalance, cost_imbalance)
+
+
+def communicator_bytes(
+    specs: Sequence[ParamSpec], strategy: ModeledStrategy, world_size: int, rank: int
+) -> dict[str, tuple[int, int]]:
+    """What zero_lab's Communicators count on ``rank`` in one step: ``{phase: (bytes, sent_bytes)}``.
+
+    ``grad_reduce`` (zero_lab's gradient hook, or DDP's own all-reduce counted the same way: ``n``
+    per bucket of ``n`` bytes, as the benchmark's profiler meter does) and ``exchange``, in the
+    Communicator's conventions (:mod:`zero_lab.comm`): a broadcast of ``n`` counts ``n`` on every
+    rank and sends ``n(W-1)`` from its root; an all-gather counts its output and sends
+    ``⌊n(W-1)/W⌋``; point-to-point counts what is sent and received, and sends what it sends.
+    At ``W=1`` only DDP's own all-reduce is issued (zero_lab's hook and exchange issue nothing):
+    ``n`` per bucket, nothing sent.
+    """
+    specs = list(specs)
+    if world_size == 1:
+        reduced = sum(s.nbytes for s in specs if s.trainable and s.gets_grad)
+        return {"grad_reduce": (reduced if strategy.grad_reduce == "all_reduce" else 0, 0), "exchange": (0, 0)}
+    partition = strategy.partitioner()(specs, world_size) if strategy.partitioner else None
+    grads = (0, 0)
+    if partition is not None and strategy.grad_reduce == "reduce_scatter":
+        total = sum(s.nbytes for s in specs if s.trainable and s.gets_grad)
+        own = _owned(partition)[rank] * specs[0].itemsize
+        grads = (total - own + (world_size - 1) * own, total - own)
+    elif strategy.grad_reduce == "all_reduce":
+        buckets = [sum(b) for b in _bucket_segments(specs, None, 1)]
+        grads = (sum(buckets), sum(2 * b * (world_size - 1) // world_size for b in buckets))
+    exchange = (0, 0)
+    if partition is not None:
+        payload = sent = 0
+        for ranges in _exchange_units(partition, strategy):
+            if strategy.exchange == "all_gather":
+                padded = max(ranges) * len(ranges)
+                payload, sent = payload + padded, sent + padded * (world_size - 1) // world_size
+            else:
+                payload, sent = payload + sum(ranges), sent + ranges[rank] * (world_size - 1)
+        exchange = (payload, sent)
+    return {"grad_reduce": grads, "exchange": exchange}
