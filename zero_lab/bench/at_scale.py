@@ -29,7 +29,7 @@ from zero_lab.planner import plan_memory
 from zero_lab.routing import route_to_muon
 from zero_lab.step_model import STRATEGIES, ModeledStrategy, StepPrediction, predict_step
 
-__all__ = ["SAMPLES", "Row", "crossings", "format_rows", "model_specs", "rows_for"]
+__all__ = ["SAMPLES", "Row", "crossings", "format_rows", "format_summary", "model_specs", "rows_for"]
 
 #: Tokens (LMs: sequences × length) or rows (MLPs) per rank per step, by model, unless given.
 SAMPLES = {"tutorial": 20, "tutorial-quick": 20, "linear768": 16, "lm": 128, "gpt2": 8 * 1024, "gpt2-xl": 8 * 1024}
@@ -147,16 +147,41 @@ def format_rows(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _shard_order(shard: str) -> float:
+    return float("inf") if shard == "W" else int(shard)
+
+
+def format_summary(rows: Sequence[Row]) -> str:
+    """One line per strategy and S (``W``: S = W), one column per W: step ms · memory GiB per rank."""
+    worlds = sorted({r.prediction.world_size for r in rows})
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    for row in rows:
+        p = row.prediction
+        shard = "W" if p.shard_size == p.world_size else str(p.shard_size)
+        cell = f"{p.seconds * 1e3:,.1f} · {row.memory_bytes / GIB:,.2f}"
+        cells.setdefault((p.strategy, shard), {})[p.world_size] = cell
+    lines = [
+        "| strategy | S | " + " | ".join(f"W={w}" for w in worlds) + " |",
+        "|---|---:|" + "---:|" * len(worlds),
+    ]
+    order = {name: i for i, name in enumerate(dict.fromkeys(r.prediction.strategy for r in rows))}
+    for (name, shard), by_world in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], _shard_order(kv[0][1]))):
+        lines.append(f"| {name} | {shard} | " + " | ".join(by_world.get(w, "—") for w in worlds) + " |")
+    return "\n".join(lines)
+
+
 def crossings(rows: Sequence[Row]) -> list[str]:
-    """Where the choices cross, in sentences: the fastest S per strategy and W (when S < W wins),
-    and the W from which ``sorted_greedy`` is slower than ``flat`` (or holds more)."""
+    """Where the choices cross, in sentences: per strategy and W, the fastest sharded group
+    ``1 < S < W`` when it beats S = W by more than 1 % (S = 1, no sharding, is DDP's traffic with
+    the whole state on every rank: left out), and each W where ``sorted_greedy`` is slower than
+    ``flat`` or holds more."""
     by_key = {(r.prediction.strategy, r.prediction.world_size, r.prediction.shard_size): r for r in rows}
     worlds = sorted({r.prediction.world_size for r in rows})
     lines = []
     for name in dict.fromkeys(r.prediction.strategy for r in rows):
         wins = []
         for world in worlds:
-            options = [r for (s, w, _), r in by_key.items() if s == name and w == world]
+            options = [r for (s, w, shard), r in by_key.items() if s == name and w == world and shard > 1]
             if len(options) < 2:
                 continue
             best = min(options, key=lambda r: r.prediction.seconds)

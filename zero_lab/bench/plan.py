@@ -135,6 +135,8 @@ def step_times(args: argparse.Namespace) -> list[dict[str, Any]]:
         )
         print(f"model {model}: {numel:,} parameters ({args.dtype}), {samples} samples per rank, {hardware.name}\n")
         print(at_scale.format_rows(rows) + "\n")
+        print("step time ms · memory GiB per rank (the fullest rank):\n")
+        print(at_scale.format_summary(rows) + "\n")
         for line in at_scale.crossings(rows):
             print(f"- {line}")
         print()

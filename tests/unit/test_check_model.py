@@ -1,0 +1,41 @@
+"""scripts/check_model.py's pairing (zero_lab.bench.check_model): a benchmark run's figures beside the step
+model's, without processes (the run is a record of the shape zero_lab.bench.run returns)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_lab.bench.check_model import checks_for, format_checks
+from zero_lab.bench.hardware import load_hardware
+from zero_lab.bench.workloads import MODELS
+
+
+def test_a_run_is_paired_with_its_predictions() -> None:
+    psi = 4 * sum(p.numel() for p in MODELS["tiny"].build().parameters())
+    run = {
+        "model": "tiny",
+        "world_size": 2,
+        "results": {
+            "ddp": {
+                "steps": [{"iter_s": 0.1}, {"iter_s": 0.3}, {"iter_s": 0.2}],
+                "collectives": {"grads": {"bytes": psi}},
+            },
+            "zl_sg_bv": {  # exchange=auto chose all_gather in this world: priced as such
+                "steps": [{"iter_s": 0.5}],
+                "collectives": {"grads": {"bytes": psi}, "params": {"bytes": 2 * psi}},
+                "report": {"collective": "all_gather"},
+            },
+            "torch_bv": {"steps": [{"iter_s": 0.1}]},  # not a modelled strategy: left out
+        },
+    }
+    checks = {c.strategy: c for c in checks_for(run, load_hardware("gloo_local"))}
+    assert set(checks) == {"ddp", "zl_sg_bv"}
+    ddp = checks["ddp"]
+    assert (ddp.measured_s, ddp.predicted_bytes, ddp.measured_bytes, ddp.exchange) == (0.2, psi, psi, "none")
+    greedy = checks["zl_sg_bv"]
+    assert greedy.exchange == "all_gather" and greedy.predicted_bytes > 2 * psi  # padded to the fullest owner
+    assert greedy.predicted_s > ddp.predicted_s  # the same all-reduce, then an exchange
+    table = format_checks(list(checks.values()))
+    assert f"| tiny | 2 | ddp | none | {ddp.predicted_s * 1e3:,.1f} | 200.0 |" in table
+    assert table.splitlines()[2].endswith("| +0.0 % |")
+    assert checks["ddp"].error(1.0, None) is None and checks["ddp"].error(1.2, 1.0) == pytest.approx(0.2)
