@@ -15,7 +15,11 @@ modules, each with one job:
 * :mod:`~zero_lab.bench.summary` — records to figures; :mod:`~zero_lab.bench.targets` —
   the targets as data and their verdicts; :mod:`~zero_lab.bench.render` — the tables;
 * :mod:`~zero_lab.bench.partition_speed`, :mod:`~zero_lab.bench.plan` — the
-  partitioner-speed and memory-plan commands (``scripts/bench_partition.py``, ``scripts/plan.py``).
+  partitioner-speed and memory-plan commands (``scripts/bench_partition.py``, ``scripts/plan.py``);
+* :mod:`~zero_lab.bench.hardware` (profiles in ``profiles/*.yaml``), :mod:`~zero_lab.bench.at_scale`
+  — the step model's machines and its at-scale table (``scripts/plan.py --hardware``);
+  :mod:`~zero_lab.bench.calibrate` (``scripts/calibrate.py``: this machine's Gloo fitted into a
+  profile), :mod:`~zero_lab.bench.check_model` (``scripts/check_model.py``: predictions beside runs).
 
 It needs the ``[bench]`` extra (it builds the app's models); the core never imports it.
 """
