@@ -11,7 +11,8 @@ collective, by least squares over every (W, size) point::
 with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`.
 One thread's matmul rate (``(B × k) @ (k × k)``, forward and backward shapes) gives
 ``matmul_flops``; a ``torch.optim.Adam`` step on a large tensor gives ``memory_bandwidth``
-(``ADAM_TOUCHES × 4`` bytes per element over its time). Writes a profile YAML (atomically)
+(``ADAM_TOUCHES × 4`` bytes per element over its time); both in CPU time, so load from other
+jobs does not lower them. Writes a profile YAML (atomically)
 whose ``sources`` name the command, date and load average, and whose ``measured`` holds every
 raw median::
 
@@ -89,17 +90,21 @@ def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict[str, An
 
 
 def measure_compute(repeats: int = 5) -> dict[str, float]:
-    """One thread's matmul FLOP/s (forward and backward shapes) and an Adam step's bytes/s."""
+    """One thread's matmul FLOP/s (forward and backward shapes) and an Adam step's bytes/s.
+
+    Timed in this process's CPU time (``time.process_time``, one thread): the rate of an idle
+    core even while other jobs share the machine, which wall time is not (a loaded 2-core host
+    stretched it 3.5× here)."""
     torch.set_num_threads(1)
     batch, width = 32, 1024
     x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
     shapes = [lambda: x @ w, lambda: dy @ w.T, lambda: dy.T @ x]
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         for matmul in shapes:
             matmul()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     flops = 3 * 2 * batch * width * width / statistics.median(times)
     param = torch.zeros(4 << 20, requires_grad=True)
     param.grad = torch.ones_like(param)
@@ -107,9 +112,9 @@ def measure_compute(repeats: int = 5) -> dict[str, float]:
     adam.step()
     steps = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         adam.step()
-        steps.append(time.perf_counter() - start)
+        steps.append(time.process_time() - start)
     bandwidth = ADAM_TOUCHES * param.numel() * 4 / statistics.median(steps)
     return {"matmul_flops": flops, "memory_bandwidth": bandwidth}
 
@@ -156,8 +161,8 @@ def profile_from(rows: list[dict[str, Any]], compute: dict[str, float], command:
         "collectives": {op: dict(fit) for op, fit in fits.items()},
         "sources": {
             "collectives": f"least-squares alpha-beta fits of measured medians, {origin}",
-            "matmul_flops": f"one thread, (32 x 1024) @ (1024 x 1024) forward and backward shapes, {origin}",
-            "memory_bandwidth": f"torch.optim.Adam step on 4 Mi elements x {ADAM_TOUCHES} touches x 4 B, {origin}",
+            "matmul_flops": f"one thread's CPU time, (32 x 1024) @ (1024 x 1024) fwd and bwd shapes, {origin}",
+            "memory_bandwidth": f"CPU time of an Adam step, 4 Mi elements x {ADAM_TOUCHES} touches x 4 B, {origin}",
             "overlap": "0: on a 2-core host the ranks' computation and Gloo's threads share the cores",
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],
