@@ -8,6 +8,6 @@ Three small modules, each with one job (Megatron-Core's ``distributed/`` split):
 optimizer.
 """
 
-from zero_lab.engine.wrapper import ShardedDataParallel, default_modes
+from zero_lab.engine.wrapper import ShardedDataParallel, default_modes, engine_of
 
-__all__ = ["ShardedDataParallel", "default_modes"]
+__all__ = ["ShardedDataParallel", "default_modes", "engine_of"]

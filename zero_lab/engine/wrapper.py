@@ -57,11 +57,24 @@ from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
 from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.partition import Flat, ParamSpec, Partitioner
 
-__all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes"]
+__all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes", "engine_of"]
 
 #: The engine's default bucket cap: about a layer of a mid-sized model (12 × Linear(768) is 2.25 MiB a
 #: layer), so the gradients held stay near Ψ/W (+ two buckets); DDP's 25 MiB would hold ten such layers.
 BUCKET_CAP_MB = 4.0
+
+
+#: Each re-pointed optimizer's engine (weakly: neither keeps the other alive through this table).
+_ENGINES: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ReferenceType[ShardedDataParallel]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def engine_of(optimizer: torch.optim.Optimizer) -> ShardedDataParallel | None:
+    """The engine that re-pointed ``optimizer`` (code that holds only the optimizer, e.g. the app's
+    strategy, settles the parameters through it), or ``None``."""
+    ref = _ENGINES.get(optimizer)
+    return ref() if ref is not None else None
 
 
 def default_modes(backend: str) -> tuple[str, str]:
@@ -142,6 +155,7 @@ class ShardedDataParallel(nn.Module):
         if prefetch:
             self._handles += _wait_hooks(module, self.buffer, self.group)
         self._closed = False
+        _ENGINES[optimizer] = weakref.ref(self)
         closer = weakref.WeakMethod(self.close)
         self._atexit = lambda: (lambda close: close() if close is not None else None)(closer())
         atexit.register(self._atexit)
@@ -215,6 +229,11 @@ class ShardedDataParallel(nn.Module):
     def peak_grad_bytes(self) -> int:
         """The most gradient bytes this rank held at once so far, measured on the buffers."""
         return self.buffer.peak_grad_bytes
+
+    def imbalance(self) -> float:
+        """The fullest rank's owned elements over the mean (1.0: perfectly balanced)."""
+        owned = [sum(b.owned_numel(r) for b in self.buckets) for r in range(self.comm.world_size)]
+        return max(owned) * len(owned) / max(sum(owned), 1)
 
     def modes(self) -> dict[str, Any]:
         """What runs: the closing lines and the benchmark print it."""
