@@ -58,6 +58,7 @@ from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
 
 __all__ = [
     "APP_KEYS",
+    "DATA_PARALLEL",
     "FORMATS",
     "GROUPS",
     "HYDRA_KEYS",
@@ -67,6 +68,7 @@ __all__ = [
     "Autocast",
     "Backend",
     "Config",
+    "DataParallel",
     "Device",
     "DistConfig",
     "OverlapHook",
@@ -163,6 +165,15 @@ ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: 
 CheckpointFormat = _choices("CheckpointFormat", FORMATS, "``checkpoint_format=``: zero_lab.app.config.schema.FORMATS")
 
 
+#: ``dp=``: which data-parallel engine trains.
+DATA_PARALLEL = {
+    "ddp": "torch's DistributedDataParallel (gradients all-reduced by DDP; zero_* shards the state after it)",
+    "zero_lab": "zero_lab.ShardedDataParallel: ZeRO-2 on buffers it owns (zero_lab/engine/, docs/core.md)",
+}
+#: ``dp=``: zero_lab.app.config.schema.DATA_PARALLEL.
+DataParallel = _choices("DataParallel", DATA_PARALLEL, "``dp=``: zero_lab.app.config.schema.DATA_PARALLEL")
+
+
 class Autocast(str, enum.Enum):
     """``autocast=``: ``torch.autocast`` around forward and loss in this dtype (fp32 parameters)."""
 
@@ -213,6 +224,9 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     logger: Any = MISSING
     scheduler: Any = MISSING
+    # ddp (torch's DDP, today's path) or zero_lab (zero_lab.ShardedDataParallel: ZeRO-2 on its own buffers; it
+    # takes prefetch, exchange and grad_reduce (auto / null: its own per-backend defaults) and the partitioner)
+    dp: DataParallel = DataParallel["ddp"]
     overlap: bool = False  # step inside DDP's comm hook (needs a zero_* optimizer)
     # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
     overlap_hook: OverlapHook = OverlapHook.zero_step
