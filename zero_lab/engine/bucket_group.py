@@ -41,9 +41,17 @@ __all__ = ["BucketGroup"]
 class BucketGroup:
     """Reduces each complete bucket to its owners and gathers parameters (see the module docstring)."""
 
-    def __init__(self, buffer: ParamAndGradBuffer, comm: Communicator, reduce: GradReduce, gather: Collective):
+    def __init__(
+        self,
+        buffer: ParamAndGradBuffer,
+        comm: Communicator,
+        reduce: GradReduce,
+        gather: Collective,
+        gather_comm: Communicator | None = None,
+    ):
         self.buffer = buffer
-        self.comm = comm
+        self.comm = comm  # the gradient reduction's (and its meter)
+        self.gather_comm = gather_comm or comm  # the parameter all-gather's
         self.reduce = reduce
         self.gather = gather
         count = len(buffer.buckets)
@@ -124,7 +132,8 @@ class BucketGroup:
         for b in reversed(range(len(self.buffer.buckets))):
             self.wait_params(b)
             bounds = self.buffer.buckets[b].bounds
-            self._gathering[b] = self.gather.issue(self.comm, self.buffer.param_data[b], bounds, "engine_param_gather")
+            data = self.buffer.param_data[b]
+            self._gathering[b] = self.gather.issue(self.gather_comm, data, bounds, "engine_param_gather")
 
     def wait_params(self, b: int) -> None:
         """Wait for bucket ``b``'s parameter all-gather, if one is in flight."""

@@ -121,12 +121,14 @@ class ShardedDataParallel(nn.Module):
         super().__init__()
         self.module = module
         self.optimizer = optimizer
-        self.comm = Communicator(process_group)
+        self.comm = Communicator(process_group)  # the gradient reduction (and the set-up broadcasts)
+        self.param_comm = Communicator(process_group)  # the parameter all-gathers, metered apart
         backend = dist.get_backend(self.comm.group)
         default_reduce, default_exchange = default_modes(backend)
         self.grad_reduce = grad_reduce or default_reduce
         self.exchange = exchange or default_exchange
         self.prefetch = prefetch
+        self.bucket_cap_mb = bucket_cap_mb
         self.broadcast_buffers = broadcast_buffers
         self.partitioner = partitioner if partitioner is not None else Flat()
         names, params, groups = _check_optimizer(module, optimizer)
@@ -136,7 +138,11 @@ class ShardedDataParallel(nn.Module):
         self._sync_module_states(params)
         self.buffer = ParamAndGradBuffer(params, self.buckets, self.comm.rank)
         self.group = BucketGroup(
-            self.buffer, self.comm, grad_reduce_named(self.grad_reduce), collective_named(self.exchange)
+            self.buffer,
+            self.comm,
+            grad_reduce_named(self.grad_reduce),
+            collective_named(self.exchange),
+            self.param_comm,
         )
         for index, group in enumerate(optimizer.param_groups):
             group["params"] = [
@@ -219,7 +225,15 @@ class ShardedDataParallel(nn.Module):
 
     @property
     def comm_stats(self) -> CommStats:
-        return self.comm.stats
+        """Every collective of the engine so far: gradient reductions and parameter all-gathers together."""
+        grads, params = self.comm.stats, self.param_comm.stats
+        return CommStats(
+            grads.calls + params.calls,
+            grads.bytes + params.bytes,
+            grads.seconds + params.seconds,
+            grads.exposed_seconds + params.exposed_seconds,
+            grads.sent_bytes + params.sent_bytes,
+        )
 
     def grad_hold_bound(self) -> int:
         """The most gradient bytes this rank may hold during a step: owned + two largest buckets."""
@@ -229,6 +243,15 @@ class ShardedDataParallel(nn.Module):
     def peak_grad_bytes(self) -> int:
         """The most gradient bytes this rank held at once so far, measured on the buffers."""
         return self.buffer.peak_grad_bytes
+
+    def owned_params(self) -> list[bool]:
+        """Per parameter of the module (registration order): whether this rank owns any of its elements."""
+        owned = [False] * len(self.buffer.params)
+        for bucket in self.buckets:
+            start, stop = bucket.bounds[self.comm.rank]
+            for index, offset, size in zip(bucket.params, bucket.offsets, bucket.sizes):
+                owned[index] = owned[index] or (offset < stop and offset + size > start)
+        return owned
 
     def imbalance(self) -> float:
         """The fullest rank's owned elements over the mean (1.0: perfectly balanced)."""
@@ -244,6 +267,9 @@ class ShardedDataParallel(nn.Module):
             "prefetch": self.prefetch,
             "partitioner": repr(self.partitioner),
             "buckets": len(self.buckets),
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "peak_grad_bytes": self.peak_grad_bytes,
+            "grad_hold_bound": self.grad_hold_bound(),
         }
 
     def join_hook(self, **kwargs: Any) -> Any:
