@@ -32,9 +32,10 @@ from torch.optim import Optimizer
 
 from zero_lab import checkpoint as sharded
 from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
+from zero_lab.engine import ShardedDataParallel, engine_of
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
-__all__ = ["GradMode", "PlainDdp", "Strategy", "Zero"]
+__all__ = ["Engine", "GradMode", "PlainDdp", "Strategy", "Zero"]
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,16 @@ class Strategy(ABC):
     identity_groups: ClassVar[tuple[str, ...]]
 
     @staticmethod
-    def of(zero: bool) -> Strategy:
-        """The strategy of a run whose optimizer shards its state (``zero``) or not."""
-        return _BY_SHARDING[bool(zero)]
+    def of(zero: bool, dp: str = "ddp") -> Strategy:
+        """The strategy of a run whose optimizer shards its state (``zero``) or not; ``dp="zero_lab"``: the engine's."""
+        return ENGINE if dp == "zero_lab" else _BY_SHARDING[bool(zero)]
 
     @staticmethod
     def of_optimizer(optimizer: Optimizer) -> Strategy:
-        """The strategy ``optimizer`` runs under: ZeRO for a ZeroRedundancyOptimizer, else plain DDP."""
+        """The strategy ``optimizer`` runs under: the engine's for one it re-pointed, ZeRO for a
+        ZeroRedundancyOptimizer, else plain DDP."""
+        if engine_of(optimizer) is not None:
+            return ENGINE
         return Strategy.of(isinstance(optimizer, ZeroRedundancyOptimizer))
 
     # ------------------------------------------------------------------ the optimizer's state
@@ -115,6 +119,10 @@ class Strategy(ABC):
     def first_step_record(self, optimizer: Optimizer, keys: dict[str, str]) -> dict[str, Any]:
         """Metrics recorded once, after the first step (``exchange=auto``'s timings); ``keys``: the record's names."""
         return {}
+
+    def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """``dp=zero_lab``: the engine's modes and gradient bytes (``None``: DDP trains)."""
+        return None
 
     def of_exchange(self, figure: Any) -> Any:
         """``figure`` (a measurement of the parameter exchange) where there is an exchange, else ``None``."""
@@ -282,7 +290,75 @@ class Zero(Strategy):
         return figure
 
 
+class Engine(Strategy):
+    """``dp=zero_lab``: :class:`~zero_lab.ShardedDataParallel` re-points a ``torch.optim`` optimizer at this
+    rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket.
+
+    Not yet on the engine (refused where reached): gradient clipping and checkpoints."""
+
+    name = "zero_lab"
+    shards_state = True
+    unused_keys = ("bucket_view", "overlap", "shard_grads")
+    identity_groups = ("optim", "partitioner", "model")
+
+    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return optimizer
+
+    def params_with_state(self, optimizer: Optimizer) -> list[bool]:
+        """Per parameter of the wrapped module: whether this rank steps any of its elements."""
+        return _engine(optimizer).owned_params() if optimizer.state else [False] * len(_engine(optimizer).buffer.params)
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
+        raise ValueError("optim.max_grad_norm: dp=zero_lab does not clip gradients yet; use dp=ddp or drop it")
+
+    def settle(self, optimizer: Optimizer) -> None:
+        """Wait for the parameter all-gathers still in flight (prefetch leaves the last step's to the next forward)."""
+        _engine(optimizer).wait_for_params()
+
+    def imbalance(self, optimizer: Optimizer) -> float:
+        return _engine(optimizer).imbalance()
+
+    def exchange_mode(self, optimizer: Optimizer) -> str | None:
+        return _engine(optimizer).exchange
+
+    def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        return _engine(optimizer).modes()
+
+    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
+        return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+
+    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
+        raise ValueError(
+            "checkpoint_every: dp=zero_lab does not write checkpoints yet; use dp=ddp or checkpoint_every=0"
+        )
+
+    def state_line(
+        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
+    ) -> str:
+        """Zero's line without its bound: the engine's optimizer steps one tensor per bucket, so it keeps one
+        ``step`` scalar per bucket where DDP keeps one per parameter, and the ranks together may hold a few bytes
+        less than DDP's state."""
+        return (
+            f"{size(held)} on the fullest of {world} rank(s) (imbalance {imbalance:.2f}); "
+            f"DDP + the same {classes} would hold {size(ddp_bytes)} on every rank (planner): "
+            f"÷ {ddp_bytes / max(held, 1):.2f}"
+        )
+
+    exchange_line = Zero.exchange_line
+
+    def of_exchange(self, figure: Any) -> Any:
+        return figure
+
+
 _BY_SHARDING: dict[bool, Strategy] = {False: PlainDdp(), True: Zero()}
+ENGINE = Engine()
+
+
+def _engine(optimizer: Optimizer) -> ShardedDataParallel:
+    engine = engine_of(optimizer)
+    if engine is None:
+        raise TypeError(f"the engine's strategy steps an optimizer ShardedDataParallel re-pointed, not {optimizer!r}")
+    return engine
 
 
 def _zero(optimizer: Optimizer) -> ZeroRedundancyOptimizer:

@@ -31,6 +31,7 @@ three together (the optimizer steps inside DDP's communication hook):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,11 +46,13 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
-from zero_lab.app.config.schema import APP_KEYS, PARAM_DTYPES, enum_str
+from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import param_groups
 from zero_lab.app.run.training import Training
+from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.ddp_buckets import ddp_bucket_map
+from zero_lab.engine import ShardedDataParallel
 from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
 from zero_lab.partition import WithoutGradients, bucket_use
 
@@ -76,6 +79,8 @@ def build_training(
     if cfg.dist.get("sync_batchnorm"):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
+    if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
+        return _engine_training(cfg, model, plan or OptimPlan.of(cfg.optim), without_grad)
     ddp = make_ddp(model, cfg.dist, device)
     strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
     make_optimizer = optimizer_factory(cfg.optim)
@@ -117,6 +122,46 @@ def build_training(
         scheduler=make_scheduler(cfg, optimizer),
         scaler=make_scaler(cfg, device),
     )
+
+
+def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without_grad: Sequence[str]) -> Training:
+    """``dp=zero_lab``: the class that steps the state (``optim=zero_adam`` and ``optim=adam`` alike: Adam)
+    over the model, wrapped by :class:`zero_lab.ShardedDataParallel`, which re-points it at this rank's
+    ranges; ``prefetch``, ``exchange`` and ``grad_reduce`` pick its modes (``auto`` / null: its defaults)."""
+    options = {k: v for k, v in cfg.optim.items() if k not in (*HYDRA_KEYS, GROUP_CLASS_KEY, *APP_KEYS["optim"])}
+    accepted = inspect.signature(plan.optimizer_class).parameters
+    wrapped = plan.target is not plan.optimizer_class  # optim=zero_*: ZeroRedundancyOptimizer's own keys, at defaults
+    wrapper = inspect.signature(plan.target).parameters if wrapped else {}
+    options = {k: v for k, v in options.items() if not (k in wrapper and v == wrapper[k].default)}
+    foreign = sorted(k for k in options if k not in accepted)
+    if foreign:
+        raise ValueError(
+            f"dp=zero_lab: optim.{foreign[0]} is not an argument of {plan.name}; the engine takes the class's own"
+        )
+    optimizer = plan.optimizer_class(model.parameters(), **OmegaConf.to_container(OmegaConf.create(options)))
+    engine = ShardedDataParallel(
+        model,
+        optimizer,
+        partitioner=_partitioner(cfg, without_grad),
+        grad_reduce=_unless_auto(grad_reduce_name(cfg.get("grad_reduce"))),
+        exchange=_unless_auto(exchange_name(cfg.exchange)),
+        prefetch=bool(cfg.prefetch),
+    )
+    return Training(
+        model=model,
+        ddp=engine,  # type: ignore[arg-type]  # the loop calls forward and no_sync, which both have
+        optimizer=optimizer,
+        zero=True,
+        dp="zero_lab",
+        exchange_stats=engine.param_comm.stats,
+        max_grad_norm=cfg.optim.get("max_grad_norm"),
+        scheduler=make_scheduler(cfg, optimizer),
+    )
+
+
+def _unless_auto(name: str | None) -> str | None:
+    """A mode the engine takes as given; ``auto`` (and ``None``) leave it to the engine's per-backend default."""
+    return None if name == "auto" else name
 
 
 def compiled(ddp: DDP, cfg: DictConfig) -> DDP:

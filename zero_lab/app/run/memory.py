@@ -84,14 +84,14 @@ def ddp_state_bytes(specs: Sequence[ParamSpec], optimizer: Optimizer, held: Sequ
     ``held``: per parameter, whether any rank holds state for it (:func:`params_with_state`
     OR-ed over the ranks); only those are priced. ``None``: every trainable parameter. The
     optimizer answers which class steps each group and with which options."""
-    count = sum(len(group["params"]) for group in optimizer.param_groups)
+    strategy = Strategy.of_optimizer(optimizer)
+    count = len(strategy.params_with_state(optimizer))  # the model's parameters (the engine re-points its optimizer)
     if len(specs) != count:
         raise ValueError(f"specs: {len(specs)} for the optimizer's {count} parameters; pass the run plan's")
     if held is not None:
         if len(held) != count:
             raise ValueError(f"held: {len(held)} flags for {count} parameters")
         specs = [spec for spec, kept in zip(specs, held) if kept]
-    strategy = Strategy.of_optimizer(optimizer)
     classes = strategy.group_classes(optimizer)
     if len(set(classes)) > 1:  # routed: each group priced by the class that steps it
         per_group = [(cls, _plain_options(cls, group)) for cls, group in zip(classes, optimizer.param_groups)]

@@ -377,6 +377,8 @@ def _summary(
         start_step=start,
         resumed_from=str(cfg.resume) if cfg.resume is not None else None,
         zero=training.zero,
+        dp=training.dp,
+        engine=training.strategy.engine_report(training.optimizer),
         bucket_view=bool(cfg.bucket_view),
         overlap=bool(cfg.overlap),
         exchange_mode=training.strategy.exchange_mode(training.optimizer),

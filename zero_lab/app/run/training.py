@@ -43,6 +43,7 @@ class Training:
     max_grad_norm: float | None = None
     scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
     scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
+    dp: str = "ddp"  # dp=: "ddp", or "zero_lab" (``ddp`` is then the engine, zero_lab.ShardedDataParallel)
     step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
 
     def __post_init__(self) -> None:
@@ -51,7 +52,7 @@ class Training:
     @property
     def strategy(self) -> Strategy:
         """Plain DDP or ZeRO (:mod:`zero_lab.app.plan.strategy`): what differs between them, asked of one object."""
-        return Strategy.of(self.zero)
+        return Strategy.of(self.zero, self.dp)
 
     @property
     def param_dtype(self) -> torch.dtype:
