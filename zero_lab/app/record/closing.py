@@ -40,9 +40,23 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
     lines.append(f"  optimizer state per rank: {_state(summary, classes)}")
     if _local_steps_differ(summary):
         lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
-    exchange = Strategy.of(summary.zero).exchange_line(_exchange_share(summary))
-    lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), f"  run dir: {run_dir}"]
-    return lines
+    exchange = Strategy.of(summary.zero, summary.dp).exchange_line(_exchange_share(summary))
+    lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), *_engine_lines(summary)]
+    return [*lines, f"  run dir: {run_dir}"]
+
+
+def _engine_lines(summary: RunSummary) -> list[str]:
+    """``dp=zero_lab``: the engine, its modes and the gradient bytes rank 0 held at most against the bound."""
+    modes = summary.engine
+    if summary.dp != "zero_lab" or not modes:
+        return []
+    return [
+        f"  data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce={modes['grad_reduce']}, "
+        f"exchange={modes['exchange']}, prefetch={str(modes['prefetch']).lower()}, {modes['buckets']} bucket(s) "
+        f"of at most {modes['bucket_cap_mb']} MiB, partitioner {modes['partitioner']}",
+        f"  gradients held on rank 0: {_size(modes['peak_grad_bytes'])} at most, measured "
+        f"(bound: owned + two buckets = {_size(modes['grad_hold_bound'])})",
+    ]
 
 
 def _loop_lines(summary: RunSummary) -> list[str]:
@@ -69,7 +83,7 @@ def _state(summary: RunSummary, classes: str) -> str:
     ranks together hold at least that much and the fullest at least 1/W of it: a larger
     "÷" would be a measurement or planner error, and is never printed."""
     held = max(summary.optim_state_bytes) if summary.optim_state_bytes else 0.0
-    strategy = Strategy.of(summary.zero)
+    strategy = Strategy.of(summary.zero, summary.dp)
     ddp_bytes = summary.ddp_state_bytes or 0
     return strategy.state_line(held, ddp_bytes, summary.world_size, summary.imbalance, classes, _size)
 
