@@ -1,0 +1,56 @@
+"""``dp=zero_lab`` through the real ``python train.py``: zero_lab's own engine (ShardedDataParallel)
+trains to DDP + Adam's final loss and parameters bitwise, says which engine and modes ran, and
+sweeps beside DDP with ``-m dp=ddp,zero_lab``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.runs import summary, train_together
+
+STEPS = ("steps=4", "logger=none")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("engine")
+    engine, ddp, sweep = train_together(
+        (
+            *STEPS,
+            "optim=zero_adam",
+            "dp=zero_lab",
+            "partitioner=flat",
+            "prefetch=true",
+            f"hydra.run.dir={base / 'engine'}",
+        ),
+        (*STEPS, "optim=adam", f"hydra.run.dir={base / 'ddp'}"),
+        ("-m", *STEPS, "optim=zero_adam", "dp=ddp,zero_lab", f"hydra.sweep.dir={base / 'sweep'}"),
+    )
+    for result in (engine, ddp, sweep):
+        assert result.returncode == 0, result.stderr[-3000:]
+    return base, engine.stdout + engine.stderr
+
+
+def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs):
+    base, _ = runs
+    ours, theirs = summary(base / "engine"), summary(base / "ddp")
+    assert ours["losses"] == theirs["losses"] and ours["final_loss"] == theirs["final_loss"]
+    assert ours["param_checksum"] == theirs["param_checksum"]
+    assert ours["dp"] == "zero_lab" and theirs["dp"] == "ddp" and theirs["engine"] is None
+    modes = ours["engine"]
+    assert (modes["grad_reduce"], modes["exchange"], modes["prefetch"]) == ("reduce_scatter", "p2p_all_gather", True)
+    assert 0 < modes["peak_grad_bytes"] <= modes["grad_hold_bound"]
+    assert max(ours["optim_state_bytes"]) == pytest.approx(theirs["optim_state_bytes"][0] / 2, rel=0.01)
+
+
+def test_closing_lines_name_the_engine_and_its_modes(runs):
+    _, shown = runs
+    assert "data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce=reduce_scatter, " in shown
+    assert "exchange=p2p_all_gather, prefetch=true" in shown and "gradients held on rank 0:" in shown
+
+
+def test_a_sweep_over_dp_runs_both_engines_to_one_loss(runs):
+    base, _ = runs
+    ddp, engine = summary(base / "sweep" / "0"), summary(base / "sweep" / "1")
+    assert (ddp["dp"], engine["dp"]) == ("ddp", "zero_lab")
+    assert ddp["param_checksum"] == engine["param_checksum"] and ddp["losses"] == engine["losses"]
