@@ -83,6 +83,7 @@ __all__ = [
     "load_verified",
     "prune_checkpoints",
     "read_manifest",
+    "refused_global",
     "save_checkpoint",
     "save_file",
     "save_tensors",
@@ -189,7 +190,14 @@ def check_digest(path: Path, expected: dict[str, Any], subject: str, source: str
         )
 
 
-_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# torch's two wordings: a global not allowed, and one of a blocked module (``posix.system``)
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def refused_global(error: pickle.UnpicklingError) -> str | None:
+    """The global ``torch.load(weights_only=True)`` refused (``posix.system``), if it says so."""
+    found = _REFUSED_GLOBAL.search(str(error))
+    return found.group(1) if found else None
 
 
 def load_file(path: str | Path, mmap: bool = False) -> Any:
@@ -200,8 +208,8 @@ def load_file(path: str | Path, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
-        refused = _REFUSED_GLOBAL.search(str(error))
-        what = f"the global {refused.group(1)}" if refused else "a pickle that is not plain tensors and containers"
+        refused = refused_global(error)
+        what = f"the global {refused}" if refused else "a pickle that is not plain tensors and containers"
         raise CheckpointError(
             f"{path}: refused to load {what} (weights_only=True loads tensors and plain containers only; "
             "a checkpoint that needs more was not written by zero_lab or was tampered with)"

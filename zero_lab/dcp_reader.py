@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import io
 import pickle
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.futures import Future
 
-from zero_lab.checkpoint import CheckpointError, regular_file_size
+from zero_lab.checkpoint import CheckpointError, refused_global, regular_file_size
 from zero_lab.dcp_record import read_record, verify_file
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes 1-3 s to import: only where a DCP checkpoint is read
@@ -153,16 +152,13 @@ def cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
-
-
 def check_value(data: bytes, where: str) -> None:
     """Raise unless ``data`` loads with ``torch.load(weights_only=True)`` (naming a refused global)."""
     try:
         torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        refused = _REFUSED_GLOBAL.search(str(error))
-        what = f"the global {refused.group(1)}" if refused else "a pickle that is not plain data"
+        refused = refused_global(error)
+        what = f"the global {refused}" if refused else "a pickle that is not plain data"
         raise CheckpointError(
             f"{where}: refused to load {what} (a non-tensor value is read weights_only: plain numbers, strings and "
             "containers; this checkpoint was not written by DCP from a state dict of those, or was tampered with)"

@@ -104,6 +104,15 @@ def test_a_tampered_value_in_a_distcp_file_is_refused_by_name_and_runs_nothing(t
     assert proof.exists()
 
 
+def test_a_blocked_module_s_global_is_named_in_a_native_file_too(tmp_path):
+    from zero_lab.checkpoint import load_file
+
+    torch.save({"evil": _Touch(tmp_path / "ran")}, tmp_path / "model.pt")
+    message = _refused(lambda: load_file(tmp_path / "model.pt"))
+    assert f"{tmp_path / 'model.pt'}: refused to load the global {os.system.__module__}.system" in message
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_checkpoint_round_trips_through_the_checked_reader(saved):
     path, state = saved
     template = _template()
