@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,7 +13,7 @@ from tests.e2e.runs import process_alive
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint, read_manifest
 from zero_lab.partition import Flat, Partitioner
-from zero_lab.runtime.launch import RankFailure
+from zero_lab.runtime.spawn import RankFailure
 
 SAVE_AT, TOTAL = 4, 9
 
@@ -107,12 +105,13 @@ def test_checkpoint_without_manifest_is_never_used(world, saved, tmp_path):
 
 
 def test_a_raising_rank_ends_the_world_named_and_leaves_no_process(world, tmp_path):
-    start = time.monotonic()
+    """Bounded by the failure, not a clock: the peers wait in a barrier whose timeout (an hour)
+    is past the test's own, so only the launcher's fail-fast can end this world in time."""
     with pytest.raises(RankFailure) as failure:
-        world(raise_on_rank, 3, 1, str(tmp_path), timeout_s=60)
+        world(raise_on_rank, 3, 1, str(tmp_path), timeout_s=3600)
     assert failure.value.rank == 1
     assert "injected failure on rank 1" in str(failure.value)
-    assert time.monotonic() - start < 30  # bounded: well under the 60 s collective timeout
+    assert "Timed out" not in str(failure.value)  # no collective timed out on the way
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 3
     assert [pid for pid in pids if process_alive(pid)] == []

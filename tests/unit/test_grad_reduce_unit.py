@@ -3,6 +3,8 @@ bytes each strategy says it sends, and the config checks of grad_reduce= / shard
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -28,31 +30,49 @@ def _specs(*numels: int) -> list[ParamSpec]:
 
 def test_a_whole_parameter_partition_is_laid_out_owner_by_owner():
     specs = _specs(6, 2, 5, 3)
-    partition = SortedGreedy()(specs, 2)  # 6 -> r0, 5 -> r1, 3 -> r1, 2 -> r0 (numel-balanced)
-    owners = partition.owners()
+    partition = SortedGreedy()(specs, 2)
+    assert partition.owners() == [0, 0, 1, 1]  # numel-balanced: 6 -> r0, 5 -> r1, 3 -> r1, 2 -> r0
     route = BucketRoute.of(partition, [3, 2, 1], [3, 5, 2])  # DDP's bucket: params 3, 2, 1 in that order
+    # by hand: param 3 is elements 0-2 (rank 1), param 2 is 3-7 (rank 1), param 1 is 8-9 (rank 0)
     assert route.numel == 10
-    expected = [[], []]
-    offset = 0
-    for index, numel in zip([3, 2, 1], [3, 5, 2]):
-        expected[owners[index]].append((offset, offset + numel))
-        offset += numel
-    assert route.runs == tuple(tuple(_merged(runs)) for runs in expected)
+    assert route.runs == (((8, 10),), ((0, 8),))  # rank 1's two parameters are one run: adjacent
     flat = torch.arange(10.0)
     segments = route.segments(flat)
-    assert [s.numel() for s in segments] == route.numels() and sum(route.numels()) == 10
-    for rank, segment in enumerate(segments):
-        assert segment.tolist() == [float(i) for a, b in route.runs[rank] for i in range(a, b)]
+    assert [s.tolist() for s in segments] == [[8.0, 9.0], [float(i) for i in range(8)]]
+    assert route.numels() == [2, 8]
 
 
-def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in runs:
-        if out and out[-1][1] == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
+def _owner_of_each_element(partition, params: list[int], numels: list[int]) -> list[int]:
+    """Brute force, element by element: the rank owning each element of the bucket that holds
+    ``params`` back to back (the shard whose range covers it)."""
+    owners = []
+    for param, numel in zip(params, numels):
+        for element in range(numel):
+            (rank,) = [s.rank for s in partition.shards if s.param == param and s.start <= element < s.stop]
+            owners.append(rank)
+    return owners
+
+
+@pytest.mark.parametrize(
+    ("partitioner", "numels", "bucket", "world"),
+    [
+        (Flat(), (7, 5, 9, 3), [2, 0, 3, 1], 3),  # Flat's ranges cut parameters; the bucket reorders them
+        (Flat(), (4, 4, 4), [1, 2], 2),  # a bucket holding part of the parameters
+        (SortedGreedy(), (1, 8, 2, 7, 3), [4, 0, 3, 2, 1], 3),
+    ],
+)
+def test_each_ranks_runs_are_exactly_the_elements_it_owns_merged(partitioner, numels, bucket, world):
+    """The runs, expanded element by element, are each rank's elements of the bucket; sorted,
+    disjoint and maximal (two runs of one rank never touch: they would be one)."""
+    partition = partitioner(_specs(*numels), world)
+    sizes = [numels[i] for i in bucket]
+    route = BucketRoute.of(partition, bucket, sizes)
+    owner = _owner_of_each_element(partition, bucket, sizes)
+    assert route.numel == len(owner) == sum(sizes)
+    for rank, runs in enumerate(route.runs):
+        assert [i for a, b in runs for i in range(a, b)] == [i for i, r in enumerate(owner) if r == rank]
+        assert all(b < c for (_, b), (c, _) in itertools.pairwise(runs))  # sorted, disjoint, not touching
+        assert all(a < b for a, b in runs)
 
 
 def test_flat_cuts_a_parameter_inside_a_bucket_into_equal_ranges():
