@@ -10,7 +10,22 @@ The same job is ``zero-lab-train`` once the package is installed. The loop lives
 inside the Hydra job (one run dir per job); under torchrun each process is one rank.
 """
 
-from zero_lab.app.launch.entry import main
+import signal
+import sys
+
+
+def _stopped_while_importing(signum: int, _frame: object) -> None:
+    """SIGTERM / SIGINT while torch and Hydra load (a second or more): one line, exit 128 + signal.
+    Once loaded, the entry point's own handling takes over (zero_lab.runtime.signals)."""
+    print(f"zero_lab: stopped by {signal.Signals(signum).name} while starting; nothing was written", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
 
 if __name__ == "__main__":
+    for _sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(_sig, _stopped_while_importing)
+    from zero_lab.app.launch.entry import main
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main()

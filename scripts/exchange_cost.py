@@ -24,7 +24,7 @@ import torch
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
 from zero_lab.bench.workloads import MODELS
 from zero_lab.comm import Communicator
-from zero_lab.runtime.launch import run_world
+from zero_lab.runtime.spawn import run_world
 
 SETTINGS = {
     "sorted_greedy": (SortedGreedy, False),

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tests.dist.worlds import run_ranks
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.checkpoint import load_checkpoint, save_checkpoint
-from zero_lab.runtime.launch import RankFailure
+from zero_lab.runtime.spawn import RankFailure
 
 
 def sigkill_rank(bad_rank: int) -> str:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from tests.dist.worlds import run_ranks
 from tests.e2e.runs import process_alive
-from zero_lab.runtime.launch import Interrupted, RankStalled
+from zero_lab.runtime.spawn import Interrupted, RankStalled
 
 
 def signal_me_when_ranks_are_up(pid_dir: Path, world_size: int) -> threading.Thread:
@@ -34,16 +34,15 @@ def signal_me_when_ranks_are_up(pid_dir: Path, world_size: int) -> threading.Thr
 
 @pytest.mark.parametrize(
     ("ignore_sigterm", "why"),
-    [(False, "ended without stopping cleanly"), (True, "did not stop within 1 s")],
+    [(False, "the ranks were stopped while starting, before any step"), (True, "did not stop within 1 s")],
     ids=["ranks-die-of-it", "ranks-ignore-it"],
 )
 def test_sigterm_to_the_parent_reaches_the_ranks_and_nothing_is_left(tmp_path, ignore_sigterm, why):
     signal_me_when_ranks_are_up(tmp_path, 2)
-    start = time.monotonic()
+    # the ranks sleep past the world's deadline: a signal not forwarded ends in TimeoutError, not Interrupted
     with pytest.raises(Interrupted, match=why) as caught:
         run_ranks(wait_for_stop, 2, ignore_sigterm, str(tmp_path), stop_grace_s=1.0)
     assert caught.value.signum == signal.SIGTERM
-    assert time.monotonic() - start < 30  # not the ranks' 60 s sleep
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 2
     deadline = time.monotonic() + 10
@@ -109,8 +108,8 @@ def step_then_sigstop(pid_dir: str, steps: int = 100, stop_at: int = 3, how: str
     return "ran every step"
 
 
-def wait_for_stop(ignore_sigterm: bool, pid_dir: str, seconds: float = 60.0) -> str:
-    """Write this rank's pid, then sleep: a rank that dies of SIGTERM, or ignores it."""
+def wait_for_stop(ignore_sigterm: bool, pid_dir: str, seconds: float = 3600.0) -> str:
+    """Write this rank's pid, then sleep (no step, no heartbeat): a rank that dies of SIGTERM, or ignores it."""
     import os
     import signal
     import time

@@ -27,7 +27,7 @@ from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.failure_text import describe_failure
 from zero_lab.app.run.rank_loop import RunSpec, train_rank
 from zero_lab.app.workloads.data import RegressionData
-from zero_lab.runtime.launch import RankFailure
+from zero_lab.runtime.spawn import RankFailure
 
 register_configs()
 

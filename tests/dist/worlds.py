@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zero_lab.runtime import launch
+from zero_lab.runtime import spawn
 
-launch.preload("tests.dist.training")
+spawn.preload("tests.dist.training")
 
 
 def run_ranks(
@@ -25,7 +25,7 @@ def run_ranks(
     stall_timeout_s: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` Gloo ranks; results by rank."""
-    return launch.run_world(
+    return spawn.run_world(
         fn,
         world_size,
         args,

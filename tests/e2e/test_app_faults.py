@@ -5,6 +5,7 @@ process with SIGKILL leaves no rank behind."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,3 +147,103 @@ def test_sigterm_to_torchrun_stops_its_ranks_after_one_step_with_a_checkpoint(tm
     assert f"zero_lab: stopped by SIGTERM after {done} steps" in output
     assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()
     wait_until_no_leftover_processes()
+
+
+# ----------------------------------------------------------------------------- a signal at any moment
+def _children(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of the live children of ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _importing_torch(proc: subprocess.Popen[str], _run_dir: Path) -> bool:
+    return "libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()
+
+
+def _forkserver_started(proc: subprocess.Popen[str], _run_dir: Path) -> bool:
+    """The check callback started the forkserver: the config is being checked."""
+    return any("forkserver" in cmd for _, cmd in _children(proc.pid))
+
+
+def _ranks_forked(proc: subprocess.Popen[str], _run_dir: Path) -> bool:
+    """The forkserver has children: the ranks are starting (or already training)."""
+    return any(_children(pid) for pid, cmd in _children(proc.pid) if "forkserver" in cmd)
+
+
+def _first_step_logged(_proc: subprocess.Popen[str], run_dir: Path) -> bool:
+    metrics_file = run_dir / "metrics.jsonl"
+    return metrics_file.exists() and metrics_file.read_text().count("\n") >= 1
+
+
+def signal_at(event, signum: int, run_dir: Path, *args: str) -> tuple[int, str]:
+    """Start ``train.py`` in a session of its own, send ``signum`` once ``event(proc, run_dir)``
+    holds (SIGINT to the whole process group, as a Ctrl-C; SIGTERM to the job process, as
+    ``kill``); its exit code and stderr, once no process of it is left."""
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "logger=none", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not event(proc, run_dir):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{event.__name__} did not happen"
+        time.sleep(0.005)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=180)
+    wait_until_no_leftover_processes()
+    return proc.returncode, stderr
+
+
+def assert_one_line(stderr: str, expected: str) -> str:
+    """stderr is the one ``zero_lab:`` line matching ``expected`` (a regex): no traceback, no
+    ``KeyboardInterrupt``, no resource_tracker warning about leaked semaphores."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.fullmatch(f"zero_lab: {expected}", lines[0]), stderr[-3000:]
+    return lines[0]
+
+
+def test_sigterm_while_python_imports_torch_is_one_line_and_143(tmp_path):
+    code, stderr = signal_at(_importing_torch, signal.SIGTERM, tmp_path / "run")
+    assert code == 128 + signal.SIGTERM
+    assert_one_line(stderr, "stopped by SIGTERM while starting; nothing was written")
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_while_the_config_is_checked_is_one_line_and_leaves_no_process(tmp_path):
+    code, stderr = signal_at(_forkserver_started, signal.SIGTERM, tmp_path / "run")
+    assert code == 128 + signal.SIGTERM
+    assert_one_line(stderr, "stopped by SIGTERM while composing and checking the config; nothing was written")
+
+
+def test_ctrl_c_while_the_ranks_start_is_one_line_130_and_the_job_log_says_how_far_it_got(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group: job, forkserver, ranks) the moment the ranks are
+    forked: the ranks are stopped before their first step, or (if they were quicker) stop after
+    it with a checkpoint; either way one line, exit code 130, and train.log ends with that line."""
+    run_dir = tmp_path / "run"
+    code, stderr = signal_at(_ranks_forked, signal.SIGINT, run_dir, FOREVER)
+    assert code == 128 + signal.SIGINT
+    line = assert_one_line(
+        stderr,
+        r"stopped by SIGINT(: the ranks were stopped while starting, before any step; no complete checkpoint to "
+        r"resume from| after \d+ steps; checkpoint .*; continue with: .*)",
+    )
+    assert (run_dir / "train.log").read_text().splitlines()[-1].endswith(line.removeprefix("zero_lab: "))
+
+
+def test_ctrl_c_as_the_first_steps_are_logged_stops_with_a_checkpoint_and_130(tmp_path):
+    run_dir = tmp_path / "run"
+    code, stderr = signal_at(_first_step_logged, signal.SIGINT, run_dir, FOREVER, "checkpoint_every=5")
+    assert code == 128 + signal.SIGINT
+    assert_one_line(stderr, rf"stopped by SIGINT after \d+ steps; checkpoint {run_dir}/checkpoints/step_\d+; .*")
+    done = len(summary(run_dir)["losses"])
+    assert summary(run_dir)["stopped_by"] == "SIGINT"
+    assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()

@@ -28,7 +28,7 @@ from zero_lab.checkpoint import (
     save_file,
 )
 from zero_lab.files import write_json
-from zero_lab.runtime.launch import RankFailure
+from zero_lab.runtime.spawn import RankFailure
 
 
 def strict_json(text: str):

@@ -7,7 +7,7 @@ import pytest
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from zero_lab.runtime.launch import cause_line
+from zero_lab.runtime.spawn import cause_line
 
 
 def refuse_to_build(size: int) -> None:

@@ -37,7 +37,7 @@ CORE_MODULES = (
     "zero_lab.files",
     "zero_lab.planner",
     "zero_lab.shard_state",
-    "zero_lab.runtime.launch",
+    "zero_lab.runtime.spawn",
     "zero_lab.runtime.signals",
     "zero_lab.runtime.external",
     "zero_lab.runtime.slurm",
@@ -122,8 +122,8 @@ def test_each_layer_imports_only_itself_and_the_layers_below() -> None:
 
 def test_an_upward_import_is_caught_between_any_two_layers() -> None:
     upward = {
-        "zero_lab.optimizer": {"zero_lab.runtime.launch"},
-        "zero_lab.runtime.launch": {"zero_lab.app.check.before_start"},
+        "zero_lab.optimizer": {"zero_lab.runtime.spawn"},
+        "zero_lab.runtime.spawn": {"zero_lab.app.check.before_start"},
         "zero_lab.app.check.before_start": {"zero_lab.report.cli"},
         "zero_lab.conf": {"zero_lab.bench.cli"},
         "zero_lab.report.cli": {"zero_lab.bench.cli"},

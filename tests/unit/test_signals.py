@@ -9,7 +9,14 @@ import subprocess
 import sys
 import time
 
-from zero_lab.runtime.signals import STOP_SIGNALS, StopRequest, blocked_for_children, hand_back
+from zero_lab.runtime.signals import (
+    STOP_SIGNALS,
+    Stopped,
+    StopRequest,
+    blocked_for_children,
+    hand_back,
+    stopping_raises,
+)
 
 
 def test_sigusr2_is_recorded_then_handed_back_to_the_handler_it_replaced_with_sigterm_ignored():
@@ -49,3 +56,43 @@ def test_children_started_inside_blocked_for_children_begin_with_sigusr2_blocked
     finally:
         child.kill()
         child.wait(timeout=10)
+
+
+def test_stopping_raises_names_what_the_job_was_doing_and_kept_then_restores_the_handlers():
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    caught: list[Stopped] = []
+    with stopping_raises("checking the config") as stage:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode; never reached
+        except Stopped as stopped:
+            caught.append(stopped)
+        stage.now("finishing the run", lambda: "everything was kept")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except Stopped as stopped:
+            caught.append(stopped)
+    assert [(s.signum, str(s)) for s in caught] == [
+        (signal.SIGTERM, "stopped by SIGTERM while checking the config; nothing was written"),
+        (signal.SIGINT, "stopped by SIGINT while finishing the run; everything was kept"),
+    ]
+    assert not isinstance(caught[0], Exception)  # no `except Exception` on the way swallows it
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_hand_back_calls_no_keyboard_interrupt_and_looks_through_its_own_handlers():
+    """A job stopped by Ctrl-C hands SIGINT back: Python's own handler would raise KeyboardInterrupt
+    (a traceback and exit -2 after the job had stopped cleanly); only a handler of someone else's
+    (submitit's) is called, also from under :func:`stopping_raises`."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stopping_raises("finishing the run"):
+            assert hand_back(signal.SIGINT) is False
+        seen: list[int] = []
+        signal.signal(signal.SIGINT, lambda signum, _: seen.append(signum))
+        with stopping_raises("finishing the run"):
+            assert hand_back(signal.SIGINT) is True
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

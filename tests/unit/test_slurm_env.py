@@ -61,9 +61,9 @@ def test_a_batch_shell_or_a_step_of_one_task_is_not_a_world():
 def test_torchrun_wins_over_the_srun_that_started_it():
     torchrun = {**STEP, "TORCHELASTIC_RUN_ID": "x", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
     world = external.detect(torchrun)
-    assert world is not None and (world.launcher, world.rank, world.world_size) == ("torchrun", 5, 8)
+    assert world is not None and (world.runner, world.rank, world.world_size) == ("torchrun", 5, 8)
     srun = external.detect(STEP)
-    assert srun is not None and srun.launcher == "srun"
+    assert srun is not None and srun.runner == "srun"
     assert srun.env == {
         "RANK": "3",
         "WORLD_SIZE": "4",
@@ -78,14 +78,14 @@ def test_requeue_count():
     assert requeue_count({"SLURM_RESTART_COUNT": "2"}) == 2
 
 
-class CountingLauncher:
-    """A launcher of its own: ``FAKE_RANK``/``FAKE_SIZE`` mark its ranks; it counts its detections."""
+class CountingRunner:
+    """A runner of its own: ``FAKE_RANK``/``FAKE_SIZE`` mark its ranks; it counts its detections."""
 
     name = "fake"
     calls = 0
 
     def detect(self, environ, port):
-        CountingLauncher.calls += 1
+        CountingRunner.calls += 1
         if "FAKE_RANK" not in environ:
             return None
         return external.ExternalWorld(self.name, int(environ["FAKE_RANK"]), int(environ["FAKE_SIZE"]), 0, {}, "job7")
@@ -95,50 +95,50 @@ class CountingLauncher:
 
 
 @pytest.fixture
-def launchers(monkeypatch):
-    """The launcher registry and the process's detected world, restored after the test."""
-    monkeypatch.setattr(external, "_LAUNCHERS", dict(external._LAUNCHERS))
+def runners(monkeypatch):
+    """The runner registry and the process's detected world, restored after the test."""
+    monkeypatch.setattr(external, "_RUNNERS", dict(external._RUNNERS))
     monkeypatch.setattr(external, "_DETECTED", {})
-    CountingLauncher.calls = 0
+    CountingRunner.calls = 0
 
 
-def test_a_registered_launcher_is_asked_first_and_named_in_its_world(launchers):
-    assert external.registered_launchers() == ("torchrun", "srun")
-    assert external.register_launcher(CountingLauncher) is CountingLauncher
-    external.register_launcher(CountingLauncher)  # again: a no-op
-    assert external.registered_launchers() == ("fake", "torchrun", "srun")
+def test_a_registered_runner_is_asked_first_and_named_in_its_world(runners):
+    assert external.registered_runners() == ("torchrun", "srun")
+    assert external.register_runner(CountingRunner) is CountingRunner
+    external.register_runner(CountingRunner)  # again: a no-op
+    assert external.registered_runners() == ("fake", "torchrun", "srun")
     world = external.detect({**STEP, "FAKE_RANK": "1", "FAKE_SIZE": "3"})
-    assert (world.launcher, world.rank, world.world_size, world.run_id) == ("fake", 1, 3, "job7")
-    assert external.launcher_named(world.launcher).world_size_fix(4) == "start 4 fake ranks"
-    assert external.detect(STEP).launcher == "srun" and external.detect(STEP).run_id == "417"
-    with pytest.raises(ValueError, match="no launcher 'mpirun'; registered: \\['fake', 'torchrun', 'srun'\\]"):
-        external.launcher_named("mpirun")
+    assert (world.runner, world.rank, world.world_size, world.run_id) == ("fake", 1, 3, "job7")
+    assert external.runner_named(world.runner).world_size_fix(4) == "start 4 fake ranks"
+    assert external.detect(STEP).runner == "srun" and external.detect(STEP).run_id == "417"
+    with pytest.raises(ValueError, match="no runner 'mpirun'; registered: \\['fake', 'torchrun', 'srun'\\]"):
+        external.runner_named("mpirun")
 
 
-def test_what_is_not_a_launcher_or_takes_a_known_name_is_refused(launchers):
+def test_what_is_not_a_runner_or_takes_a_known_name_is_refused(runners):
     class Nameless:
         def detect(self, environ, port):
             return None
 
-    class Torchrun2(CountingLauncher):
+    class Torchrun2(CountingRunner):
         name = "torchrun"
 
-    with pytest.raises(TypeError, match="Nameless is not an ExternalLauncher: it needs name, detect"):
-        external.register_launcher(Nameless)
-    with pytest.raises(ValueError, match="launcher 'torchrun' is already Torchrun; give Torchrun2 another name"):
-        external.register_launcher(Torchrun2)
-    assert external.registered_launchers() == ("torchrun", "srun")
+    with pytest.raises(TypeError, match="Nameless is not an ExternalRunner: it needs name, detect"):
+        external.register_runner(Nameless)
+    with pytest.raises(ValueError, match="runner 'torchrun' is already Torchrun; give Torchrun2 another name"):
+        external.register_runner(Torchrun2)
+    assert external.registered_runners() == ("torchrun", "srun")
 
 
-def test_this_process_s_world_is_detected_once(launchers, monkeypatch):
+def test_this_process_s_world_is_detected_once(runners, monkeypatch):
     """``fail``, the run-dir callback and the job each ask; the environment is read once."""
-    external.register_launcher(CountingLauncher)
+    external.register_runner(CountingRunner)
     monkeypatch.setenv("FAKE_RANK", "2")
     monkeypatch.setenv("FAKE_SIZE", "4")
     assert (external.rank(), external.active(), external.detect().world_size) == (2, True, 4)
-    assert CountingLauncher.calls == 1
-    monkeypatch.delenv("FAKE_RANK")  # a running rank's launcher variables do not change; the answer is kept
-    assert external.rank() == 2 and CountingLauncher.calls == 1
-    assert external.detect({}) is None and CountingLauncher.calls == 2  # a given environment is always read
-    assert external.detect(port=None).rank == 2 and CountingLauncher.calls == 2
-    assert external.detect(port=29999) is None and CountingLauncher.calls == 3  # another rendezvous port: read again
+    assert CountingRunner.calls == 1
+    monkeypatch.delenv("FAKE_RANK")  # a running rank's runner variables do not change; the answer is kept
+    assert external.rank() == 2 and CountingRunner.calls == 1
+    assert external.detect({}) is None and CountingRunner.calls == 2  # a given environment is always read
+    assert external.detect(port=None).rank == 2 and CountingRunner.calls == 2
+    assert external.detect(port=29999) is None and CountingRunner.calls == 3  # another rendezvous port: read again

@@ -38,7 +38,7 @@ import yaml
 from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
-from zero_lab.runtime.launch import run_world
+from zero_lab.runtime.spawn import run_world
 from zero_lab.step_model import ADAM_TOUCHES
 
 __all__ = ["fit_link", "main", "measure_collectives", "measure_compute"]

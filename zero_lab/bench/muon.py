@@ -59,7 +59,7 @@ from zero_lab.app.workloads.models import TinyLM
 from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec, newton_schulz_cost
-from zero_lab.runtime.launch import run_world
+from zero_lab.runtime.spawn import run_world
 
 __all__ = ["MODEL", "STRATEGIES", "cpu_step_ns", "lm", "main", "muon_rank", "partition_costs", "render", "summarize"]
 

@@ -28,7 +28,7 @@ from zero_lab.bench.rounds import plan_rounds, strategy_cost_bytes
 from zero_lab.bench.strategies import STRATEGIES, deepspeed_status, fairscale_status
 from zero_lab.bench.summary import merge_ranks, planned_state, summarize
 from zero_lab.bench.workloads import MODELS
-from zero_lab.runtime.launch import run_world
+from zero_lab.runtime.spawn import run_world
 
 __all__ = ["Settings", "check_collectives", "machine", "run_world_size", "summarize_run"]
 

@@ -1,11 +1,11 @@
-"""Ranks started by an external launcher — ``torchrun`` or Slurm's ``srun`` — one run dir for all.
+"""Ranks started by an external runner — ``torchrun`` or Slurm's ``srun`` — one run dir for all.
 
 Under torchrun or ``srun -n N`` (N > 1) every process is one rank and executes ``@hydra.main``
 itself. Left alone, each would resolve ``${now:...}`` on its own clock (a skew of one second
 gives two run dirs) and all would write ``.hydra/`` and the job log. So before Hydra creates
 the run dir (a Hydra callback: :func:`zero_lab.app.check.before_start.share_run_dir`), :func:`shared_run_dir`:
 
-1. joins the process group the launcher describes (:func:`join`: torchrun's ``env://``
+1. joins the process group the runner describes (:func:`join`: torchrun's ``env://``
    variables, or, under srun, the ones :mod:`zero_lab.runtime.slurm` derives from
    ``SLURM_*``: rendezvous at the first node of the step's node list);
 2. lets global rank 0 pick the run dir and broadcasts it (one tensor, via
@@ -16,14 +16,14 @@ the run dir (a Hydra callback: :func:`zero_lab.app.check.before_start.share_run_
     torchrun --nproc_per_node 2 train.py optim=zero_adam
     srun -N2 --ntasks-per-node=2 python train.py optim=zero_adam
 
-Which launcher started this process is one question with one answer per process: each launcher
-is an :class:`ExternalLauncher` (``torchrun``: :class:`Torchrun`, ``srun``: :class:`Srun`) in one
+Which runner started this process is one question with one answer per process: each runner
+is an :class:`ExternalRunner` (``torchrun``: :class:`Torchrun`, ``srun``: :class:`Srun`) in one
 registry, and :func:`detect` asks them in turn, once (its answer is kept for the process: the
-variables a launcher sets do not change under a running rank). A new launcher is one class with
+variables a runner sets do not change under a running rank). A new runner is one class with
 ``name``, ``detect(environ, port)`` and ``world_size_fix(wanted)``, registered with
-:func:`register_launcher` (docs/core.md, "Extending zero_lab", runs one)::
+:func:`register_runner` (docs/core.md, "Extending zero_lab", runs one)::
 
-    world = detect()   # ExternalWorld(launcher="torchrun", rank=1, world_size=2, ...) or None
+    world = detect()   # ExternalWorld(runner="torchrun", rank=1, world_size=2, ...) or None
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ from zero_lab.runtime.slurm import slurm_world
 
 __all__ = [
     "FOLLOWER_OVERRIDES",
-    "ExternalLauncher",
+    "ExternalRunner",
     "ExternalWorld",
     "Srun",
     "Torchrun",
     "active",
     "detect",
     "join",
-    "launcher_named",
     "rank",
-    "register_launcher",
-    "registered_launchers",
+    "register_runner",
+    "registered_runners",
+    "runner_named",
     "shared_run_dir",
 ]
 
@@ -64,23 +64,23 @@ L = TypeVar("L", bound=type)
 
 @dataclass(frozen=True)
 class ExternalWorld:
-    """This process's rank in a world an external launcher started (``launcher``: its registered name)."""
+    """This process's rank in a world an external runner started (``runner``: its registered name)."""
 
-    launcher: str
+    runner: str
     rank: int
     world_size: int
     local_rank: int
     env: dict[str, str]  # what torch's env:// rendezvous reads (RANK, WORLD_SIZE, MASTER_ADDR, ...) if not set
-    run_id: str = field(default="run")  # the launcher's id of this job: names the run dir Hydra cannot
+    run_id: str = field(default="run")  # the runner's id of this job: names the run dir Hydra cannot
 
 
 @runtime_checkable
-class ExternalLauncher(Protocol):
-    """A launcher that starts every rank as a process of its own and tells each its place in
+class ExternalRunner(Protocol):
+    """A runner that starts every rank as a process of its own and tells each its place in
     the environment: ``detect`` reads it (pure: the mapping and the configured
     ``dist.master_port`` in, an :class:`ExternalWorld` or ``None`` out); ``world_size_fix`` is
     what to do when the command line asks for ``dist.world_size=wanted`` ranks but the
-    launcher started another number."""
+    runner started another number."""
 
     name: str
 
@@ -131,75 +131,73 @@ class Srun:
         )
 
 
-#: The launchers :func:`detect` asks, in order: torchrun first (it may run inside an srun task).
-_LAUNCHERS: dict[str, ExternalLauncher] = {c.name: c() for c in (Torchrun, Srun)}
-#: :func:`detect`'s answer for this process (``port``, ``world``; cleared when a launcher is registered).
+#: The runners :func:`detect` asks, in order: torchrun first (it may run inside an srun task).
+_RUNNERS: dict[str, ExternalRunner] = {c.name: c() for c in (Torchrun, Srun)}
+#: :func:`detect`'s answer for this process (``port``, ``world``; cleared when a runner is registered).
 _DETECTED: dict[str, Any] = {}
 
 
-def register_launcher(cls: L) -> L:
-    """Make ``cls()`` a launcher :func:`detect` asks, before those registered earlier (a launcher
+def register_runner(cls: L) -> L:
+    """Make ``cls()`` a runner :func:`detect` asks, before those registered earlier (a runner
     is started inside an outer one, as torchrun inside an srun task, and the innermost is the
     world); returns ``cls``, so it works as a decorator. Registering the same class again is a no-op."""
-    launcher = cls()
-    if not isinstance(launcher, ExternalLauncher):
-        raise TypeError(f"{cls.__name__} is not an ExternalLauncher: it needs name, detect() and world_size_fix()")
-    known = _LAUNCHERS.get(launcher.name)
+    runner = cls()
+    if not isinstance(runner, ExternalRunner):
+        raise TypeError(f"{cls.__name__} is not an ExternalRunner: it needs name, detect() and world_size_fix()")
+    known = _RUNNERS.get(runner.name)
     if known is not None:
         if type(known) is cls:
             return cls
-        raise ValueError(
-            f"launcher {launcher.name!r} is already {type(known).__name__}; give {cls.__name__} another name"
-        )
-    reordered = {launcher.name: launcher, **{k: v for k, v in _LAUNCHERS.items() if k != launcher.name}}
-    _LAUNCHERS.clear()
-    _LAUNCHERS.update(reordered)
+        raise ValueError(f"runner {runner.name!r} is already {type(known).__name__}; give {cls.__name__} another name")
+    reordered = {runner.name: runner, **{k: v for k, v in _RUNNERS.items() if k != runner.name}}
+    _RUNNERS.clear()
+    _RUNNERS.update(reordered)
     _DETECTED.clear()
     return cls
 
 
-def registered_launchers() -> tuple[str, ...]:
-    """Every registered launcher's name, in the order :func:`detect` asks them."""
-    return tuple(_LAUNCHERS)
+def registered_runners() -> tuple[str, ...]:
+    """Every registered runner's name, in the order :func:`detect` asks them."""
+    return tuple(_RUNNERS)
 
 
-def launcher_named(name: str) -> ExternalLauncher:
-    """The launcher registered as ``name`` (an :class:`ExternalWorld`'s ``launcher``)."""
+def runner_named(name: str) -> ExternalRunner:
+    """The runner registered as ``name`` (an :class:`ExternalWorld`'s ``runner``)."""
     try:
-        return _LAUNCHERS[name]
+        return _RUNNERS[name]
     except KeyError:
-        raise ValueError(f"no launcher {name!r}; registered: {list(_LAUNCHERS)}") from None
+        raise ValueError(f"no runner {name!r}; registered: {list(_RUNNERS)}") from None
 
 
 def detect(environ: Mapping[str, str] | None = None, port: int | None = None) -> ExternalWorld | None:
-    """The world a registered launcher started this process in (the first that recognises its
+    """The world a registered runner started this process in (the first that recognises its
     environment), or ``None``. Without ``environ`` it reads ``os.environ`` once per process: every
     later call gets the same answer (one that names another ``port`` reads it again).
 
-    ``port`` overrides the rendezvous port a launcher derives (srun: from the job id; ``dist.master_port``).
+    ``port`` overrides the rendezvous port a runner derives (srun: from the job id; ``dist.master_port``).
     """
     if environ is None and _DETECTED and port in (None, _DETECTED["port"]):
         return _DETECTED["world"]  # a port only moves srun's rendezvous: rank() and active() take any
     env = os.environ if environ is None else environ
-    world = next((w for w in (launcher.detect(env, port) for launcher in _LAUNCHERS.values()) if w), None)
+    world = next((w for w in (runner.detect(env, port) for runner in _RUNNERS.values()) if w), None)
     if environ is None:
         _DETECTED.update(port=port, world=world)
     return world
 
 
 def active(environ: Mapping[str, str] | None = None) -> bool:
-    """True when this process is one rank of a world an external launcher started."""
+    """True when this process is one rank of a world an external runner started."""
     return detect(environ) is not None
 
 
 def rank(environ: Mapping[str, str] | None = None) -> int:
-    """This process's global rank under an external launcher; 0 otherwise."""
+    """This process's global rank under an external runner; 0 otherwise."""
     world = detect(environ)
     return world.rank if world is not None else 0
 
 
 def join(backend: str, timeout_s: float, port: int | None = None) -> ExternalWorld:
-    """Join the world the launcher set up (idempotent); returns it. Under srun, the ``env://``
+    """Join the world the runner set up (idempotent); returns it. Under srun, the ``env://``
     variables are set from ``SLURM_*`` first, so code that reads ``RANK``/``LOCAL_RANK`` sees them."""
     world = detect(port=port)
     if world is None:
@@ -208,7 +206,7 @@ def join(backend: str, timeout_s: float, port: int | None = None) -> ExternalWor
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     if dist.get_world_size() != world.world_size:  # never train half a world
-        raise RuntimeError(f"{world.launcher}: {world.world_size} ranks, the process group: {dist.get_world_size()}")
+        raise RuntimeError(f"{world.runner}: {world.world_size} ranks, the process group: {dist.get_world_size()}")
     return world
 
 

@@ -1,6 +1,6 @@
 """Per-rank progress beats, so the process that started a world can tell a stalled rank.
 
-A world started by :func:`zero_lab.runtime.launch.run_world` shares one small array of
+A world started by :func:`zero_lab.runtime.spawn.run_world` shares one small array of
 doubles with its ranks: two slots per rank, ``[beats, time of the last beat]`` (the time
 is ``time.monotonic()``, one clock for every process of the host). A rank calls
 :func:`beat` after every training step and around long phases (a checkpoint save); the

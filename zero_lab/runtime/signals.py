@@ -9,8 +9,13 @@ a Ctrl-C should not kill a rank in the middle of a collective or of a checkpoint
   anyway), so every rank learns *in the same step* that some rank was asked to stop,
   saves the checkpoint together and leaves the loop together; a checkpoint being
   written when the signal arrives is finished first.
-* :func:`handling_stop_signals` (used by :func:`zero_lab.runtime.launch.run_world` in the
+* :func:`handling_stop_signals` (used by :func:`zero_lab.runtime.spawn.run_world` in the
   parent): route both signals to any handler for the duration of a block.
+* :func:`stopping_raises` (the job process, before and after its ranks run: composing, checking,
+  finishing): SIGTERM / SIGINT raise :class:`Stopped`, which says what the job was doing and
+  what it kept, so cleanup runs on the way out (no leaked semaphores, no orphan) and the job
+  ends with one line (:mod:`zero_lab.app.launch.entry`) instead of dying mid-call or printing
+  a ``KeyboardInterrupt`` traceback.
 
 Handlers are installed only in the main thread (Python allows no other; elsewhere the
 signals act as before) and the previous handlers are restored on exit. Once the run has
@@ -32,7 +37,17 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopRequest", "blocked_for_children", "hand_back", "handling_stop_signals", "signal_name"]
+__all__ = [
+    "STOP_SIGNALS",
+    "StopRequest",
+    "StopStage",
+    "Stopped",
+    "blocked_for_children",
+    "hand_back",
+    "handling_stop_signals",
+    "signal_name",
+    "stopping_raises",
+]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
@@ -59,9 +74,57 @@ def handling_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> It
             signal.signal(sig, old)
 
 
+class Stopped(BaseException):
+    """SIGTERM / SIGINT came while the job was ``doing`` something no rank loop handles (a
+    ``BaseException``, as ``KeyboardInterrupt``: no ``except Exception`` swallows it); ``kept``
+    says what it leaves behind."""
+
+    def __init__(self, signum: int, doing: str, kept: str):
+        self.signum, self.doing, self.kept = signum, doing, kept
+        super().__init__(f"stopped by {signal_name(signum)} while {doing}; {kept}")
+
+
+class StopStage:
+    """What :func:`stopping_raises` says when a signal comes: ``doing`` and ``kept`` (a callable is
+    asked then); :meth:`now` moves it on. It is the handler (``previous``: those it replaced)."""
+
+    def __init__(self, doing: str, kept: str | Callable[[], str], previous: dict[int, Any]):
+        self.doing, self.kept, self.previous = doing, kept, previous
+
+    def now(self, doing: str, kept: str | Callable[[], str]) -> None:
+        self.doing, self.kept = doing, kept
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        kept = self.kept() if callable(self.kept) else self.kept
+        raise Stopped(signum, self.doing, kept)
+
+
+@contextmanager
+def stopping_raises(doing: str, kept: str | Callable[[], str] = "nothing was written") -> Iterator[StopStage]:
+    """Inside the block (main thread only), SIGTERM and SIGINT raise :class:`Stopped` naming what
+    the job is ``doing`` and what it ``kept`` (``stage.now(...)`` moves both on); the handlers
+    before it are restored on the way out. Blocks nest: the innermost one speaks.
+
+        with stopping_raises("checking the config") as stage: ...; stage.now("finishing", kept)
+    """
+    stage = StopStage(doing, kept, {})
+    if threading.current_thread() is not threading.main_thread():
+        yield stage
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        stage.previous[sig] = signal.signal(sig, stage)
+    try:
+        yield stage
+    finally:
+        for sig, old in stage.previous.items():
+            signal.signal(sig, old)
+
+
 def hand_back(signum: int) -> bool:
     """Call the handler installed for ``signum`` now (the one :class:`StopRequest` replaced,
-    restored) as if the signal had just come; False where there is none (default or ignored).
+    restored) as if the signal had just come; False where there is none (default or ignored,
+    Python's own ``KeyboardInterrupt`` handler, or only :func:`stopping_raises`' own, which is
+    looked through to the handler it replaced: the job already stopped and says so itself).
 
     Under submitit that handler is its checkpoint-and-requeue on SIGUSR2 (task 0 dumps the
     ``checkpoint()`` it returns and calls ``scontrol requeue``, then exits), its logging bypass
@@ -71,7 +134,11 @@ def hand_back(signum: int) -> bool:
     main thread nothing is called.
     """
     handler = signal.getsignal(signum)
-    if not callable(handler) or threading.current_thread() is not threading.main_thread():
+    while isinstance(handler, StopStage):
+        handler = handler.previous.get(signum)
+    if not callable(handler) or handler is signal.default_int_handler:
+        return False
+    if threading.current_thread() is not threading.main_thread():
         return False
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:

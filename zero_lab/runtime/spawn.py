@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.heartbeat import StallWatch, process_state
-from zero_lab.runtime.signals import blocked_for_children, handling_stop_signals, signal_name
+from zero_lab.runtime.signals import STOP_SIGNALS, blocked_for_children, handling_stop_signals, signal_name
 
 __all__ = [
     "Interrupted",
@@ -265,8 +265,11 @@ def _context(start_method: str):
 #: survives fork): SIGUSR2 as in :func:`~zero_lab.runtime.signals.blocked_for_children`, and
 #: SIGTERM, which Slurm's ``scancel`` and a process-group kill send to every process: the
 #: forkserver must not die of it (its ranks would then die of ``PR_SET_PDEATHSIG`` mid-step,
-#: unsaved), and a rank still starting takes it once its loop handles it.
-_FORKSERVER_BLOCKS = (signal.SIGUSR2, signal.SIGTERM)
+#: unsaved), and a rank still starting takes it once its loop handles it; and SIGINT, which a
+#: Ctrl-C sends to the whole process group: the server would print a ``KeyboardInterrupt``
+#: traceback while it imports, and a rank waits with it until its loop records it (the job
+#: process forwards SIGTERM to the ranks).
+_FORKSERVER_BLOCKS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 def start_forkserver(*modules: str) -> None:
@@ -331,39 +334,50 @@ def run_world(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    ctx = _context(start_method)
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
-    results = ctx.SimpleQueue()
-    beats = ctx.Array("d", 2 * world_size, lock=False)  # per rank: [beats, monotonic time of the last]
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(fn, rank, world_size, backend, store.port, timeout_s, args, results, threads_per_rank, beats),
-            daemon=True,
-            name=f"zero_lab-rank{rank}",
+    procs: list[Any] = []
+    forwarding = _ForwardSignals(procs, stop_grace_s)
+    with handling_stop_signals(forwarding.handle):  # from before anything is made: nothing leaks, nothing is orphaned
+        ctx = _context(start_method)
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        results = ctx.SimpleQueue()
+        beats = ctx.Array("d", 2 * world_size, lock=False)  # per rank: [beats, monotonic time of the last]
+        procs.extend(
+            ctx.Process(
+                target=_rank_main,
+                args=(fn, rank, world_size, backend, store.port, timeout_s, args, results, threads_per_rank, beats),
+                daemon=True,
+                name=f"zero_lab-rank{rank}",
+            )
+            for rank in range(world_size)
         )
-        for rank in range(world_size)
-    ]
-    with blocked_for_children():  # a SIGUSR2 during a rank's start waits for its loop (signals.py)
-        for proc in procs:
-            proc.start()
-    try:
-        forwarding = _ForwardSignals(procs, stop_grace_s)
-        with handling_stop_signals(forwarding.handle):
+        try:
+            if forwarding.signum:
+                raise Interrupted(forwarding.signum, "no rank was started")
+            # a stop signal while the ranks start waits, then goes to every rank started (and a
+            # SIGUSR2 or SIGINT waits in each rank for its loop: signals.py)
+            with blocked_for_children(STOP_SIGNALS):
+                for proc in procs:
+                    proc.start()
             deadline = float("inf") if deadline_s is None else time.monotonic() + deadline_s
             watch = None if stall_timeout_s is None else StallWatch(beats, world_size, stall_timeout_s)
-            return _collect(procs, results, deadline, forwarding, watch)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-        for proc in procs:
-            proc.join(timeout=10)
-        del store
+            return _collect(procs, results, deadline, forwarding, watch, beats)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+            for proc in procs:
+                if proc.pid is not None:
+                    proc.join(timeout=10)
+            del store
 
 
 def _collect(
-    procs: list[Any], results: Any, deadline: float, forwarding: _ForwardSignals, watch: StallWatch | None = None
+    procs: list[Any],
+    results: Any,
+    deadline: float,
+    forwarding: _ForwardSignals,
+    watch: StallWatch | None = None,
+    beats: Any = None,
 ) -> list[Any]:
     """Wait for one result per rank; fail fast on the first error, death or stall."""
     reports = _Reports(procs, results)
@@ -378,7 +392,7 @@ def _collect(
             if _is_echo(cause.details) and (absent := reports.absent()):
                 cause = _absent_from_collective(procs, absent, cause)
             if forwarding.signum:
-                raise Interrupted(forwarding.signum, f"rank {cause.rank} ended without stopping cleanly") from cause
+                raise Interrupted(forwarding.signum, _unclean_stop(cause, beats)) from cause
             raise cause
         if time.monotonic() > min(deadline, forwarding.deadline):
             missing = sorted(set(range(len(procs))) - set(reports.out))
@@ -388,6 +402,14 @@ def _collect(
             raise TimeoutError(f"ranks {missing} did not finish in time; the world was stopped")
         time.sleep(0.005)
     return [reports.out[rank] for rank in range(len(procs))]
+
+
+def _unclean_stop(cause: RankFailure, beats: Any) -> str:
+    """Why a stop signal ended the world uncleanly: the ranks were still starting (no rank had
+    beaten: :mod:`~zero_lab.runtime.heartbeat`, once per step), or a rank did not stop cleanly."""
+    if beats is not None and not any(beats[2 * rank] for rank in range(len(beats) // 2)):
+        return "the ranks were stopped while starting, before any step"
+    return f"rank {cause.rank} ended without stopping cleanly"
 
 
 class _Reports:

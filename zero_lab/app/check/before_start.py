@@ -44,20 +44,20 @@ def world_size_given(overrides: list[str]) -> bool:
 
 def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, world: external.ExternalWorld) -> None:
     """Refuse what cannot run when ranks come from torchrun or srun: a sweep, or a ``dist.world_size``
-    given on the command line that differs from the launcher's (never two silent half-worlds)."""
+    given on the command line that differs from the runner's (never two silent half-worlds)."""
     if multirun:
         raise ConfigError(
             [
-                f"-m/--multirun: not supported under {world.launcher} (its world size is fixed); run sweeps as "
+                f"-m/--multirun: not supported under {world.runner} (its world size is fixed); run sweeps as "
                 "`python train.py -m ...` (ranks start inside each job) or with hydra/launcher=slurm"
             ]
         )
     if world_size_given(overrides) and cfg.dist.world_size != world.world_size:
-        fix = external.launcher_named(world.launcher).world_size_fix(cfg.dist.world_size)
+        fix = external.runner_named(world.runner).world_size_fix(cfg.dist.world_size)
         raise ConfigError(
             [
-                f"dist.world_size={cfg.dist.world_size}: under {world.launcher} the world size is "
-                f"{world.launcher}'s ({world.world_size}); {fix}"
+                f"dist.world_size={cfg.dist.world_size}: under {world.runner} the world size is "
+                f"{world.runner}'s ({world.world_size}); {fix}"
             ]
         )
 

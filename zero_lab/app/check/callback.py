@@ -4,8 +4,8 @@
 it after composing the command's config and before it creates a run or sweep dir:
 
 * ``on_run_start``: the one job (:func:`check_run`). Under torchrun or ``srun`` with several
-  tasks, the launcher's world is checked first (:func:`zero_lab.app.check.before_start.check_external_world`,
-  ``dist.world_size`` becomes the launcher's), then the ranks join and take rank 0's run dir
+  tasks, the runner's world is checked first (:func:`zero_lab.app.check.before_start.check_external_world`,
+  ``dist.world_size`` becomes the runner's), then the ranks join and take rank 0's run dir
   (:func:`zero_lab.app.check.before_start.share_run_dir`), set on the config Hydra is about to run;
 * ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded as the
   configured sweeper will (:func:`expand_sweep`: the basic sweeper's own ``split_arguments``) and
@@ -46,7 +46,7 @@ from zero_lab.app.record.objective import check_directions
 from zero_lab.app.run.rank_loop import RANK_PRELOAD
 from zero_lab.app.workloads.torch_extras import model_extras_problem
 from zero_lab.runtime import external
-from zero_lab.runtime.launch import start_forkserver
+from zero_lab.runtime.spawn import start_forkserver
 
 __all__ = [
     "MAX_JOBS",

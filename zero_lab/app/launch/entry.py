@@ -32,6 +32,7 @@ from zero_lab.app.config.hydra_errors import describe_hydra_error
 from zero_lab.app.config.paths import CONF_PACKAGE
 from zero_lab.app.config.schema import register_configs
 from zero_lab.app.launch.task import Objective, run
+from zero_lab.runtime.signals import Stopped, stopping_raises
 
 __all__ = ["main", "user_config_dirs"]
 
@@ -46,7 +47,19 @@ def _hydra_main(cfg: DictConfig) -> Objective | None:
 
 def main() -> None:
     """Register the schemas of ours and the user's configs, then run Hydra; a config Hydra
-    cannot compose is one line, ``zero_lab: ...``, and exit code 2, as every config problem."""
+    cannot compose is one line, ``zero_lab: ...``, and exit code 2, as every config problem.
+    SIGTERM / SIGINT before the ranks run or after they are done (composing, checking, finishing)
+    is one line too, ``zero_lab: stopped by SIGTERM while <doing>; <what was kept>``, and exit
+    code 128 + the signal (:class:`~zero_lab.runtime.signals.Stopped`; cleanup runs on the way)."""
+    try:
+        with stopping_raises("composing and checking the config") as stage:
+            _main()
+            stage.now("exiting", "the run had finished, everything was kept")
+    except Stopped as stopped:
+        fail(stopped, 128 + stopped.signum)
+
+
+def _main() -> None:
     args = get_args_parser().parse_args()
     try:
         register_configs(extra_dirs=user_config_dirs(args.overrides, args.config_dir))

@@ -4,7 +4,7 @@
 ``-m`` sweep, under any launcher), with a config the check callback already checked
 (:mod:`zero_lab.app.check.callback`; the task checks only a job no callback of its process
 saw). The ranks start here, from this one resolved config, via
-:func:`zero_lab.runtime.launch.run_world` (own rendezvous port per job, so concurrent sweep
+:func:`zero_lab.runtime.spawn.run_world` (own rendezvous port per job, so concurrent sweep
 jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
 with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
 
@@ -43,7 +43,7 @@ import multiprocessing
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -68,8 +68,8 @@ from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.run.rank_loop import RANK_PRELOAD, RankResult, RunSpec, train_rank
 from zero_lab.files import write_json
 from zero_lab.runtime import external
-from zero_lab.runtime.launch import Interrupted, RankFailure, run_world, start_forkserver
-from zero_lab.runtime.signals import hand_back, signal_name
+from zero_lab.runtime.signals import Stopped, StopStage, hand_back, signal_name, stopping_raises
+from zero_lab.runtime.spawn import Interrupted, RankFailure, run_world, start_forkserver
 
 __all__ = ["run"]
 
@@ -81,7 +81,19 @@ Objective = float | list[float]
 
 
 def run(cfg: DictConfig) -> Objective | None:
-    """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise)."""
+    """Train one job; return its ``objective`` value(s) (what sweepers such as Optuna optimise).
+    A stop signal outside the ranks' loop (preparing, starting the ranks, finishing) ends it with
+    one line that the job's log (``train.log``) keeps too, saying how far it got."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        with stopping_raises("preparing the job", f"{run_dir} holds its config, no step was trained") as stage:
+            return _run(cfg, run_dir, stage)
+    except Stopped as stopped:
+        _log_to_files(str(stopped))
+        raise
+
+
+def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
     hydra_cfg = HydraConfig.get()
     world = external.detect(port=cfg.dist.master_port)
     run_plan = check_unless_checked(cfg, hydra_cfg, world)  # a sweeper's trial, a job a launcher runs elsewhere
@@ -89,7 +101,6 @@ def run(cfg: DictConfig) -> Objective | None:
     assert plan is not None, "a checked config's optimizer can be looked up"
     overrides = list(hydra_cfg.overrides.task)
     said = notices(cfg, overrides, run_plan)
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     config = to_container(cfg)
     original = (
         _earlier_identical_job(hydra_cfg, config, plan, run_dir, world) if hydra_cfg.mode == RunMode.MULTIRUN else None
@@ -118,6 +129,7 @@ def run(cfg: DictConfig) -> Objective | None:
     _standard_start_method()
     start_forkserver(*RANK_PRELOAD)  # running already when the check callback started it
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
+    stage.now("starting the ranks", f"{run_dir} holds its config, no step was trained")
     started = time.perf_counter()
     make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
     with JsonlFollower(run_dir / METRICS_FILE, make_sink):  # W&B, from this idle process
@@ -136,7 +148,8 @@ def run(cfg: DictConfig) -> Objective | None:
         except RankFailure as failure:
             fail(describe_failure(failure, run_dir), EXIT_RUN_FAILED)
         except Interrupted as interrupted:
-            fail(f"{interrupted}; {resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
+            _fail_logged(f"{interrupted}; {resume_hint(run_dir, spec.meta)}", 128 + interrupted.signum)
+        stage.now("finishing the run", f"every step was trained and saved in {run_dir}")
         # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
         return _report(results, cfg, spec, time.perf_counter() - started)
 
@@ -145,10 +158,21 @@ def _note(text: str) -> None:
     """Say ``text`` once: ``zero_lab: note: ...`` on stderr, and a WARNING line in the job's log
     files (train.log) without a second copy on the console."""
     print(f"zero_lab: note: {text}", file=sys.stderr, flush=True)
+    _log_to_files(text)
+
+
+def _log_to_files(text: str) -> None:
+    """``text`` as a WARNING line in the job's log files (train.log) only, not on the console."""
     record = log.makeRecord(log.name, logging.WARNING, __file__, 0, text, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
+
+
+def _fail_logged(text: str, code: int) -> NoReturn:
+    """:func:`fail` with ``text``, which the job's log keeps too (how far the run got)."""
+    _log_to_files(text)
+    fail(text, code)
 
 
 def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
@@ -221,7 +245,7 @@ def _report(results: list[RankResult], cfg: DictConfig, spec: RunSpec, seconds: 
         stopped = results[0]
         hand_back(stopped.stopped_by)  # under the Slurm launcher, SIGUSR2: submitit requeues the job and exits
         saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
-        fail(
+        _fail_logged(
             f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "
             f"{resume_hint(run_dir, spec.meta)}",
             128 + stopped.stopped_by,

@@ -14,7 +14,7 @@ from typing import Any
 from zero_lab.app.record.run_files import COMMAND, LOGS_DIR
 from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic
-from zero_lab.runtime.launch import RankFailure, RankStalled, describe_exit, last_line
+from zero_lab.runtime.spawn import RankFailure, RankStalled, describe_exit, last_line
 
 __all__ = ["describe_failure", "hydra_quoted", "resume_hint"]
 

@@ -5,7 +5,7 @@ redirected log it is a no-op, so log files hold no carriage-return noise.
 
 The bar writes under a thread lock of its own. tqdm's default write lock also makes a
 ``multiprocessing.RLock``: in a spawned rank that is a named POSIX semaphore the resource
-tracker registers, and a rank ends with ``os._exit`` (:mod:`zero_lab.runtime.launch`), so the
+tracker registers, and a rank ends with ``os._exit`` (:mod:`zero_lab.runtime.spawn`), so the
 semaphore was never unlinked and every interactive run ended with ``resource_tracker: There
 appear to be 1 leaked semaphore objects``. One process draws the bar, so a thread lock is all
 it needs, and no semaphore is made.

@@ -89,7 +89,7 @@ log = logging.getLogger("zero_lab.app")
 
 #: What a rank imports: this module, and the entry point that ``train.py`` (re-imported in each
 #: rank as ``__mp_main__``) imports. The forkserver the ranks fork from imports them once
-#: (:func:`zero_lab.runtime.launch.start_forkserver`).
+#: (:func:`zero_lab.runtime.spawn.start_forkserver`).
 RANK_PRELOAD = (__name__, "zero_lab.app.launch.entry")
 
 
@@ -120,7 +120,7 @@ class NonFiniteLoss(FloatingPointError):
     """A rank's loss was NaN or ±Inf: the run stops (no checkpoint of the diverged state).
 
     Every rank raises it (every rank saw every loss); ``blames_rank`` names the first rank whose
-    loss was not finite, so the world reports that rank first (:mod:`zero_lab.runtime.launch`),
+    loss was not finite, so the world reports that rank first (:mod:`zero_lab.runtime.spawn`),
     not rank 0 for a NaN that rank 1 produced."""
 
     def __init__(self, step: int, per_rank: list[RankStep], saved: Path | None):
