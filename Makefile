@@ -20,9 +20,11 @@ train: setup
 	$(BIN)/python train.py
 
 # The full suite, in layers: unit (no processes), dist (Gloo worlds), e2e (train.py runs). CI runs this.
+# --dist loadfile: each test file on one worker, so a module's fixtures (an e2e module's train.py
+# runs) are made once, not once per worker its tests were spread over.
 test: setup
 	$(BIN)/ruff check --output-format concise .
-	$(BIN)/python -m pytest -n 3 --durations=30
+	$(BIN)/python -m pytest -n 3 --dist loadfile --durations=30
 
 # The edit-test loop: lint + the unit layer (config tests included), well under a minute.
 check: setup

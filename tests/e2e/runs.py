@@ -2,13 +2,16 @@
 
 Every subprocess carries a marker in its environment, so a test can prove no process it
 started outlived it (:func:`assert_no_leftover_processes`). The default run and a small
-sweep are made once per session (:func:`runs_once`; fixtures in ``tests/e2e/conftest.py``) and read
-by several test modules. Runs that do not depend on each other are made together, two at a
-time (:func:`together`): the suite's time is mostly these subprocesses starting up.
+sweep are made once per session, whichever xdist worker needs them first (:func:`runs_once`,
+:func:`session_base`; fixtures in ``tests/e2e/conftest.py``), and read by several test modules.
+Runs that do not depend on each other are made together, two at a time (:func:`together`): the
+suite's time is mostly these subprocesses starting up. ``make test`` runs each test file on one
+worker (``--dist loadfile``), so a module's own fixtures are made once too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -25,6 +28,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -112,18 +117,34 @@ def run_once(base: Path, name: str, *args: str, multirun: bool = False) -> Path:
 
 def runs_once(base: Path, runs: dict[str, tuple[Sequence[str], bool]]) -> dict[str, Path]:
     """:func:`run_once` for every ``name: (args, multirun)``, the ones not made yet together
-    (:func:`train_together`); each must succeed. Returns the run (or sweep) dirs by name."""
+    (:func:`train_together`); each must succeed. Returns the run (or sweep) dirs by name.
+
+    Each name is made under an exclusive lock (``base/app_runs/.<name>.lock``), so with a ``base``
+    that every xdist worker shares (:func:`session_base`) a run is made once per session, not once
+    per worker: a worker that needs it meanwhile waits for it."""
     out = {name: base / "app_runs" / name for name in runs}
-    todo = [name for name in runs if not (out[name] / ".done").exists()]
-    commands = []
-    for name in todo:
-        args, multirun = runs[name]
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        commands.append([*(["-m"] if multirun else []), *args, f"{key}={out[name]}"])
-    for name, result in zip(todo, train_together(*commands)):
-        assert result.returncode == 0, f"{name}: " + result.stdout[-2000:] + result.stderr[-4000:]
-        (out[name] / ".done").write_text(result.stdout)
+    (base / "app_runs").mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as locks:
+        for name in sorted(runs):  # one order for every worker: no deadlock
+            handle = locks.enter_context(open(base / "app_runs" / f".{name}.lock", "w"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        todo = [name for name in runs if not (out[name] / ".done").exists()]
+        commands = []
+        for name in todo:
+            args, multirun = runs[name]
+            key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+            commands.append([*(["-m"] if multirun else []), *args, f"{key}={out[name]}"])
+        for name, result in zip(todo, train_together(*commands)):
+            assert result.returncode == 0, f"{name}: " + result.stdout[-2000:] + result.stderr[-4000:]
+            (out[name] / ".done").write_text(result.stdout)
     return out
+
+
+def session_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dir every xdist worker of this test session shares (the parent of the workers' own base
+    temps), or the base temp without xdist: for runs made once per session (:func:`runs_once`)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
