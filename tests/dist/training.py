@@ -48,6 +48,17 @@ def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).pow(2).mean()
 
 
+def accumulated_backward(wrapped: nn.Module, step: int, rank: int, accumulate: int = 1) -> torch.Tensor:
+    """Backward of ``accumulate`` micro-batches of ``step`` (batches ``10·step + micro``), all but the
+    last inside ``wrapped.no_sync()``; returns the last micro-batch's loss."""
+    for micro in range(accumulate - 1):
+        with wrapped.no_sync():
+            loss_of(wrapped, batch(10 * step + micro, rank)).backward()
+    loss = loss_of(wrapped, batch(10 * step + accumulate - 1, rank))
+    loss.backward()
+    return loss
+
+
 def max_diff(a: Any, b: Any) -> float:
     """Largest absolute elementwise difference between two sequences of tensors."""
     return max((x - y).abs().max().item() for x, y in zip(a, b))

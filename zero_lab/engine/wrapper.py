@@ -30,7 +30,9 @@ optimizer, DeepSpeed's stage 2):
 ``no_sync()`` accumulates in ``param.grad`` without communication (DDP's contract); the first
 backward outside it reduces the sum once. Frozen parameters (``requires_grad=False`` at
 construction) are in no bucket and never stepped; changing trainability later is refused at the
-next step (wrap again). ``Join`` is refused. Differences from DDP + the same optimizer: none in
+next step (wrap again). ``model.clip_grad_norm_(max_norm)`` between backward and step clips as
+``torch.nn.utils.clip_grad_norm_`` on DDP's gradients (:mod:`zero_lab.engine.clip`). ``Join`` is
+refused. Differences from DDP + the same optimizer: none in
 the parameters (bitwise at W=2 for Adam, AdamW and SGD, tested), except that a parameter no rank's
 gradient reaches is stepped with a zero gradient (DDP skips it): plain Adam and SGD leave it
 unchanged, weight decay still applies.
@@ -51,6 +53,7 @@ from torch import nn
 from zero_lab.collectives import collective_named
 from zero_lab.comm import CommStats, Communicator
 from zero_lab.elementwise import is_elementwise
+from zero_lab.engine import clip
 from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
@@ -191,6 +194,10 @@ class ShardedDataParallel(nn.Module):
             self.group.grad_ready(param)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._finish_grads()
+
+    def _finish_grads(self) -> None:
+        """Finish this backward's reductions (idempotent): the owned gradients are then whole."""
         self._check_trainable()
         if not self.group.started and any(
             self.buffer.params[i].grad is not None for b in self.buckets for i in b.params
@@ -213,6 +220,15 @@ class ShardedDataParallel(nn.Module):
                 "ShardedDataParallel: the set of parameters with requires_grad changed after construction; "
                 "wrap the model again (and build a new optimizer) after freezing or unfreezing parameters"
             )
+
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """Clip the gradients to a global norm of ``max_norm`` as ``torch.nn.utils.clip_grad_norm_`` would
+        on DDP's, from the owned gradients with one all-reduce (:mod:`zero_lab.engine.clip`); returns the
+        total norm. Call it between ``backward()`` and ``step()``: it finishes the reductions first."""
+        self._finish_grads()
+        return clip.clip_grad_norm_(self.buffer, self.comm, max_norm, norm_type, error_if_nonfinite)
 
     # ------------------------------------------------------------------ what it holds
     def wait_for_params(self) -> None:
