@@ -294,7 +294,7 @@ class Engine(Strategy):
     """``dp=zero_lab``: :class:`~zero_lab.ShardedDataParallel` re-points a ``torch.optim`` optimizer at this
     rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket.
 
-    Not yet on the engine (refused where reached): gradient clipping and checkpoints."""
+    Not yet on the engine (refused where reached): checkpoints."""
 
     name = "zero_lab"
     shards_state = True
@@ -309,7 +309,8 @@ class Engine(Strategy):
         return _engine(optimizer).owned_params() if optimizer.state else [False] * len(_engine(optimizer).buffer.params)
 
     def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
-        raise ValueError("optim.max_grad_norm: dp=zero_lab does not clip gradients yet; use dp=ddp or drop it")
+        """Each rank's norm of the gradients it owns, one all-reduce (:mod:`zero_lab.engine.clip`)."""
+        return _engine(optimizer).clip_grad_norm_(max_norm)
 
     def settle(self, optimizer: Optimizer) -> None:
         """Wait for the parameter all-gathers still in flight (prefetch leaves the last step's to the next forward)."""
