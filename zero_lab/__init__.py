@@ -14,8 +14,6 @@ from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.partition import Flat, Manual, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.routing import muon_param_groups
 
-ShardedOptimizer = ZeroRedundancyOptimizer
-
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
     "ChainedOptimizer",
@@ -27,7 +25,6 @@ __all__ = [
     "Partition",
     "Partitioner",
     "ShardedDataParallel",
-    "ShardedOptimizer",
     "SortedGreedy",
     "ZeroRedundancyOptimizer",
     "is_elementwise",

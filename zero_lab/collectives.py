@@ -62,7 +62,6 @@ __all__ = [
     "collective_named",
     "register_collective",
     "registered_collectives",
-    "unregister_collective",
 ]
 
 Bounds = Sequence[tuple[int, int]]
@@ -194,11 +193,6 @@ def register_collective(cls: C) -> C:
     """Make ``cls()`` the collective of ``exchange=cls.name`` (and a candidate of ``"auto"``);
     returns ``cls``, so it works as a decorator. Registering the same class again is a no-op."""
     return _REGISTRY.register(cls)
-
-
-def unregister_collective(name: str) -> None:
-    """Forget a registered collective (built-in ones stay)."""
-    _REGISTRY.unregister(name)
 
 
 def registered_collectives() -> tuple[str, ...]:

@@ -21,23 +21,19 @@ by name in :mod:`zero_lab.collectives`, fills each unit from every rank's range:
 ``broadcast`` — one broadcast per rank of its range of each buffer (per shard in the
 ``per_shard`` layout, its ``in_place_shards``); ``all_gather`` — one
 ``all_gather_into_tensor`` per buffer (unequal segments are padded to the longest in
-a staging buffer); ``auto`` — at the first exchange, every registered collective is
-timed on bounded samples (one scratch buffer of at most :data:`TUNE_SAMPLE_BYTES`, and no
-larger than the exchange's largest unit, cut in W equal ranges, e.g. W broadcasts against one
-all-gather, in the exchange's dtype and device), so the trial never stages a model-sized copy
-and the first step peaks no higher than the chosen exchange does. :data:`TUNE_WARMUPS` untimed
-rounds of every candidate come first (a collective's first uses pay its setup: a cold first
-trial once chose the slower one), then :data:`TUNE_REPS` alternating repetitions at two sizes,
-the sample and a quarter of it; each rank takes its fastest repetition per candidate and size
-(load from other processes only ever adds time, so the minimum is the least disturbed figure),
-fits a cost line through the two (seconds per call + seconds per byte) and predicts the whole
-exchange as the sum over the units that candidate would issue — so per-call costs (``per_shard``'s
-one broadcast per tensor) count as well as bandwidth; an all-reduce MAX makes the slowest rank's
-predictions decide, so every rank picks the same: the first registered within
-:data:`~zero_lab.registry.AUTO_MARGIN` (10 %) of the fastest (:func:`zero_lab.registry.choose`); then the
-exchange runs with the choice. The choice, the predictions and the sample's
-size are in :meth:`ParamExchange.report`. On one host with Gloo broadcasts win by 4-6x;
-on NCCL all-gather usually does.
+a staging buffer); ``auto`` — at the first exchange, the candidates are timed on the
+exchange itself (:mod:`zero_lab.auto`, one tuner for every phase): each trial of a candidate is
+the real exchange of the real units, in place — every rank's own ranges are up to date, so
+running it again leaves every replica whole, and the trial stages no copy the exchange would not
+make anyway. The candidates are the registered collectives that fill a unit in place
+(``in_place_shards``: ``broadcast``, ``p2p_all_gather``, in registration order, which is the
+preference order for near-ties): a collective that stages a padded or rank-major copy
+(``all_gather``) costs memory in every step, and ``auto`` never trades memory for time
+(``exchange="all_gather"`` still runs it). The slowest rank's medians decide, so every rank
+picks the same; a candidate displaces the preferred one only when it is clearly faster (beyond
+the trial's own noise, at least 10 %); :meth:`ParamExchange.report` carries the medians, their
+noise and the candidates that were within it. On one host with Gloo broadcasts win by 4-6x
+over ``all_gather_into_tensor``; on NCCL all-gather usually does (name it).
 
 Every rank issues the same collectives in the same order, because all of it is
 derived from the partition, which every rank computes identically. At world size 1
@@ -54,18 +50,17 @@ all through :class:`~zero_lab.comm.Communicator`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from zero_lab.auto import Decision, tune
 from zero_lab.bucket_views import standalone_view
 from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
 from zero_lab.comm import Communicator
 from zero_lab.partition import Partition
-from zero_lab.registry import choose, decided, remember
 
 __all__ = [
     "COLLECTIVES",
@@ -78,12 +73,11 @@ __all__ = [
     "share_grads_with_joined",
 ]
 
-#: Timed repetitions per candidate and sample size when ``exchange="auto"``.
-TUNE_REPS = 3
-#: Untimed rounds of every candidate before the timed ones (a collective's first uses pay its setup).
-TUNE_WARMUPS = 2
-#: Most bytes the ``auto`` trial stages: every candidate is timed on a sample this large.
-TUNE_SAMPLE_BYTES = 16 << 20
+
+def auto_collectives() -> tuple[str, ...]:
+    """The collectives ``exchange="auto"`` chooses among, in its preference order: the registered
+    ones that fill a unit in place (``in_place_shards``), registration order."""
+    return tuple(name for name in registered_collectives() if collective_named(name).in_place_shards)
 
 
 @dataclass(frozen=True)
@@ -94,8 +88,10 @@ class ExchangeReport:
     layout: str  # "flat", "bucket" or "per_shard"
     collective: str  # a registered collective's name, "auto" (not decided yet) or "none" (world size 1)
     requested: str  # the constructor's exchange=
-    timings_s: dict[str, float] = field(default_factory=dict)  # auto: fastest exchange per candidate
-    sample_bytes: int = 0  # auto: the bytes each candidate was timed on (scaled to the whole exchange)
+    timings_s: dict[str, float] = field(default_factory=dict)  # auto: median exchange time per candidate
+    sample_bytes: int = 0  # auto: the bytes one trial moved (the whole exchange)
+    noise_s: dict[str, float] = field(default_factory=dict)  # auto: half the spread of each candidate's times
+    within_noise: tuple[str, ...] = ()  # auto: the candidates indistinguishable from the choice
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +101,8 @@ class ExchangeReport:
             "requested": self.requested,
             "timings_s": dict(self.timings_s),
             "tune_sample_bytes": self.sample_bytes,
+            "noise_s": dict(self.noise_s),
+            "within_noise": list(self.within_noise),
         }
 
 
@@ -285,8 +283,7 @@ class ParamExchange:
         self.bucket_view = bucket_view
         self.requested = exchange
         self.collective = exchange if comm.world_size > 1 else "none"
-        self.timings_s: dict[str, float] = {}
-        self.sample_bytes = 0
+        self.decision: Decision | None = None  # auto, once decided
         self.buffers: list[_Buffer] = []
         self._shard_units: list[_Shard] = []
         self._inflight: list[tuple[frozenset[int], InFlight]] = []
@@ -305,8 +302,16 @@ class ParamExchange:
         return f"{self.layout}_{self.collective}"
 
     def report(self) -> ExchangeReport:
+        decided = self.decision or Decision(self.collective)
         return ExchangeReport(
-            self.mode, self.layout, self.collective, self.requested, dict(self.timings_s), self.sample_bytes
+            self.mode,
+            self.layout,
+            self.collective,
+            self.requested,
+            dict(decided.timings_s),
+            decided.sample_bytes,
+            dict(decided.noise_s),
+            decided.within_noise,
         )
 
     def rebuild(self) -> None:
@@ -358,7 +363,7 @@ class ParamExchange:
     @property
     def unit_count(self) -> int:
         names = registered_collectives()
-        candidates = names if self.collective not in names else (self.collective,)
+        candidates = auto_collectives() if self.collective not in names else (self.collective,)
         return max(len(self._units(c)) for c in candidates)
 
     def _units(self, collective: str) -> Sequence[_Unit]:
@@ -383,7 +388,7 @@ class ParamExchange:
         if first_use is not None:
             first_use.agree(self.comm, len(self.params), self.params[0].device)
         if self.collective == "auto":
-            self._tune()  # on a bounded sample; then this exchange runs with the choice
+            self._tune()  # on the real units, in place: they are whole afterwards; this exchange runs again
         collective = collective_named(self.collective)
         for unit in self._issue_order(first_use):
             self._inflight.append((unit.param_indices, unit.issue(self.comm, collective)))
@@ -419,73 +424,43 @@ class ParamExchange:
         self._inflight = keep
 
     def _tune(self) -> None:
-        """Time every registered collective on bounded samples, predict each one's whole exchange
-        from a per-unit cost line, and let the max over ranks decide (see the module docstring)."""
+        """Time every in-place collective on the exchange itself and take the tuner's choice
+        (see the module docstring)."""
         trainable = [s for s in self.partition.shards if self.params[s.param].requires_grad]
         first = self.params[trainable[0].param] if trainable else self.params[0]
-        dtype, device, world, itemsize = first.dtype, first.device, self.comm.world_size, first.element_size()
-        candidates = registered_collectives()
-        units = {name: [_unit_numel(unit) * itemsize for unit in self._units(name)] for name in candidates}
+        candidates = auto_collectives()
+        units = {
+            name: tuple(_unit_numel(unit) * first.element_size() for unit in self._units(name)) for name in candidates
+        }
         key = (
             "exchange",
-            tuple(self.comm.global_rank(r) for r in range(world)),
+            tuple(self.comm.global_rank(r) for r in range(self.comm.world_size)),
             dist.get_backend(self.comm.group),
-            str(dtype),
-            device.type,
+            str(first.dtype),
+            first.device.type,
             self.layout,
-            tuple((name, tuple(units[name])) for name in candidates),
+            tuple(units.items()),
         )
-        earlier = decided(key)
-        if earlier is not None:  # this world measured the same exchange before: the same choice, no trial
-            self.collective, self.timings_s, self.sample_bytes = earlier
-            return
-        largest = max((n for sizes in units.values() for n in sizes), default=itemsize * world)
-        chunk = max(1, min(largest, TUNE_SAMPLE_BYTES) // itemsize // world)
-        chunks = sorted({max(1, chunk // 4), chunk})  # two sizes: a per-call cost and a per-byte cost
-        scratch = torch.zeros(chunk * world, dtype=dtype, device=device)
-        self.sample_bytes = scratch.numel() * scratch.element_size()
 
-        def timed(name: str, size: int) -> float:
-            bounds = [(r * size, (r + 1) * size) for r in range(world)]
-            start = time.perf_counter()
-            collective_named(name).issue(self.comm, scratch[: size * world], bounds, "exchange_tune").wait()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return time.perf_counter() - start
+        def trial(name: str) -> None:
+            collective = collective_named(name)
+            for inflight in [unit.issue(self.comm, collective) for unit in self._units(name)]:
+                inflight.wait()
 
-        for _ in range(TUNE_WARMUPS):  # the first uses of a collective pay for its setup: never timed
-            for name in candidates:
-                timed(name, chunk)
-        samples: dict[tuple[str, int], list[float]] = {(name, size): [] for name in candidates for size in chunks}
-        for _ in range(TUNE_REPS):
-            for size in chunks:
-                for name in candidates:
-                    samples[name, size].append(timed(name, size))
-        mine = []
-        for name in candidates:
-            points = [(size * world * itemsize, min(samples[name, size])) for size in chunks]
-            per_call, per_byte = _cost_line(points)
-            mine.append(sum(per_call + per_byte * nbytes for nbytes in units[name]))
-        agreed = self.comm.all_reduce(
-            torch.tensor(mine, dtype=torch.float64, device=device), dist.ReduceOp.MAX, op="exchange_tune"
+        self.decision = tune(
+            key,
+            self.comm,
+            candidates,
+            trial,
+            device=first.device,
+            sample_bytes=max(sum(sizes) for sizes in units.values()),
+            label="exchange_tune",
         )
-        self.timings_s = dict(zip(candidates, agreed.cpu().tolist()))
-        self.collective = choose(self.timings_s)
-        remember(key, self.collective, self.timings_s, self.sample_bytes)
+        self.collective = self.decision.choice
 
 
 def _unit_numel(unit: _Unit) -> int:
     return unit.numel if isinstance(unit, _Buffer) else unit.stop - unit.start
-
-
-def _cost_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """``(seconds per call, seconds per byte)`` through the timed ``(bytes, seconds)`` points
-    (one point: all per byte); neither negative, so a noisy small sample cannot predict a gain."""
-    (n0, t0), (n1, t1) = points[0], points[-1]
-    if n1 == n0:
-        return 0.0, t1 / max(n1, 1)
-    per_byte = max(0.0, (t1 - t0) / (n1 - n0))
-    return max(0.0, t1 - per_byte * n1), per_byte
 
 
 # ---------------------------------------------------------------------- overlap hooks' sends

@@ -26,14 +26,16 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    (point-to-point ``isend``/``irecv``: ``Ψ(W-1)/W`` sent per rank; on Gloo 24.5 ms vs the
    all-reduce's 44.5 ms for 38 MiB, FIELD-NOTES); ``reduce_scatter_native`` one
    ``reduce_scatter_tensor`` of the owner-major layout, segments zero-padded to the
-   longest (what wins on NCCL). ``auto`` times the registered strategies once, at
-   :func:`reduce_gradients`, warm, on a scratch bucket the size of the largest real one
-   (the figure that predicts a step: every bucket is at most that size), the slowest
-   rank's figures decide (one all-reduce MAX), so every rank picks the same: of the strategies
-   within 10 % of the fastest, the one that sends the fewest bytes (registration order among
-   equals; :func:`zero_lab.registry.choose`), a stable choice;
-   a later ``auto`` of the same world, model and candidates takes that decision again
-   without a trial (:func:`zero_lab.registry.decided`).
+   longest (what wins on NCCL). ``auto`` chooses with the tuner every phase shares
+   (:mod:`zero_lab.auto`), once, at :func:`reduce_gradients`: each trial reduces a scratch
+   bucket the size of DDP's largest (the figure that predicts a step: every bucket is at most
+   that size), capped at a third of the model's gradient bytes, and the strategies are
+   preferred by the bytes they send (fewest first, registration order among equals). The
+   trial runs before the first backward, so what it allocates — the scratch and a strategy's
+   own receive or padding buffers, at most ``(2 + 1/W)`` scratches, so at most the model's
+   gradient bytes — is freed before the first backward allocates the gradients themselves:
+   choosing never raises the run's peak. The report says which strategies were within the
+   trial's noise of the choice.
 4. Issue happens in the hook, on the autograd thread, in bucket order; the waits and the
    sums run on one worker thread per hook, which completes the future DDP waits for.
    The bucket DDP gets back holds this rank's reduced segment and **zeros elsewhere**.
@@ -54,14 +56,18 @@ shards only, :meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.clip_grad_norm_`
 the norm of owned elements only (and scales zeros elsewhere), and the parameter exchange
 then makes every replica whole. It composes with ``no_sync()`` accumulation (DDP calls no
 hook inside it), ``find_unused_parameters``, bucket views, every partitioner, prefetch
-and ``overlap_with_ddp`` (pass :meth:`GradReduceHandle.hook` as the hook
-``hook_with_zero_step`` wraps; :func:`reduce_gradients` with ``overlap_hook=`` does it).
+and ``overlap_with_ddp`` (:func:`reduce_gradients` with ``overlap_hook=`` one of
+:mod:`zero_lab.overlap`'s wrappers: it wraps :meth:`GradReduceHandle.hook`).
 ``Join`` is refused (a joined rank would have to shadow point-to-point sends it cannot
 know); a plain optimizer steps every parameter, so it takes ``all_reduce`` only (DDP's own
 traffic, metered: the baseline the bytes per phase are compared with).
 
 A new strategy is one class (``name``, ``label``, ``scatters``, ``issue``, ``sent_bytes``)
 and its tests, registered with :func:`register_grad_reduce`; ``auto`` then times it too.
+
+This module is a phase of the optimizer's :class:`~zero_lab.pipeline.StepPipeline`: it reads
+the pipeline (the partition, this rank, the parameters, the group) and nothing of the optimizer
+above it but ``optimizer.pipeline``; it imports neither the optimizer nor the overlap hooks.
 """
 
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations by
@@ -77,12 +83,12 @@ import torch
 import torch.distributed as dist
 
 from zero_lab import background
+from zero_lab.auto import Decision, tune
 from zero_lab.comm import CommStats, Communicator, Pending
 from zero_lab.ddp_buckets import DdpBuckets
-from zero_lab.optimizer import ZeroRedundancyOptimizer
-from zero_lab.overlap import hook_with_zero_step_interleaved
 from zero_lab.partition import Partition, bucket_use
-from zero_lab.registry import Registry, choose, decided, remember
+from zero_lab.pipeline import StepPipeline
+from zero_lab.registry import Registry
 
 __all__ = [
     "GRAD_REDUCES",
@@ -98,14 +104,10 @@ __all__ = [
     "reduce_gradients",
     "register_grad_reduce",
     "registered_grad_reduces",
-    "unregister_grad_reduce",
 ]
 
 Bounds = Sequence[tuple[int, int]]
 G = TypeVar("G", bound=type)
-
-#: Timed repetitions per candidate when ``grad_reduce="auto"`` (after one warm-up each).
-TUNE_REPS = 3
 
 
 class Reduced:
@@ -237,11 +239,6 @@ def register_grad_reduce(cls: G) -> G:
     return _REGISTRY.register(cls)
 
 
-def unregister_grad_reduce(name: str) -> None:
-    """Forget a registered strategy (tests that register deliberately slow ones)."""
-    _REGISTRY.unregister(name)
-
-
 def registered_grad_reduces() -> tuple[str, ...]:
     """Every registered strategy's name, built-in ones first."""
     return _REGISTRY.names()
@@ -343,8 +340,12 @@ class GradReduceHandle:
     ``hook`` is the DDP comm hook (``hook(state, bucket) -> Future``); :attr:`stats` the
     Communicator totals of the gradient reduction (its own process group, so its
     point-to-point messages never interleave with the optimizer's collectives). It is the
-    optimizer's gradient phase (:class:`zero_lab.pipeline.GradReducePhase`): not
+    pipeline's gradient phase (:class:`zero_lab.pipeline.GradReducePhase`): not
     ``joinable``, since a joined rank cannot shadow sends it does not know of.
+
+    ``pipeline``: the ZeRO optimizer's step pipeline (who owns what), or ``None`` for a plain
+    optimizer (``all_reduce`` only: every rank owns everything); ``params``: the parameters
+    by global index (the pipeline's, or the DDP module's for a plain optimizer).
     """
 
     joinable = False
@@ -356,14 +357,16 @@ class GradReduceHandle:
 
     def __init__(
         self,
-        zero: Any,
+        pipeline: StepPipeline | None,
+        params: Sequence[torch.Tensor],
         comm: Communicator,
         strategy: str,
         requested: str,
         shard_grads: bool,
         gradient_as_bucket_view: bool = False,
     ):
-        self.zero = zero
+        self.pipeline = pipeline
+        self.params = list(params)
         self.comm = comm
         self.requested = requested
         self.strategy = strategy
@@ -372,10 +375,9 @@ class GradReduceHandle:
         #: DDP's bucket buffers (their storages) as the hook last saw them, by bucket index
         self.ddp_buffers: dict[int, torch.UntypedStorage] = {}
         self._freed: list[tuple[torch.UntypedStorage, int]] = []  # shard_grads: (storage, bytes) freed after backward
-        self.timings_s: dict[str, float] = {}
-        self.sample_bytes = 0
+        self.decision: Decision | None = None  # auto, once decided
         self._routes: dict[tuple[int, tuple[int, ...]], BucketRoute] = {}
-        self._index_of = {id(p): i for i, p in enumerate(zero.all_params)}
+        self._index_of = {id(p): i for i, p in enumerate(self.params)}
         self._worker: _Worker | None = None
         self._in_backward = False
         self._futures: list[torch.futures.Future] = []
@@ -386,13 +388,18 @@ class GradReduceHandle:
     def stats(self) -> CommStats:
         return self.comm.stats
 
+    @property
+    def timings_s(self) -> dict[str, float]:
+        """``auto``: each candidate's median time for the model's gradients (seconds, max over ranks)."""
+        return {} if self.decision is None else dict(self.decision.timings_s)
+
     def report(self) -> dict[str, Any]:
-        """The strategy and, with ``auto``, each candidate's timing (seconds per step, max over ranks)."""
+        """The strategy and, with ``auto``, how it was chosen (:meth:`zero_lab.auto.Decision.as_dict`)."""
+        decided = self.decision or Decision(self.strategy)
         return {
             "requested": self.requested,
             "strategy": self.strategy,
-            "timings_s": dict(self.timings_s),
-            "tune_sample_bytes": self.sample_bytes,
+            **decided.as_dict(),
             "shard_grads": self.shard_grads,
         }
 
@@ -402,7 +409,7 @@ class GradReduceHandle:
         route = self._routes.get(key)
         if route is None:
             indices = [self._index_of[id(p)] for p in params]
-            route = BucketRoute.of(self.zero.partition, indices, [p.numel() for p in params])
+            route = BucketRoute.of(self._partition(), indices, [p.numel() for p in params])
             self._routes[key] = route
         return route
 
@@ -463,9 +470,9 @@ class GradReduceHandle:
         rank owns no element of, and free the storage of DDP's full-size bucket buffers (``Ψ`` bytes:
         DDP only reads them in backward, and :meth:`_restore_buckets` gives them back their bytes
         before the next backward writes into them). What stays is this rank's owned gradients."""
-        owned = _owned_params(self.zero)
+        owned = _owned_params(self._partition(), self.comm.rank)
         buffers = {storage.data_ptr() for storage in self.ddp_buffers.values() if storage.nbytes()}
-        for index, param in enumerate(self.zero.all_params):
+        for index, param in enumerate(self.params):
             if index not in owned:
                 param.grad = None
             elif param.grad is not None and param.grad.untyped_storage().data_ptr() in buffers:
@@ -486,9 +493,10 @@ class GradReduceHandle:
             for storage, nbytes in freed:
                 storage.resize_(nbytes)
 
-    def held_bucket_bytes(self) -> int:
-        """Bytes DDP's bucket buffers hold now (their storages, as measured; 0 once freed)."""
-        return sum(storage.nbytes() for storage in self.ddp_buffers.values())
+    def _partition(self) -> Partition:
+        if self.pipeline is None:
+            raise RuntimeError("a plain optimizer has no partition: grad_reduce='all_reduce' needs none")
+        return self.pipeline.partition
 
     def close(self) -> None:
         """Stop the worker thread and wait for it (the hook must not be called afterwards)."""
@@ -497,15 +505,16 @@ class GradReduceHandle:
             self._worker = None
 
 
-def _owned_params(zero: Any) -> frozenset[int]:
-    return frozenset(s.param for s in zero.partition.shards_of(zero.rank))
+def _owned_params(partition: Partition, rank: int) -> frozenset[int]:
+    return frozenset(s.param for s in partition.shards_of(rank))
 
 
-def owned_grad_bytes(zero: Any) -> int:
+def owned_grad_bytes(pipeline: StepPipeline) -> int:
     """Bytes of gradients a rank holds with ``shard_grads=True``: the full gradient of every
     parameter it owns an element of (what the planner prices; ``param.grad`` is whole)."""
-    params = zero.all_params
-    return sum(params[i].numel() * params[i].element_size() for i in _owned_params(zero) if params[i].requires_grad)
+    params = pipeline.params
+    owned = _owned_params(pipeline.partition, pipeline.rank)
+    return sum(params[i].numel() * params[i].element_size() for i in owned if params[i].requires_grad)
 
 
 def held_grad_bytes(params: Sequence[torch.Tensor], handle: GradReduceHandle | None = None) -> int:
@@ -525,61 +534,65 @@ def held_grad_bytes(params: Sequence[torch.Tensor], handle: GradReduceHandle | N
 # ---------------------------------------------------------------------- install
 def reduce_gradients(
     ddp: Any,
-    zero: Any,
+    optimizer: Any,
     grad_reduce: str = "reduce_scatter",
     shard_grads: bool = False,
     overlap_hook: Callable[..., Any] | None = None,
 ) -> GradReduceHandle:
     """Register a comm hook on ``ddp`` that reduces every gradient bucket to its owners.
 
-    Call once on every rank, after building ``zero`` (a
-    :class:`~zero_lab.optimizer.ZeroRedundancyOptimizer` over ``ddp``'s parameters) and before
-    the first backward. ``grad_reduce``: a registered strategy's name or ``"auto"``;
-    ``shard_grads``: release the gradients of parameters this rank does not own after backward.
-    ``overlap_hook``: with ``overlap_with_ddp=True``, the wrapper to use
-    (``zero_lab.overlap.hook_with_zero_step`` or ``..._interleaved``; default the interleaved one).
+    Call once on every rank, after building ``optimizer`` (a
+    :class:`~zero_lab.optimizer.ZeroRedundancyOptimizer` over ``ddp``'s parameters, whose
+    ``pipeline`` this phase joins; or a plain optimizer, ``all_reduce`` only) and before the
+    first backward. ``grad_reduce``: a registered strategy's name or ``"auto"``; ``shard_grads``:
+    release the gradients of parameters this rank does not own after backward. ``overlap_hook``:
+    with ``overlap_with_ddp=True``, the step hook that wraps this one
+    (``zero_lab.overlap.hook_with_zero_step`` or ``..._interleaved``); required there.
     """
     if grad_reduce != "auto":
         grad_reduce_named(grad_reduce)
-    if not isinstance(zero, ZeroRedundancyOptimizer):
+    pipeline = getattr(optimizer, "pipeline", None)
+    if not isinstance(pipeline, StepPipeline):
         if grad_reduce != "all_reduce" or shard_grads:
             raise TypeError(
                 f"reduce_gradients(grad_reduce={grad_reduce!r}) needs a zero_lab.ZeroRedundancyOptimizer, got "
-                f"{type(zero).__name__}: a plain optimizer steps every parameter, so it needs every gradient "
+                f"{type(optimizer).__name__}: a plain optimizer steps every parameter, so it needs every gradient "
                 "(grad_reduce='all_reduce' meters DDP's own traffic for it)"
             )
-        return _install(ddp, _PlainOwner(ddp), grad_reduce, False, None)
-    return _install(ddp, zero, grad_reduce, shard_grads, overlap_hook)
-
-
-class _PlainOwner:
-    """What the hook needs of a plain optimizer's world (``all_reduce`` only: no partition)."""
-
-    def __init__(self, ddp: Any):
-        self.process_group = ddp.process_group
-        self.communicator = Communicator(self.process_group)
-        self.world_size = self.communicator.world_size
-        self.rank = self.communicator.rank
-        self.all_params = list(ddp.module.parameters())
-        self.overlap_with_ddp = False
+        return _install(ddp, None, optimizer, grad_reduce, False, None)
+    if pipeline.overlap_with_ddp and overlap_hook is None:
+        raise ValueError(
+            "reduce_gradients: this optimizer steps inside DDP's hook (overlap_with_ddp=True); pass "
+            "overlap_hook=zero_lab.overlap.hook_with_zero_step_interleaved (or hook_with_zero_step)"
+        )
+    return _install(ddp, pipeline, optimizer, grad_reduce, shard_grads, overlap_hook)
 
 
 def _install(
-    ddp: Any, zero: Any, grad_reduce: str, shard_grads: bool, overlap_hook: Callable[..., Any] | None
+    ddp: Any,
+    pipeline: StepPipeline | None,
+    optimizer: Any,
+    grad_reduce: str,
+    shard_grads: bool,
+    overlap_hook: Callable[..., Any] | None,
 ) -> GradReduceHandle:
-    if not isinstance(zero, _PlainOwner):
-        zero.pipeline.require_ddp_all_reduce()  # before any group or hook exists
-    ranks = [zero.communicator.global_rank(r) for r in range(zero.world_size)]
-    group = dist.new_group(ranks=ranks, backend=dist.get_backend(zero.process_group))
+    if pipeline is not None:
+        pipeline.require_ddp_all_reduce()  # before any group or hook exists
+    outer = pipeline.comm if pipeline is not None else Communicator(ddp.process_group)
+    ranks = [outer.global_rank(r) for r in range(outer.world_size)]
+    group = dist.new_group(ranks=ranks, backend=dist.get_backend(outer.group))
     handles: list[GradReduceHandle] = []
 
     def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return handles[0].hook(state, bucket)
 
-    # with overlap, the step hook wraps this one: it steps each bucket once this reduction lands
-    comm_hook = _overlap_hook(ddp, zero, overlap_hook)(hook, ddp, zero) if zero.overlap_with_ddp else hook
+    comm_hook: Callable[..., Any] = hook
+    if pipeline is not None and overlap_hook is not None and pipeline.overlap_with_ddp:
+        # the step hook wraps this one: it steps each bucket once this reduction lands
+        comm_hook = overlap_hook(hook, ddp, optimizer, shard_buckets=bucket_use(pipeline.partitioner).shard_buckets)
+    params = pipeline.params if pipeline is not None else list(ddp.module.parameters())
     handle = GradReduceHandle(
-        zero, Communicator(group), grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view)
+        pipeline, params, Communicator(group), grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view)
     )
     if shard_grads:
         restore = _weak_restore(handle)
@@ -587,11 +600,11 @@ def _install(
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(restore)
     if grad_reduce == "auto":
-        scatter_ok = not isinstance(zero, _PlainOwner)
-        handle.strategy, handle.timings_s, handle.sample_bytes = _choose(handle.comm, ddp, scatter_ok)
+        handle.decision = _choose(handle.comm, ddp, scatter_ok=pipeline is not None)
+        handle.strategy = handle.decision.choice
     handles.append(handle)
-    if not isinstance(zero, _PlainOwner):
-        zero.pipeline.attach_grad_reduce(handle)  # the pipeline's gradient phase (Join refuses it)
+    if pipeline is not None:
+        pipeline.attach_grad_reduce(handle)  # the pipeline's gradient phase (Join refuses it)
     ddp.register_comm_hook(None, comm_hook)
     return handle
 
@@ -609,63 +622,46 @@ def _weak_restore(handle: GradReduceHandle) -> Callable[[torch.Tensor], None]:
     return restore
 
 
-def _overlap_hook(ddp: Any, zero: Any, wrapper: Callable[..., Any] | None) -> Callable[..., Any]:
-
-    wrap = wrapper or hook_with_zero_step_interleaved
-    shard_buckets = bucket_use(zero.partitioner).shard_buckets
-
-    def make(inner: Any, ddp: Any, zero: Any) -> Any:
-        return wrap(inner, ddp, zero, shard_buckets=shard_buckets)
-
-    return make
-
-
-def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> tuple[str, dict[str, float], int]:
-    """``auto``: time every registered strategy warm on a scratch bucket the size of DDP's
-    largest, scaled to the model's gradient bytes; the max over ranks decides."""
+def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> Decision:
+    """``auto``: the shared tuner times every registered strategy on a scratch bucket the size of
+    DDP's largest (at most a third of the gradient bytes), scaled to the model's gradient bytes."""
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     first = params[0]
-    sizes = [p.numel() * p.element_size() for p in params]
-    buckets = DdpBuckets.from_ddp(ddp).assign(sizes)
+    itemsize, world = first.element_size(), comm.world_size
+    sizes = [p.numel() * itemsize for p in params]
     per_bucket: dict[int, int] = {}
-    for bucket, size in zip(buckets, sizes):
+    for bucket, size in zip(DdpBuckets.from_ddp(ddp).assign(sizes), sizes):
         per_bucket[bucket] = per_bucket.get(bucket, 0) + size
-    largest = max(per_bucket.values())
-    world = comm.world_size
-    numel = max(world, largest // first.element_size() // world * world)
-    candidates = [n for n in registered_grad_reduces() if scatter_ok or not grad_reduce_named(n).scatters]
+    scratch_bytes = min(max(per_bucket.values()), sum(sizes) // 3)
+    numel = max(world, scratch_bytes // itemsize // world * world)
+    chunk = numel // world
+    registered = [n for n in registered_grad_reduces() if scatter_ok or not grad_reduce_named(n).scatters]
+    sent = {n: grad_reduce_named(n).sent_bytes([chunk] * world, itemsize, world) for n in registered}
+    candidates = sorted(registered, key=sent.__getitem__)  # the preference: fewest bytes sent (stable sort)
     ranks = tuple(comm.global_rank(r) for r in range(world))
     key = ("grad_reduce", ranks, dist.get_backend(comm.group), str(first.dtype), first.device.type)
     key += (tuple(candidates), numel, sum(sizes))
-    earlier = decided(key)
-    if earlier is not None:  # this world measured the same reduction before: the same choice, no trial
-        return earlier
-    scratch = torch.zeros(numel, dtype=first.dtype, device=first.device)
-    chunk = numel // world
+    held: list[torch.Tensor] = []  # the scratch, made at the first trial (none when the decision is remembered)
 
-    def timed(name: str) -> float:
+    def trial(name: str) -> None:
+        if not held:
+            held.append(torch.zeros(numel, dtype=first.dtype, device=first.device))
+        scratch = held[0]
         strategy = grad_reduce_named(name)
         segments = [scratch] if not strategy.scatters else [scratch[r * chunk : (r + 1) * chunk] for r in range(world)]
-        start = time.perf_counter()
         strategy.issue(comm, segments, tag=1 << 20).wait()
-        if first.device.type == "cuda":
-            torch.cuda.synchronize(first.device)
-        return time.perf_counter() - start
 
     before = comm.stats.snapshot()
-    for name in candidates:
-        timed(name)  # warm-up: first use of a collective or a peer pair pays for its setup
-    samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(TUNE_REPS):
-        for name in candidates:
-            samples[name].append(timed(name))
-    scale = sum(sizes) / (numel * first.element_size())
-    mine = torch.tensor([min(samples[name]) * scale for name in candidates], dtype=torch.float64)
-    agreed = comm.all_reduce(mine.to(first.device), dist.ReduceOp.MAX, op="grad_reduce_tune").cpu().tolist()
+    decision = tune(
+        key, comm, candidates, trial, device=first.device, sample_bytes=numel * itemsize, label="grad_reduce_tune"
+    )
     comm.stats = before  # the trial is not the training's traffic
-    timings = dict(zip(candidates, agreed))
-    # near-ties go to the strategy that sends the fewest bytes (registration order among equals)
-    sent = {n: grad_reduce_named(n).sent_bytes([chunk] * world, first.element_size(), world) for n in candidates}
-    choice = choose({n: timings[n] for n in sorted(candidates, key=sent.__getitem__)})
-    remember(key, choice, timings, numel * first.element_size())
-    return choice, timings, numel * first.element_size()
+    held.clear()
+    scale = sum(sizes) / (numel * itemsize)  # seconds for the model's gradients, not the scratch's
+    return Decision(
+        decision.choice,
+        {n: t * scale for n, t in decision.timings_s.items()},
+        {n: t * scale for n, t in decision.noise_s.items()},
+        decision.within_noise,
+        decision.sample_bytes,
+    )

@@ -43,9 +43,8 @@ Public surface: torch's API (below) and the few names users, checkpoints and the
 :meth:`local_shards`, :meth:`local_shard_states` / :meth:`load_shard_states` (checkpoints),
 :meth:`wait_for_exchange` (code reading parameters while prefetching), :meth:`exchange_report`,
 :attr:`exchange_mode`, :meth:`clip_grad_norm_`, :meth:`master_weight_bytes`,
-:attr:`local_step_seconds`. The names that served only the overlap hooks moved to the
-pipeline; :data:`MOVED_TO_PIPELINE` keeps the old spellings working, with a
-``DeprecationWarning`` naming the new one. The partitioner is chosen at construction only
+:attr:`local_step_seconds`. The names that serve only the overlap hooks and prefetch live on
+the pipeline (``opt.pipeline.start_prefetch()``, ...). The partitioner is chosen at construction only
 (``partitioner=``).
 
 Drop-in for ``torch.distributed.optim.ZeroRedundancyOptimizer``: same constructor,
@@ -63,7 +62,6 @@ elsewhere: the protocol HF Trainer, accelerate and Lightning rely on, docs/clien
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -98,7 +96,6 @@ from zero_lab.torch_compat import TorchPrivateNames
 
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
-    "MOVED_TO_PIPELINE",
     "OVERLAP_EXCHANGES",
     "LocalShard",
     "ZeroRedundancyOptimizer",
@@ -231,22 +228,6 @@ def _check_same_dense_type(params: list[torch.Tensor]) -> None:
                 f"both {typename} and {torch.typename(param)}"
             )
 
-
-#: Names that served only the overlap hooks and prefetch, moved to :class:`~zero_lab.pipeline.StepPipeline`
-#: (``opt.pipeline``): old optimizer name -> its name there. ``opt.<old>`` still works, with a
-#: ``DeprecationWarning`` naming ``opt.pipeline.<new>``. ``attach_ddp``'s first argument (the hook)
-#: is dropped: ``attach_ddp(hook, ddp_buckets, shard_buckets)`` -> ``attach_per_bucket(ddp_buckets, shard_buckets)``.
-MOVED_TO_PIPELINE = {
-    "attach_ddp": "attach_per_bucket",
-    "step_shards": "step_bucket",
-    "track_in_flight": "track_in_flight",
-    "async_exchange": "prefetching",
-    "first_use": "first_use",
-    "start_prefetch": "start_prefetch",
-    "stop_prefetch": "stop_prefetch",
-    "note_first_use": "note_first_use",
-    "exchange_units": "exchange_units",
-}
 
 #: The ``exchange=`` values the overlap hooks honour: they broadcast each DDP bucket from its owners.
 OVERLAP_EXCHANGES = ("auto", "broadcast")
@@ -466,22 +447,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def local_step_seconds(self) -> float:
         """Running total of this rank's local optimizer steps (no exchange), in ``step()`` or the overlap hooks."""
         return self._pipeline.local_step_seconds
-
-    def __getattr__(self, name: str) -> Any:
-        """The old spellings of :data:`MOVED_TO_PIPELINE` (called only for names not found otherwise)."""
-        new = MOVED_TO_PIPELINE.get(name)
-        pipeline = self.__dict__.get("_pipeline")
-        if new is None or pipeline is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        warnings.warn(
-            f"ZeroRedundancyOptimizer.{name} moved to the step pipeline: use opt.pipeline.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        moved = getattr(pipeline, new)
-        if name == "attach_ddp":  # it took the hook first; the pipeline does not keep it
-            return lambda hook, ddp_buckets, shard_buckets=False: moved(ddp_buckets, shard_buckets)
-        return moved
 
     def exchange_report(self) -> ExchangeReport:
         """The exchange's layout and collective; with ``exchange="auto"`` after the first

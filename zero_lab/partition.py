@@ -216,12 +216,6 @@ class BucketLayout:
     bounds: tuple[tuple[int, int], ...]
     numel: int
 
-    @property
-    def equal_segments(self) -> bool:
-        return len({stop - start for start, stop in self.bounds}) == 1 and all(
-            start == r * (stop - start) for r, (start, stop) in enumerate(self.bounds)
-        )
-
 
 @dataclass(frozen=True)
 class PartitionReport:

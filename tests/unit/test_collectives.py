@@ -13,7 +13,8 @@ from torch import nn
 from torch.profiler import profile
 
 from tests.padded_all_reduce import PaddedAllReduce
-from zero_lab import ZeroRedundancyOptimizer, collectives, exchange
+from tests.registries import no_decisions, restored_registries
+from zero_lab import ZeroRedundancyOptimizer, exchange
 from zero_lab.collectives import (
     COLLECTIVES,
     EXCHANGES,
@@ -30,9 +31,10 @@ from zero_lab.comm import Communicator
 
 
 @pytest.fixture
-def registry(monkeypatch):
+def registry():
     """Registrations made in a test vanish after it."""
-    monkeypatch.setattr(collectives, "_REGISTRY", collectives._REGISTRY.copy())
+    with restored_registries():
+        yield
 
 
 def test_the_constants_are_derived_from_the_registry():
@@ -112,17 +114,36 @@ def test_in_flight_then_runs_after_its_own_finish(single_rank_group):
     assert done == ["unpad", "copy out"]
 
 
-def test_auto_takes_the_first_registered_within_the_margin_and_remembers_per_key():
-    from zero_lab.registry import AUTO_MARGIN, choose, decided, forget_decisions, remember
+def test_auto_keeps_the_preferred_candidate_unless_another_is_clearly_faster():
+    from zero_lab.auto import AUTO_MARGIN, decide
 
     assert AUTO_MARGIN == 0.10
-    assert choose({"broadcast": 10.5, "all_gather": 10.0}) == "broadcast"  # within 10 %: the first registered
-    assert choose({"broadcast": 11.5, "all_gather": 10.0}) == "all_gather"
+    # near-equal (within 10 % and within the noise): the preferred one, whichever measured faster
+    assert decide({"broadcast": 10.5, "p2p_all_gather": 10.0}, {"broadcast": 0.1, "p2p_all_gather": 0.1}) == (
+        "broadcast",
+        ("p2p_all_gather",),
+    )
+    # 15 % apart but each trial's spread is ±1: still noise, still the preferred one
+    noisy = {"broadcast": 1.0, "p2p_all_gather": 1.0}
+    assert decide({"broadcast": 11.5, "p2p_all_gather": 10.0}, noisy)[0] == "broadcast"
+    # 15 % apart with a tight spread: clearly faster, it wins and nothing was within the noise of it
+    assert decide({"broadcast": 11.5, "p2p_all_gather": 10.0}, {"broadcast": 0.1, "p2p_all_gather": 0.1}) == (
+        "p2p_all_gather",
+        (),
+    )
+    # the choice is the first preferred within the noise of the fastest, not merely the fastest
+    three = {"a": 20.0, "b": 10.4, "c": 10.0}
+    assert decide(three, dict.fromkeys(three, 0.05)) == ("b", ("c",))
     with pytest.raises(ValueError, match="no candidate"):
-        choose({})
+        decide({})
+
+
+def test_a_decision_is_remembered_per_key_in_the_process():
+    from zero_lab.auto import Decision, decided, remember
+
     key = ("exchange", (0, 1), "gloo", "torch.float32", "cpu", "flat", (("broadcast", (64,)),))
-    assert decided(key) is None
-    remember(key, "broadcast", {"broadcast": 1.0}, 64)
-    assert decided(key) == ("broadcast", {"broadcast": 1.0}, 64)
-    forget_decisions()
-    assert decided(key) is None
+    with no_decisions():
+        assert decided(key) is None
+        remember(key, Decision("broadcast", {"broadcast": 1.0}, {"broadcast": 0.1}, (), 64))
+        assert decided(key) == Decision("broadcast", {"broadcast": 1.0}, {"broadcast": 0.1}, (), 64)
+    assert decided(key) is None  # the test's decisions are gone with it

@@ -159,7 +159,8 @@ def test_flat_tiles_every_param_and_balances_exactly(sizes, world_size):
     assert max(report.numel_per_rank) <= chunk
     assert report.imbalance <= 1 + world_size / sum(sizes)
     (layout,) = partition.layouts
-    assert layout.numel == chunk * world_size and layout.equal_segments
+    assert layout.numel == chunk * world_size
+    assert layout.bounds == tuple((r * chunk, (r + 1) * chunk) for r in range(world_size))  # equal, rank-major
 
 
 def test_flat_lays_out_per_group_and_kind():
@@ -185,7 +186,8 @@ def test_flat_bucket_cap_cuts_buffers_at_parameter_boundaries_in_order():
     for layout in partition.layouts:
         total = sum(sizes[i] for i in layout.params)
         chunk = -(-total // 3)
-        assert layout.numel == 3 * chunk and layout.equal_segments
+        assert layout.numel == 3 * chunk
+        assert layout.bounds == ((0, chunk), (chunk, 2 * chunk), (2 * chunk, 3 * chunk))  # equal, rank-major
         assert list(layout.offsets) == [sum(sizes[i] for i in layout.params[:k]) for k in range(len(layout.params))]
     # every rank within one element per buffer of total / W
     assert max(partition.report().numel_per_rank) - sum(sizes) / 3 <= len(partition.layouts)

@@ -1,9 +1,9 @@
 """The step lives in the pipeline: ``optimizer.step -> pipeline``, ``overlap hook -> pipeline``.
 
 Checked here (in-process one-rank group): the pipeline's step is the optimizer's (bitwise the
-same update as plain Adam, hyper-parameters synced both ways, the local step timed); every
-name that moved from the optimizer to ``opt.pipeline`` (:data:`zero_lab.optimizer.MOVED_TO_PIPELINE`)
-still works under its old spelling and warns with the new one; the overlap module reaches the
+same update as plain Adam, hyper-parameters synced both ways, the local step timed); the names
+that serve the overlap hooks and prefetch live on ``opt.pipeline`` only (the optimizer has no
+attribute forwarding, so an unknown name is a plain ``AttributeError``); the overlap module reaches the
 optimizer only for its ``pipeline``; and the pipeline module imports neither the optimizer nor
 the hooks (nothing calls back into the object that called it).
 """
@@ -19,7 +19,6 @@ from torch import nn
 
 import zero_lab
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.optimizer import MOVED_TO_PIPELINE
 from zero_lab.overlap import prefetch_exchange
 
 PACKAGE_DIR = Path(zero_lab.__file__).parent
@@ -68,60 +67,62 @@ def test_param_groups_assigned_anew_are_the_ones_the_pipeline_steps_with(single_
     assert opt.optim.param_groups[0]["lr"] == 0.5
 
 
-def test_the_optimizer_no_longer_has_the_moved_names_of_its_own():
-    own = set(dir(ZeroRedundancyOptimizer))
-    assert own.isdisjoint(MOVED_TO_PIPELINE)
-    assert {"step_shards", "attach_ddp", "start_prefetch", "exchange_units"} <= set(MOVED_TO_PIPELINE)
-    assert not {"_exchange_params", "_refresh_trainability", "_local_param_groups"} & own
+#: The names that serve only the overlap hooks and prefetch: the pipeline's, not the optimizer's.
+PIPELINE_ONLY = (
+    "attach_per_bucket",
+    "step_bucket",
+    "track_in_flight",
+    "prefetching",
+    "first_use",
+    "start_prefetch",
+    "stop_prefetch",
+    "note_first_use",
+    "exchange_units",
+)
+#: The spellings these had on the optimizer before they moved (never released): gone, not forwarded.
+OLD_SPELLINGS = ("attach_ddp", "step_shards", "async_exchange", *PIPELINE_ONLY)
 
 
-@pytest.mark.parametrize("old", sorted(set(MOVED_TO_PIPELINE) - {"attach_ddp"}))
-def test_each_moved_name_still_works_and_warns_with_its_new_spelling(single_rank_group, old):
+@pytest.mark.parametrize("name", OLD_SPELLINGS)
+def test_the_optimizer_has_none_of_the_pipelines_names(single_rank_group, name):
     opt = ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, lr=1e-2)
-    new = MOVED_TO_PIPELINE[old]
-    with pytest.warns(DeprecationWarning, match=rf"ZeroRedundancyOptimizer\.{old} moved .*opt\.pipeline\.{new}$"):
-        value = getattr(opt, old)
-    expected = getattr(opt.pipeline, new)
-    if callable(expected):
-        assert value == expected  # the pipeline's bound method
-    else:
-        assert value is expected or value == expected
+    with pytest.raises(AttributeError, match=f"no attribute {name!r}"):
+        getattr(opt, name)
+    assert "__getattr__" not in vars(ZeroRedundancyOptimizer)
 
 
-def test_the_old_names_drive_the_pipeline(single_rank_group, recwarn):
+def test_the_pipelines_names_drive_the_pipeline(single_rank_group):
     model = _model()
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
-    opt.start_prefetch()
-    assert opt.async_exchange is True and opt.pipeline.exchange_timing == "next_forward"
-    opt.note_first_use([1, 0])
-    opt.stop_prefetch()
-    assert opt.pipeline.prefetching is False and opt.pipeline.exchange_timing == "after_step"
+    pipeline = opt.pipeline
+    pipeline.start_prefetch()
+    assert pipeline.prefetching is True and pipeline.exchange_timing == "next_forward"
+    pipeline.note_first_use([1, 0])
+    assert pipeline.first_use._seen == {1: 0, 0: 1}
+    pipeline.stop_prefetch()
+    assert pipeline.prefetching is False and pipeline.exchange_timing == "after_step"
     shard = opt.local_shards()[0]
     before = shard.param.detach().clone()
-    opt.step_shards([(shard.tensor, torch.ones_like(shard.tensor))])  # one shard, one gradient
+    pipeline.step_bucket([(shard.tensor, torch.ones_like(shard.tensor))])  # one shard, one gradient
     assert not torch.equal(shard.param, before) and shard.tensor.grad is None
-    assert opt.exchange_units == opt.pipeline.exchange_units
-    warned = {str(w.message).split(" moved")[0] for w in recwarn if w.category is DeprecationWarning}
-    used = ("start_prefetch", "async_exchange", "note_first_use", "stop_prefetch", "step_shards", "exchange_units")
-    assert warned == {f"ZeroRedundancyOptimizer.{name}" for name in used}
+    assert pipeline.exchange_units == len(opt.partition.shards) == 4  # per shard: one broadcast each
 
 
-def test_attach_ddp_keeps_its_old_signature(single_rank_group):
+def test_attach_per_bucket_runs_with_overlap_only(single_rank_group):
     model = _model()
     opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, overlap_with_ddp=True, lr=1e-2)
-    with pytest.warns(DeprecationWarning, match=r"opt\.pipeline\.attach_per_bucket$"):
-        opt.attach_ddp(None, {}, False)  # the hook, DDP's buckets, shard_buckets
+    opt.pipeline.attach_per_bucket({}, False)  # DDP's buckets, shard_buckets
     assert opt.pipeline.exchange_timing == "per_bucket" and opt.exchange_mode == "overlap_per_bucket"
     plain = ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, lr=1e-2)
     with pytest.raises(ValueError, match="build it with overlap_with_ddp=True"):
         plain.pipeline.attach_per_bucket({})
 
 
-def test_unknown_names_still_raise_attribute_error(single_rank_group):
+def test_an_attribute_error_inside_a_property_names_the_attribute_it_lacks(single_rank_group, monkeypatch):
     opt = ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, lr=1e-2)
-    with pytest.raises(AttributeError, match="no attribute 'repartition'"):
-        opt.repartition  # noqa: B018
-    assert not hasattr(opt, "_async_exchange") and getattr(opt, "_first_use", None) is None
+    monkeypatch.delattr(opt.pipeline, "exchange")  # a property that reads it fails ...
+    with pytest.raises(AttributeError, match="'exchange'"):  # ... naming what it lacks, not the property
+        opt.exchange_mode  # noqa: B018
 
 
 def test_prefetch_hooks_talk_to_the_pipeline(single_rank_group):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.padded_all_reduce import PaddedAllReduce
-from zero_lab import collectives, grad_reduce
+from tests.registries import restored_registries
+from zero_lab import grad_reduce
 from zero_lab.app.check.preflight import compose_job
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
@@ -20,10 +21,10 @@ PADDED = "tests.padded_all_reduce.PaddedAllReduce"
 
 
 @pytest.fixture
-def registries(monkeypatch):
+def registries():
     """Registrations made in a test vanish after it."""
-    monkeypatch.setattr(collectives, "_REGISTRY", collectives._REGISTRY.copy())
-    monkeypatch.setattr(grad_reduce, "_REGISTRY", grad_reduce._REGISTRY.copy())
+    with restored_registries():
+        yield
 
 
 def problems(*overrides: str) -> list[str]:
