@@ -31,12 +31,13 @@ of these, so the same groups shard with one local optimizer per class on every r
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
+from zero_lab.state_probe import group_defaults, required_args
 
 __all__ = [
     "GROUP_CLASS_KEY",
@@ -119,26 +120,13 @@ def check_group_classes(groups: Sequence[Mapping[str, Any]], classes: Sequence[t
             )
 
 
-def _required_args(cls: type[Optimizer], group: Mapping[str, Any]) -> dict[str, Any]:
-    """The constructor arguments of ``cls`` without a default, taken from ``group``."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    required = [
-        name
-        for name, p in inspect.signature(cls).parameters.items()
-        if name != "params" and p.kind in kinds and p.default is inspect.Parameter.empty
-    ]
-    return {name: group[name] for name in required if name in group}
-
-
 def class_defaults(cls: type[Optimizer], group: Mapping[str, Any]) -> dict[str, Any]:
     """Every hyperparameter ``cls`` would give ``group``: the group's own keys, then the class's
-    defaults. Built on ``meta`` tensors of the group's first parameter's shape (no memory),
-    so a class that checks shapes at construction (Muon: 2-D only) checks the real ones."""
+    defaults (:func:`zero_lab.state_probe.group_defaults`, on a ``meta`` tensor of the group's
+    first parameter's shape, so a class that checks shapes checks the real one)."""
     params = [p[1] if isinstance(p, tuple) else p for p in group.get("params", [])]
-    probe = [torch.empty(tuple(p.shape), dtype=p.dtype, device="meta") for p in params[:1]]
-    probe_group = {"params": probe or [torch.empty(2, 2, device="meta")], **_hyper(group)}
-    built = cls([probe_group], **_required_args(cls, group))
-    return {k: v for k, v in built.param_groups[0].items() if k not in NOT_HYPERPARAMETERS}
+    shape, dtype = (tuple(params[0].shape), params[0].dtype) if params else ((2, 2), torch.float32)
+    return group_defaults(cls, _hyper(group), shape, dtype)
 
 
 class _StateView(Mapping):
@@ -194,7 +182,7 @@ class ChainedOptimizer(Optimizer):
             inner = self.classes.index(cls)
             self.optimizers[inner].add_param_group(group)
         else:
-            kwargs = self.defaults if cls is self.optimizer_class else _required_args(cls, group)
+            kwargs = self.defaults if cls is self.optimizer_class else required_args(cls, group)
             self.optimizers.append(cls([group], **kwargs))
             self.classes.append(cls)
             inner = len(self.optimizers) - 1

@@ -588,7 +588,8 @@ def _check_param_state(
 ) -> None:
     """Raise :class:`CheckpointError` when one parameter's saved ``state`` lacks a key, or holds a
     tensor of another shape or dtype kind, than ``cls`` makes for ``shape``/``dtype`` under ``hyper``."""
-    expected = expected_state(cls, hyper, shape, dtype)
+    arguments = {k: v for k, v in hyper.items() if k not in NOT_HYPERPARAMETERS}
+    expected = expected_state(cls, arguments, shape, dtype)
     problem = None if expected is None else state_problem(state, expected, cls.__name__)
     if problem is not None:
         raise CheckpointError(

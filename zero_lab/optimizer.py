@@ -89,7 +89,7 @@ from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, ParamExchange, share_grads_with_joined
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
-from zero_lab.pipeline import LocalShard, StepPipeline, sync_param_groups
+from zero_lab.pipeline import LocalShard, StepPipeline, params_of, sync_param_groups
 from zero_lab.shard_state import merge_states, slice_state
 from zero_lab.state_server import ShardStateServer, default_store, fetch_shard_states
 from zero_lab.torch_compat import TorchPrivateNames
@@ -431,7 +431,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     @property
     def all_params(self) -> list[torch.Tensor]:
         """Every parameter, by global index (param groups in order)."""
-        return [p for group in self.param_groups for p in group["params"]]
+        return params_of(self.param_groups)
 
     def local_shards(self) -> list[LocalShard]:
         """The shards this rank steps, with the tensor its local optimizer holds for each."""

@@ -71,6 +71,7 @@ __all__ = [
     "GradReducePhase",
     "LocalShard",
     "StepPipeline",
+    "params_of",
     "sync_param_groups",
 ]
 
@@ -122,6 +123,12 @@ class LocalShard:
     start: int
     stop: int
     tensor: torch.Tensor
+
+
+def params_of(groups: Iterable[Mapping[str, Any]]) -> list[torch.Tensor]:
+    """Every parameter of ``groups``, by global index (the groups in order): the one numbering the
+    optimizer, its state dicts and this pipeline share."""
+    return [p for group in groups for p in group["params"]]
 
 
 def sync_param_groups(src: list[dict[str, Any]], dst: list[dict[str, Any]]) -> None:
@@ -195,7 +202,7 @@ class StepPipeline:
     @property
     def params(self) -> list[torch.Tensor]:
         """Every parameter, by global index (param groups in order)."""
-        return [p for group in self.groups for p in group["params"]]
+        return params_of(self.groups)
 
     @property
     def comm(self) -> Communicator:

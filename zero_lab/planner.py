@@ -23,24 +23,25 @@ What each rank holds, per :class:`RankMemory`:
 * ``master_bytes`` — fp32 master copies of owned bf16/fp16 shards (``master_weights``).
 
 The optimizer's state layout is not a table kept by hand: :func:`probe_state_rule`
-steps the real optimizer class once on 2- and 3-element tensors and records which
+asks the real optimizer class what it makes for 2- and 3-element tensors
+(:func:`zero_lab.state_probe.expected_state`, one step on ``meta`` tensors) and records which
 state entries grow with the tensor (``exp_avg``) and which are fixed (Adam's
 ``step`` scalar). zero_lab steps one tensor per shard (a whole parameter, or a slice
 of it for element-granular partitioners), so a rank's state is the sum of that rule
 over its shards — exactly what :func:`zero_lab.measure.optimizer_state_bytes` counts
 on a ``ZeroRedundancyOptimizer`` after the first step, provided every trainable parameter received a gradient.
 
-A *whole* parameter is priced at its real shape (:func:`whole_state_bytes`): the class
-is built and stepped once on a ``meta`` tensor of that shape (no memory), falling back
-to a real tensor where a class cannot step on ``meta`` (Adafactor reads ``.item()``), so
-classes whose state is not elementwise — Muon (2-D only), Adafactor (row and column
-factors) — are priced for what they hold. ``group_optimizers`` gives each param group
+A *whole* parameter is priced at its real shape (:func:`whole_state_bytes`): the same
+probe at that shape (no memory; a class that cannot step on ``meta`` — Adafactor reads
+``.item()`` — is stepped on two tiny tensors whose state shapes say which dimension each
+follows), so classes whose state is not elementwise — Muon (2-D only), Adafactor (row and
+column factors) — are priced for what they hold. ``group_optimizers`` gives each param group
 its own class (several classes in one ZeRO, e.g. Muon + AdamW).
 """
 
 from __future__ import annotations
 
-import functools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ import torch
 from torch import nn
 
 from zero_lab.partition import ParamSpec, Partition, Partitioner
+from zero_lab.state_probe import Expected, expected_state
 
 __all__ = [
     "MemoryPlan",
@@ -84,33 +86,24 @@ class StateRule:
         return f"per element: {grows}; fixed: {fixed}"
 
 
-def _state_after_one_step(
-    optimizer_class: type[torch.optim.Optimizer],
-    numel: int | tuple[int, ...],
-    dtype: torch.dtype,
-    defaults: dict[str, Any],
-    device: str = "cpu",
-) -> dict[str, torch.Tensor]:
-    param = torch.zeros(numel, dtype=dtype, device=device, requires_grad=True)
-    param.grad = torch.full_like(param, 0.5)
-    optimizer = optimizer_class([param], **defaults)
-    optimizer.step()
-    return {key: value for key, value in optimizer.state[param].items() if torch.is_tensor(value)}
+def _state(
+    optimizer_class: type[torch.optim.Optimizer], shape: tuple[int, ...], dtype: torch.dtype, defaults: dict[str, Any]
+) -> dict[str, Expected]:
+    """The tensor state entries ``optimizer_class`` makes for one tensor of ``shape`` (the one probe)."""
+    state = expected_state(optimizer_class, defaults, shape, dtype)
+    if state is None:
+        raise ValueError(
+            f"cannot learn the state {optimizer_class.__name__} keeps for a tensor of shape {shape}: it steps "
+            "neither on meta tensors nor on tiny ones (e.g. it needs a closure)"
+        )
+    return {key: entry for key, entry in state.items() if entry.tensor}
 
 
-@functools.cache
-def _probe(optimizer_class: type[torch.optim.Optimizer], dtype: torch.dtype, frozen_defaults: tuple) -> StateRule:
-    defaults = dict(frozen_defaults)
-    small = _state_after_one_step(optimizer_class, 2, dtype, defaults)
-    large = _state_after_one_step(optimizer_class, 3, dtype, defaults)
-    per_element, fixed = [], []
-    for key in sorted(large):
-        grows = small[key].numel() == 2 and large[key].numel() == 3
-        if grows:
-            per_element.append((key, large[key].element_size()))
-        else:
-            fixed.append((key, large[key].numel() * large[key].element_size()))
-    return StateRule(tuple(per_element), tuple(fixed))
+def _nbytes(entry: Expected, shape: tuple[int, ...]) -> int:
+    """Bytes of one state tensor; one whose shape could not be learnt is priced like the parameter."""
+    dims = entry.shape if entry.shape is not None else shape
+    itemsize = entry.dtype.itemsize if entry.dtype is not None else 4
+    return math.prod(dims) * itemsize
 
 
 def probe_state_rule(
@@ -118,20 +111,19 @@ def probe_state_rule(
 ) -> StateRule:
     """The state layout of ``optimizer_class(**defaults)`` for tensors of ``dtype``.
 
-    Steps the real optimizer once on a 2- and a 3-element tensor (microseconds, cached)
-    and sorts each state tensor into "grows with the parameter" or "fixed size".
+    Asks the class what it makes for a 2- and a 3-element tensor (:func:`expected_state`,
+    cached) and sorts each state tensor into "grows with the parameter" or "fixed size".
     """
-    return _probe(optimizer_class, dtype, tuple(sorted(defaults.items())))
-
-
-@functools.cache
-def _whole(cls: type[torch.optim.Optimizer], shape: tuple[int, ...], dtype: torch.dtype, frozen: tuple) -> int:
-    defaults = dict(frozen)
-    try:
-        state = _state_after_one_step(cls, shape, dtype, defaults, device="meta")
-    except (RuntimeError, NotImplementedError):  # a class that reads values while stepping
-        state = _state_after_one_step(cls, shape, dtype, defaults)
-    return sum(value.numel() * value.element_size() for value in state.values())
+    small, large = (_state(optimizer_class, (n,), dtype, defaults) for n in (2, 3))
+    per_element, fixed = [], []
+    for key in sorted(large):
+        grows = small.get(key) is not None and small[key].shape == (2,) and large[key].shape == (3,)
+        size = _nbytes(large[key], (3,))
+        if grows:
+            per_element.append((key, size // 3))
+        else:
+            fixed.append((key, size))
+    return StateRule(tuple(per_element), tuple(fixed))
 
 
 def whole_state_bytes(
@@ -140,9 +132,10 @@ def whole_state_bytes(
     dtype: torch.dtype = torch.float32,
     **defaults: Any,
 ) -> int:
-    """State bytes of ``optimizer_class(**defaults)`` for one whole parameter of ``shape``,
-    after one step on a ``meta`` tensor of that shape (cached per class, shape, dtype)."""
-    return _whole(optimizer_class, tuple(shape), dtype, tuple(sorted(defaults.items())))
+    """State bytes of ``optimizer_class(**defaults)`` for one whole parameter of ``shape``, as
+    :func:`expected_state` learns it (one step on a ``meta`` tensor of that shape, cached)."""
+    shape = tuple(shape)
+    return sum(_nbytes(entry, shape) for entry in _state(optimizer_class, shape, dtype, defaults).values())
 
 
 def specs_from_module(

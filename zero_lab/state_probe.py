@@ -1,5 +1,11 @@
-"""What state an optimizer class makes for a tensor, learnt from the class itself, and whether
-a saved state fits it.
+"""Ask an optimizer class itself: its required arguments, its defaults, the state it makes for a
+tensor — the one "build it (and step it once) on ``meta`` tensors" probe of the package — and
+whether a saved state fits.
+
+Every caller that needs to know what a class does asks here: :mod:`zero_lab.chained` builds a
+class with :func:`required_args` and learns a group's defaults with :func:`group_defaults`;
+:mod:`zero_lab.planner` prices state with :func:`expected_state`; :mod:`zero_lab.checkpoint`
+checks a loaded state with :func:`expected_state` and :func:`state_problem`.
 
 A loaded checkpoint's state is trusted only as far as it looks like what the class would
 have made: ``momentum_buffer`` of 95 × 32 for a 96 × 32 matrix fails deep inside Muon's
@@ -37,16 +43,15 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from zero_lab.chained import NOT_HYPERPARAMETERS
-
-__all__ = ["Expected", "expected_state", "state_problem"]
+__all__ = ["Expected", "expected_state", "group_defaults", "required_args", "state_problem"]
 
 log = logging.getLogger(__name__)
 
 #: Param-group keys that pick a code path, not what state is kept; left out of the probe.
 PATH_KEYS = ("foreach", "fused", "capturable", "differentiable")
-#: Keys of a param group that are not the class's arguments.
-NOT_ARGUMENTS = (*NOT_HYPERPARAMETERS, "initial_lr")
+#: Keys torch puts in a param group that are not the class's arguments (zero_lab's own
+#: ``optimizer_class`` is left out by the callers, :data:`zero_lab.chained.NOT_HYPERPARAMETERS`).
+NOT_ARGUMENTS = ("params", "param_names", "initial_lr")
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31)
 
 
@@ -75,8 +80,9 @@ def expected_state(
     return _cache[key]
 
 
-def _required(cls: type[Optimizer], arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The constructor arguments of ``cls`` without a default, from the group's values."""
+def required_args(cls: type[Optimizer], arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` without a default, taken from ``arguments`` (those it
+    lacks are left out, so the constructor names them)."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     try:
         parameters = inspect.signature(cls).parameters.items()
@@ -89,10 +95,25 @@ def _required(cls: type[Optimizer], arguments: Mapping[str, Any]) -> dict[str, A
     }
 
 
+def _built(cls: type[Optimizer], arguments: Mapping[str, Any], tensor: torch.Tensor) -> Optimizer:
+    """``cls`` over one parameter, ``tensor``, as one group of ``arguments``."""
+    return cls([{"params": [tensor], **arguments}], **required_args(cls, arguments))
+
+
+def group_defaults(
+    cls: type[Optimizer], hyper: Mapping[str, Any], shape: Sequence[int], dtype: torch.dtype
+) -> dict[str, Any]:
+    """Every key ``cls`` gives a param group of ``hyper`` (its own keys, then the class's defaults),
+    learnt by building the class over a ``meta`` tensor of ``shape`` (no memory), so a class that
+    checks shapes at construction (Muon: 2-D only) checks this one; its errors propagate."""
+    built = _built(cls, hyper, torch.empty(tuple(shape), dtype=dtype, device="meta"))
+    return {k: v for k, v in built.param_groups[0].items() if k not in NOT_ARGUMENTS}
+
+
 def _one_step(cls: type[Optimizer], arguments: dict[str, Any], tensor: torch.Tensor) -> dict[str, Any]:
     param = torch.nn.Parameter(tensor)
     param.grad = torch.zeros_like(tensor)
-    optimizer = cls([{"params": [param], **arguments}], **_required(cls, arguments))
+    optimizer = _built(cls, arguments, param)
     optimizer.step()
     return dict(optimizer.state[param])
 

@@ -45,6 +45,7 @@ class TorchPrivateNames:
 
     # Provided by the optimizer this is mixed into.
     param_groups: list[dict[str, Any]]
+    all_params: list[torch.Tensor]
     world_size: int
     partition: Any
 
@@ -55,8 +56,8 @@ class TorchPrivateNames:
 
     @property
     def _all_params(self) -> list[torch.Tensor]:
-        """Every parameter, param groups in order (torch's ``_all_params``)."""
-        return [p for group in self.param_groups for p in group["params"]]
+        """Every parameter, param groups in order (torch's ``_all_params``: the optimizer's ``all_params``)."""
+        return self.all_params
 
     @property
     def _param_to_index(self) -> dict[torch.Tensor, int]:
