@@ -13,27 +13,34 @@ Algorithm, :func:`tune`:
 1. **Once per question.** ``key`` names everything the answer depends on (phase, the group's
    ranks and backend, dtype, device, candidates, sizes). A decision is remembered per process
    under it; a later ``auto`` with the same key takes it without a trial.
-2. **Timed.** :data:`TUNE_WARMUPS` untimed rounds of every candidate (a collective's first uses
-   pay its setup), then :data:`TUNE_REPS` timed rounds, the candidates in a rotated order each
-   round, so a drift of the machine's load does not always favour the same one.
-3. **Time and noise, per candidate.** Its time is the median of its repetitions; its noise is
-   half the spread between its slowest and fastest. One all-reduce MAX over the group makes
-   the slowest rank's figures everyone's, so every rank decides the same.
-4. **The rule** (:func:`decide`). Candidate ``c`` is *within the noise* of the fastest ``f``
-   when ``time_c - time_f <= max(noise_c + noise_f, AUTO_MARGIN * time_f)``: the trial's own
-   spread, floored at :data:`AUTO_MARGIN` (10 %) because two fresh processes disagree by more
-   than one trial's spread. The choice is the first candidate, in preference order, within the
-   noise of the fastest. So near-equal candidates always resolve to the preferred one (the same
-   config gives the same choice), and only a candidate clearly faster than it displaces it.
-   :attr:`Decision.within_noise` lists the other candidates within the noise of the choice,
-   which the phase's report carries, so a summary says when the choice was a near-tie.
+2. **Timed.** One untimed round of every candidate (a collective's first uses pay its setup);
+   its times, agreed over the group (MAX), say how many trials make one sample: enough for a
+   sample to last :data:`SAMPLE_S` (at most :data:`MAX_TRIALS`), since a sample of a few
+   milliseconds on a loaded machine measures the scheduler more than the collective. Then
+   :data:`TUNE_REPS` timed rounds, the candidates in an order rotated by one each round (every
+   candidate takes every place equally often), so a drift of the load favours none.
+3. **Agreed samples.** One all-reduce MAX over the group makes each sample the slowest rank's
+   (every rank ran the same round at the same time), so every rank decides from the same
+   figures, the same way. A candidate's time is the median of its samples; its noise, for the
+   report, half their interquartile range.
+4. **The rule** (:func:`decide`). ``a`` is *clearly faster* than ``b`` when its median is below
+   ``b``'s by more than :data:`AUTO_MARGIN` (10 %) *and* the samples say so beyond the noise:
+   at least :data:`CLEAR` (80 %) of the pairs (a sample of ``a``, a sample of ``b``) have ``a``
+   the faster — a comparison of the two samples' ranks, which one disturbed sample (a loaded
+   machine gives heavy tails) cannot sway. The choice is the first candidate, in preference
+   order, that no other candidate is clearly faster than (the fastest median always
+   qualifies). So near-equal candidates resolve to the preferred one (the same config, the
+   same choice), and only a clearly faster one displaces it. :attr:`Decision.within_noise`
+   lists the other candidates neither clearly faster nor clearly slower than the choice; the
+   phase's report carries it, so a summary says when the choice was a near-tie.
 
-    decision = tune(key, comm, ["broadcast", "p2p_all_gather"], trial)
+    decision = tune(key, comm, ["broadcast", "p2p_all_gather"], trial, device=dev, sample_bytes=n, label="tune")
     decision.choice, decision.within_noise   # "broadcast", ("p2p_all_gather",)
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -44,21 +51,38 @@ import torch.distributed as dist
 
 from zero_lab.comm import Communicator
 
-__all__ = ["AUTO_MARGIN", "TUNE_REPS", "TUNE_WARMUPS", "Decision", "decide", "decided", "remember", "tune"]
+__all__ = [
+    "AUTO_MARGIN",
+    "CLEAR",
+    "MAX_TRIALS",
+    "SAMPLE_S",
+    "TUNE_REPS",
+    "Decision",
+    "decide",
+    "decided",
+    "remember",
+    "tune",
+]
 
-#: The least relative gap between two candidates' times that counts as "clearly faster".
+#: The least relative gap between two candidates' median times that can count as "clearly faster".
 AUTO_MARGIN = 0.10
-#: Timed repetitions of every candidate (the median is its time).
-TUNE_REPS = 5
-#: Untimed rounds of every candidate before the timed ones.
-TUNE_WARMUPS = 1
+#: The least share of sample pairs in which the faster candidate must be faster (of 12 × 12 pairs,
+#: two disturbed samples of the faster one still leave it clear).
+CLEAR = 0.8
+#: Timed samples of every candidate (the median is its time); a multiple of 2, 3 and 4, so the
+#: rotation gives every candidate every place equally often for up to four candidates.
+TUNE_REPS = 12
+#: The least time one sample should last (trials of a candidate back to back).
+SAMPLE_S = 0.01
+#: The most trials in one sample.
+MAX_TRIALS = 16
 
 
 @dataclass(frozen=True)
 class Decision:
     """An ``auto`` choice and what it was made from (seconds, max over the group's ranks).
 
-    ``timings_s``: each candidate's median time; ``noise_s``: half its spread; ``within_noise``:
+    ``timings_s``: each candidate's median time; ``noise_s``: half its interquartile range; ``within_noise``:
     the other candidates indistinguishable from the choice; ``sample_bytes``: the bytes one
     trial of a candidate moved."""
 
@@ -77,22 +101,32 @@ class Decision:
         }
 
 
-def decide(
-    timings: Mapping[str, float], noise: Mapping[str, float] | None = None, margin: float = AUTO_MARGIN
-) -> tuple[str, tuple[str, ...]]:
-    """``(choice, the other candidates within the noise of it)`` from each candidate's time and
-    noise; ``timings`` is in preference order (see the module docstring, step 4)."""
-    if not timings:
+def clearly_faster(a: Sequence[float], b: Sequence[float], margin: float = AUTO_MARGIN) -> bool:
+    """Whether samples ``a`` are clearly faster than samples ``b`` (the module docstring, step 4)."""
+    if statistics.median(a) * (1 + margin) >= statistics.median(b):
+        return False
+    wins = sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in a for y in b)
+    return wins >= CLEAR * len(a) * len(b)
+
+
+def decide(samples: Mapping[str, Sequence[float]], margin: float = AUTO_MARGIN) -> tuple[str, tuple[str, ...]]:
+    """``(choice, the other candidates within the noise of it)`` from each candidate's timed samples;
+    ``samples`` is in preference order (see the module docstring, step 4)."""
+    if not samples:
         raise ValueError("auto: no candidate to choose from (register one)")
-    noise = noise or {}
 
-    def alike(a: str, b: str) -> bool:
-        band = max(noise.get(a, 0.0) + noise.get(b, 0.0), margin * min(timings[a], timings[b]))
-        return abs(timings[a] - timings[b]) <= band
+    def beaten(name: str) -> bool:
+        return any(clearly_faster(samples[other], samples[name], margin) for other in samples if other != name)
 
-    fastest = min(timings, key=timings.__getitem__)
-    choice = next(name for name in timings if alike(name, fastest))
-    return choice, tuple(name for name in timings if name != choice and alike(name, choice))
+    choice = next(name for name in samples if not beaten(name))
+    within = tuple(
+        name
+        for name in samples
+        if name != choice
+        and not clearly_faster(samples[name], samples[choice], margin)
+        and not clearly_faster(samples[choice], samples[name], margin)
+    )
+    return choice, within
 
 
 # key -> decision, for this process
@@ -108,6 +142,14 @@ def remember(key: tuple[Hashable, ...], decision: Decision) -> None:
     """Keep ``decision`` for later ``auto``\\ s with the same ``key`` (every rank of a group keeps the
     same: the figures are agreed by an all-reduce and every rank decides the same keys in order)."""
     _DECISIONS[key] = decision
+
+
+def _half_iqr(values: Sequence[float]) -> float:
+    """Half the interquartile range (inclusive quartiles: of 5 values, the 2nd and 4th smallest)."""
+    if len(values) < 2:
+        return 0.0
+    first, _, third = statistics.quantiles(values, n=4, method="inclusive")
+    return (third - first) / 2
 
 
 def tune(
@@ -128,29 +170,27 @@ def tune(
     if earlier is not None:
         return earlier
 
-    def timed(name: str) -> float:
+    def timed(name: str, trials: int = 1) -> float:
         start = time.perf_counter()
-        trial(name)
+        for _ in range(trials):
+            trial(name)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / trials
 
-    for _ in range(TUNE_WARMUPS):
-        for name in candidates:
-            timed(name)
+    warm = max(timed(name) for name in candidates)
+    slowest = comm.all_reduce(torch.tensor([warm], dtype=torch.float64, device=device), dist.ReduceOp.MAX, op=label)
+    trials = max(1, min(MAX_TRIALS, math.ceil(SAMPLE_S / max(float(slowest.item()), 1e-9))))
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for rep in range(TUNE_REPS):
         shift = rep % len(candidates)
         for name in [*candidates[shift:], *candidates[:shift]]:
-            samples[name].append(timed(name))
-    mine = [statistics.median(samples[n]) for n in candidates] + [
-        (max(samples[n]) - min(samples[n])) / 2 for n in candidates
-    ]
-    agreed = comm.all_reduce(torch.tensor(mine, dtype=torch.float64, device=device), dist.ReduceOp.MAX, op=label)
-    figures = agreed.cpu().tolist()
-    timings = dict(zip(candidates, figures[: len(candidates)]))
-    noise = dict(zip(candidates, figures[len(candidates) :]))
-    choice, within = decide(timings, noise)
+            samples[name].append(timed(name, trials))
+    mine = torch.tensor([samples[n] for n in candidates], dtype=torch.float64, device=device)
+    agreed = dict(zip(candidates, comm.all_reduce(mine, dist.ReduceOp.MAX, op=label).cpu().tolist()))
+    choice, within = decide(agreed)
+    timings = {n: statistics.median(agreed[n]) for n in candidates}
+    noise = {n: _half_iqr(agreed[n]) for n in candidates}
     decision = Decision(choice, timings, noise, within, sample_bytes)
     remember(key, decision)
     return decision

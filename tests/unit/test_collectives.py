@@ -115,25 +115,26 @@ def test_in_flight_then_runs_after_its_own_finish(single_rank_group):
 
 
 def test_auto_keeps_the_preferred_candidate_unless_another_is_clearly_faster():
-    from zero_lab.auto import AUTO_MARGIN, decide
+    from zero_lab.auto import AUTO_MARGIN, CLEAR, decide
 
-    assert AUTO_MARGIN == 0.10
-    # near-equal (within 10 % and within the noise): the preferred one, whichever measured faster
-    assert decide({"broadcast": 10.5, "p2p_all_gather": 10.0}, {"broadcast": 0.1, "p2p_all_gather": 0.1}) == (
+    assert (AUTO_MARGIN, CLEAR) == (0.10, 0.8)
+    tight = [10.0, 10.1, 9.9, 10.0, 10.2, 9.8] * 2
+    # the same times, a little apart: a near-tie, the preferred one, whichever measured faster
+    assert decide({"broadcast": [t * 1.05 for t in tight], "p2p_all_gather": tight}) == (
         "broadcast",
         ("p2p_all_gather",),
     )
-    # 15 % apart but each trial's spread is ±1: still noise, still the preferred one
-    noisy = {"broadcast": 1.0, "p2p_all_gather": 1.0}
-    assert decide({"broadcast": 11.5, "p2p_all_gather": 10.0}, noisy)[0] == "broadcast"
-    # 15 % apart with a tight spread: clearly faster, it wins and nothing was within the noise of it
-    assert decide({"broadcast": 11.5, "p2p_all_gather": 10.0}, {"broadcast": 0.1, "p2p_all_gather": 0.1}) == (
-        "p2p_all_gather",
-        (),
-    )
-    # the choice is the first preferred within the noise of the fastest, not merely the fastest
-    three = {"a": 20.0, "b": 10.4, "c": 10.0}
-    assert decide(three, dict.fromkeys(three, 0.05)) == ("b", ("c",))
+    # 15 % apart in every sample: clearly faster, it wins and nothing is within the noise of it
+    assert decide({"broadcast": [t * 1.15 for t in tight], "p2p_all_gather": tight}) == ("p2p_all_gather", ())
+    # 15 % apart at the median but the samples overlap: noise, the preferred one stays
+    overlapping = [8.0, 12.5, 9.0, 12.0, 10.0, 11.0] * 2
+    assert decide({"broadcast": [t * 1.15 for t in overlapping], "p2p_all_gather": overlapping})[0] == "broadcast"
+    # disturbed samples (a heavy tail, on both) do not hide a candidate 16 times slower
+    slow = [t * 16 for t in tight[:11]] + [2000.0]
+    assert decide({"slow": slow, "plain": [*tight[:10], 400.0, 300.0]}) == ("plain", ())
+    # the choice is the first preferred that nothing is clearly faster than, not merely the fastest
+    three = {"a": [t * 2 for t in tight], "b": [t * 1.04 for t in tight], "c": tight}
+    assert decide(three) == ("b", ("c",))
     with pytest.raises(ValueError, match="no candidate"):
         decide({})
 
