@@ -544,10 +544,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped. "
                 "Pass error_if_nonfinite=False to skip this check."
             )
-        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        grads = [p.grad for p in params if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, scale.to(grads[0].device))
+        # torch's own scaling, by clamp(max_norm / (total + 1e-6), max=1), as clip_grad_norm_ does
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
         return total
 
     def master_weight_bytes(self) -> int:

@@ -342,7 +342,7 @@ def prefetch_exchange(model: torch.nn.Module, zero: ZeroRedundancyOptimizer) -> 
 def _waiter(pipeline: StepPipeline, indices: tuple[int, ...]) -> Callable[..., None]:
     # Never traced by torch.compile: the wait is bookkeeping, timing (perf_counter) and a
     # collective's completion, which Dynamo would otherwise try to trace into the graph.
-    @torch._dynamo.disable
+    @torch.compiler.disable
     def wait(module: torch.nn.Module, args: Any) -> None:
         pipeline.note_first_use(indices)
         pipeline.wait_for_exchange(indices)

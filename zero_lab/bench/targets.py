@@ -24,7 +24,7 @@ from typing import Any
 
 from zero_lab.bench.strategies import STRATEGIES
 from zero_lab.bench.summary import common_rounds, median_ms, paired, paired_ratio
-from zero_lab.exchange import COLLECTIVES
+from zero_lab.exchange import auto_collectives
 
 __all__ = ["TARGETS", "Target", "aa_band", "evaluate", "strategies_compared", "verdict_line", "why"]
 
@@ -86,7 +86,7 @@ TARGETS: tuple[Target, ...] = (
         "exchange=auto reports the time of every candidate collective",
         "candidates",
         "zl_flat_bv",
-        bound=tuple(sorted(COLLECTIVES)),
+        bound=tuple(sorted(auto_collectives())),
     ),
     Target("FSDP2 (ZeRO-2-like) row has memory and time", "present", "fsdp2"),
     Target("FSDP2 (ZeRO-3-like) row has memory and time", "present", "fsdp2_reshard"),
