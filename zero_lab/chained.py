@@ -126,7 +126,7 @@ def class_defaults(cls: type[Optimizer], group: Mapping[str, Any]) -> dict[str, 
     first parameter's shape, so a class that checks shapes checks the real one)."""
     params = [p[1] if isinstance(p, tuple) else p for p in group.get("params", [])]
     shape, dtype = (tuple(params[0].shape), params[0].dtype) if params else ((2, 2), torch.float32)
-    return group_defaults(cls, _hyper(group), shape, dtype)
+    return _hyper(group_defaults(cls, _hyper(group), shape, dtype))
 
 
 class _StateView(Mapping):

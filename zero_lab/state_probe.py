@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 
 #: Param-group keys that pick a code path, not what state is kept; left out of the probe.
 PATH_KEYS = ("foreach", "fused", "capturable", "differentiable")
-#: Keys torch puts in a param group that are not the class's arguments (zero_lab's own
-#: ``optimizer_class`` is left out by the callers, :data:`zero_lab.chained.NOT_HYPERPARAMETERS`).
-NOT_ARGUMENTS = ("params", "param_names", "initial_lr")
+#: A key LR schedulers add to a param group that is no argument of the class. The callers pass
+#: hyper-parameters only (without the keys of :data:`zero_lab.chained.NOT_HYPERPARAMETERS`).
+NOT_ARGUMENTS = ("initial_lr",)
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31)
 
 
@@ -107,7 +107,7 @@ def group_defaults(
     learnt by building the class over a ``meta`` tensor of ``shape`` (no memory), so a class that
     checks shapes at construction (Muon: 2-D only) checks this one; its errors propagate."""
     built = _built(cls, hyper, torch.empty(tuple(shape), dtype=dtype, device="meta"))
-    return {k: v for k, v in built.param_groups[0].items() if k not in NOT_ARGUMENTS}
+    return {k: v for k, v in built.param_groups[0].items() if k != "params"}
 
 
 def _one_step(cls: type[Optimizer], arguments: dict[str, Any], tensor: torch.Tensor) -> dict[str, Any]:
