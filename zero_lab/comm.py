@@ -71,6 +71,21 @@ class CommStats:
     def snapshot(self) -> CommStats:
         return CommStats(self.calls, self.bytes, self.seconds, self.exposed_seconds, self.sent_bytes)
 
+    def reset_to(self, earlier: CommStats) -> None:
+        """Put these totals back to ``earlier`` (a snapshot), in place: what ran since (an ``auto``
+        trial) is not counted, and communicators sharing this object see the same."""
+        self.calls, self.bytes, self.seconds = earlier.calls, earlier.bytes, earlier.seconds
+        self.exposed_seconds, self.sent_bytes = earlier.exposed_seconds, earlier.sent_bytes
+
+    def plus(self, other: CommStats) -> CommStats:
+        return CommStats(
+            self.calls + other.calls,
+            self.bytes + other.bytes,
+            self.seconds + other.seconds,
+            self.exposed_seconds + other.exposed_seconds,
+            self.sent_bytes + other.sent_bytes,
+        )
+
     def since(self, earlier: CommStats) -> CommStats:
         return CommStats(
             self.calls - earlier.calls,

@@ -59,7 +59,7 @@ import torch.distributed as dist
 from zero_lab.auto import Decision, tune
 from zero_lab.bucket_views import standalone_view
 from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
-from zero_lab.comm import Communicator
+from zero_lab.comm import CommStats, Communicator
 from zero_lab.partition import Partition
 
 __all__ = [
@@ -219,12 +219,13 @@ class _Buffer:
                 else:
                     storage[lo:hi].copy_(param.data.reshape(-1)[a:b])
 
-    def issue(self, comm: Communicator, collective: Collective) -> InFlight:
-        """Fill the buffer with ``collective``; without a view, stage this rank's range first
-        and copy the other ranks' ranges into the parameters when it lands."""
+    def issue(self, comm: Communicator, collective: Collective, staging: torch.Tensor | None = None) -> InFlight:
+        """Fill the buffer with ``collective``; without a view, stage this rank's range first (in
+        ``staging`` when given, else a fresh buffer) and copy the other ranks' ranges into the
+        parameters when it lands."""
         if self.storage is not None:
             return collective.issue(comm, self.storage, self.bounds, collective.label)
-        storage = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        storage = staging if staging is not None else torch.empty(self.numel, dtype=self.dtype, device=self.device)
         self._copy(storage, [comm.rank], into_params=False)
         others = [r for r in range(comm.world_size) if r != comm.rank]
         inflight = collective.issue(comm, storage, self.bounds, collective.label)
@@ -387,8 +388,8 @@ class ParamExchange:
             return
         if first_use is not None:
             first_use.agree(self.comm, len(self.params), self.params[0].device)
-        if self.collective == "auto":
-            self._tune()  # on the real units, in place: they are whole afterwards; this exchange runs again
+        if self.collective == "auto" and self._tune():
+            return  # the trials ran this exchange, on the real units: every replica is whole now
         collective = collective_named(self.collective)
         for unit in self._issue_order(first_use):
             self._inflight.append((unit.param_indices, unit.issue(self.comm, collective)))
@@ -423,9 +424,10 @@ class ParamExchange:
                 keep.append((indices, inflight))
         self._inflight = keep
 
-    def _tune(self) -> None:
+    def _tune(self) -> bool:
         """Time every in-place collective on the exchange itself and take the tuner's choice
-        (see the module docstring)."""
+        (see the module docstring); ``True`` when trials ran (the exchange is then done), ``False``
+        when this world had decided the same exchange before (no trial: it still has to run)."""
         trainable = [s for s in self.partition.shards if self.params[s.param].requires_grad]
         first = self.params[trainable[0].param] if trainable else self.params[0]
         candidates = auto_collectives()
@@ -442,11 +444,24 @@ class ParamExchange:
             tuple(units.items()),
         )
 
-        def trial(name: str) -> None:
-            collective = collective_named(name)
-            for inflight in [unit.issue(self.comm, collective) for unit in self._units(name)]:
-                inflight.wait()
+        staged: dict[int, torch.Tensor] = {}  # layouts that stage (no views): one buffer per unit, all trials
+        one_run: dict[str, CommStats] = {}  # what one exchange with each candidate meters
 
+        def trial(name: str) -> None:
+            started = self.comm.stats.snapshot()
+            collective = collective_named(name)
+            issued = []
+            for unit in self._units(name):
+                if isinstance(unit, _Buffer) and unit.storage is None:
+                    staging = staged.setdefault(id(unit), torch.empty(unit.numel, dtype=unit.dtype, device=unit.device))
+                    issued.append(unit.issue(self.comm, collective, staging))
+                else:
+                    issued.append(unit.issue(self.comm, collective))
+            for inflight in issued:
+                inflight.wait()
+            one_run[name] = self.comm.stats.since(started)
+
+        before = self.comm.stats.snapshot()
         self.decision = tune(
             key,
             self.comm,
@@ -456,7 +471,13 @@ class ParamExchange:
             sample_bytes=max(sum(sizes) for sizes in units.values()),
             label="exchange_tune",
         )
+        staged.clear()
         self.collective = self.decision.choice
+        if not one_run:
+            return False
+        # the training's traffic is one exchange with the choice, not the trial's repetitions
+        self.comm.stats.reset_to(before.plus(one_run[self.collective]))
+        return True
 
 
 def _unit_numel(unit: _Unit) -> int:

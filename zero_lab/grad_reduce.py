@@ -664,7 +664,7 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> Decision:
     decision = tune(
         key, comm, candidates, trial, device=first.device, sample_bytes=numel * itemsize, label="grad_reduce_tune"
     )
-    comm.stats = before  # the trial is not the training's traffic
+    comm.stats.reset_to(before)  # the trial is not the training's traffic
     held.clear()
     scale = sum(sizes) / (numel * itemsize)  # seconds for the model's gradients, not the scratch's
     return Decision(

@@ -72,6 +72,7 @@ def test_the_exchange_trial_raises_the_peak_no_more_than_the_chosen_exchange(wor
         slack = with_trial["model_bytes"] // 4
         assert with_trial["peak"] <= without["peak"] + slack, (with_trial, without)
         assert with_trial["params"] == without["params"]  # the trial left every replica as the forced exchange
+        assert with_trial["metered"] == without["metered"]  # and the trial is not counted as the step's traffic
 
 
 def test_the_gradient_trial_raises_the_peak_by_less_than_the_gradients(world):
@@ -193,6 +194,7 @@ def first_step_peak(layout: str, exchange: str) -> dict[str, Any]:
         "collective": opt.exchange_report().collective,
         "peak": peak,
         "model_bytes": flat.numel() * 4,
+        "metered": (opt.comm_stats.calls, opt.comm_stats.bytes, opt.comm_stats.sent_bytes),
         "params": hash(flat.numpy().tobytes()),
     }
 

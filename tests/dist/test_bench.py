@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zero_lab.bench import cli
-from zero_lab.collectives import COLLECTIVES
+from zero_lab.exchange import auto_collectives
 
 STRATEGIES = ["ddp", "ddp_aa", "torch", "torch_bv", "zl_sg", "zl_sg_bv", "zl_flat", "zl_overlap_il"]
 STRATEGIES += ["zl_flat_bv", "zl_flat_bv_ag", "zl_prefetch", "fsdp2", "fsdp2_reshard", "zl_gr_rs_bc", "zl_gr_auto"]
@@ -75,7 +75,7 @@ def test_tiny_end_to_end_run(tmp_path: Path, capsys) -> None:
     # exchange=auto timed both collectives at the first step and says which it took; forced modes are kept
     auto = results["zl_flat_bv"]["report"]
     assert auto["requested"] == "auto" and auto["collective"] in auto["timings_s"]
-    assert sorted(auto["timings_s"]) == sorted(COLLECTIVES) and all(t > 0 for t in auto["timings_s"].values())
+    assert sorted(auto["timings_s"]) == sorted(auto_collectives()) and all(t > 0 for t in auto["timings_s"].values())
     assert results["zl_flat_bv_ag"]["report"]["mode"] == "flat_all_gather"
     assert f"zl_flat_bv: exchange {auto['mode']} (requested auto); timed at the first step" in printed
     # prefetch: the iteration covers its exchange; the time blocked on it is at most its time in flight
