@@ -173,6 +173,23 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "process holds that pipe) and its ranks with it",
     ),
     PrivateName(
+        "torch",
+        "torch.optim.lr_scheduler.SequentialLR._schedulers",
+        ("_schedulers",),
+        ("zero_lab.app.check.scheduler",),
+        "the key under which a chained schedule's state_dict holds each scheduler's state (torch saves "
+        "its private attribute as is); read to tell which scheduler= option fits a saved schedule",
+    ),
+    PrivateName(
+        "torch",
+        "DCP .metadata pickle globals",
+        ("_MEM_FORMAT_ENCODING", "_StorageInfo", "_get_layout", "pathlib._local"),
+        ("zero_lab.dcp_reader",),
+        "the private globals a DCP .metadata pickle names (torch.distributed.checkpoint.metadata."
+        "_MEM_FORMAT_ENCODING, ...filesystem._StorageInfo, torch.serialization._get_layout, Python 3.13's "
+        "pathlib._local): the restricted unpickler allows exactly what the file holds, nothing else",
+    ),
+    PrivateName(
         "python",
         "os._exit",
         ("_exit",),

@@ -64,7 +64,10 @@ def private_uses(trees: dict[str, ast.Module]) -> set[tuple[str, str]]:
     own = _defined_by_zero_lab(trees)
     found: set[tuple[str, str]] = set()
     for module, tree in trees.items():
+        in_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
         for node in ast.walk(tree):
+            if id(node) in in_fstrings:
+                continue  # a piece of an f-string ("{group}_schema") names nothing
             if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
                 found.add((module, node.attr))
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -98,7 +101,15 @@ def private_uses(trees: dict[str, ast.Module]) -> set[tuple[str, str]]:
                 and re.fullmatch(r"[a-z]+(\.\w+)*\._[a-z]\w*(\.\w+)*", node.value)
                 and node.value.split(".")[0] != "zero_lab"
             ):
-                found.add((module, node.value))
+                found.add((module, node.value))  # a private module named: preloaded, refused, allowed
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.fullmatch(r"_[A-Za-z]\w*", node.value)
+                and _private(node.value)
+                and node.value not in own
+            ):
+                found.add((module, node.value))  # a private name spelled as a string (an allowed pickle global)
     return found
 
 
@@ -260,6 +271,34 @@ def _forkserver() -> None:
     assert hasattr(server, "_forkserver_pid") and hasattr(server, "_forkserver_alive_fd")
 
 
+def _scheduler_state() -> None:
+    from torch.optim.lr_scheduler import ConstantLR, LinearLR, SequentialLR
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    chained = SequentialLR(opt, [LinearLR(opt, 0.5, total_iters=2), ConstantLR(opt, 1.0)], milestones=[2])
+    saved = chained.state_dict()["_schedulers"]
+    assert isinstance(saved, list) and len(saved) == 2 and all(isinstance(state, dict) for state in saved)
+
+
+def _dcp_pickle_globals() -> None:
+    import pickle
+    from pathlib import PurePosixPath
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    assert isinstance(metadata._MEM_FORMAT_ENCODING, type)  # an enum DCP pickles by name
+    assert dataclasses_fields(filesystem._StorageInfo) >= {"relative_path", "offset", "length"}
+    assert torch.serialization._get_layout("torch.strided") is torch.strided  # how a layout unpickles
+    pickled = pickle.dumps(PurePosixPath("a"))
+    assert b"pathlib" in pickled  # PurePosixPath pickles as pathlib's (pathlib._local from Python 3.13)
+
+
+def dataclasses_fields(cls: type) -> set[str]:
+    import dataclasses
+
+    return {field.name for field in dataclasses.fields(cls)}
+
+
 def _os_exit() -> None:
     import os
 
@@ -285,6 +324,8 @@ CHECKS: dict[str, Callable[[], None]] = {
     "multiprocessing.forkserver.ForkServer._forkserver_pid": _forkserver,
     "multiprocessing.forkserver.ForkServer._forkserver_alive_fd": _forkserver,
     "os._exit": _os_exit,
+    "torch.optim.lr_scheduler.SequentialLR._schedulers": _scheduler_state,
+    "DCP .metadata pickle globals": _dcp_pickle_globals,
 }
 
 
