@@ -81,6 +81,16 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch",
+        "torch._foreach_norm, torch._foreach_mul_",
+        ("_foreach_norm", "_foreach_mul_"),
+        ("zero_lab.engine.clip",),
+        "the engine's sharded clip_grad_norm_ takes the norm of its owned pieces and scales every "
+        "gradient with torch's multi-tensor kernels, as torch.nn.utils.clip_grad_norm_ does inside",
+        "torch.nn.utils.get_total_norm and clip_grads_with_norm_ (public since torch 2.6; the "
+        "optimizer's clip_grad_norm_ uses the latter)",
+    ),
+    PrivateName(
+        "torch",
         "torch._dynamo.utils.counters",
         ("_dynamo",),
         ("zero_lab.app.run.rank_loop",),
@@ -91,7 +101,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch",
         "torch._dynamo",
         ("torch._dynamo",),
-        ("zero_lab.runtime.launch",),
+        ("zero_lab.runtime.spawn",),
         "imported once in the forkserver that test worlds and ranks fork from (the first DDP of a "
         "process imports it, about 0.85 s): preloading is an import, not a call into its internals",
     ),
@@ -153,7 +163,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "python",
         "multiprocessing.forkserver._forkserver",
         ("_forkserver",),
-        ("zero_lab.runtime.launch",),
+        ("zero_lab.runtime.spawn",),
         "the process's forkserver (its pid, to know whether it runs and to stop it at exit); "
         "multiprocessing has no public handle on it",
     ),
@@ -161,14 +171,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "python",
         "multiprocessing.forkserver.ForkServer._forkserver_pid",
         ("_forkserver_pid",),
-        ("zero_lab.runtime.launch",),
+        ("zero_lab.runtime.spawn",),
         "whether the forkserver was started, and the pid to end at exit",
     ),
     PrivateName(
         "python",
         "multiprocessing.forkserver.ForkServer._forkserver_alive_fd",
         ("_forkserver_alive_fd",),
-        ("zero_lab.runtime.launch",),
+        ("zero_lab.runtime.spawn",),
         "closed in each forked rank, so the forkserver ends with the job's process (it runs while any "
         "process holds that pipe) and its ranks with it",
     ),
@@ -193,7 +203,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "python",
         "os._exit",
         ("_exit",),
-        ("zero_lab.runtime.launch",),
+        ("zero_lab.runtime.spawn",),
         "public despite the underscore (documented in os): a rank ends without running atexit "
         "handlers or flushing torch/Gloo state a second time (FIELD-NOTES: the aborts at exit)",
     ),

@@ -299,6 +299,13 @@ def dataclasses_fields(cls: type) -> set[str]:
     return {field.name for field in dataclasses.fields(cls)}
 
 
+def _foreach() -> None:
+    a, b = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 5.0])
+    assert [n.item() for n in torch._foreach_norm([a, b], 2.0)] == [5.0, 5.0]
+    torch._foreach_mul_([a, b], torch.tensor(0.5))
+    assert a.tolist() == [1.5, 2.0] and b.tolist() == [0.0, 2.5]
+
+
 def _os_exit() -> None:
     import os
 
@@ -324,6 +331,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "multiprocessing.forkserver.ForkServer._forkserver_pid": _forkserver,
     "multiprocessing.forkserver.ForkServer._forkserver_alive_fd": _forkserver,
     "os._exit": _os_exit,
+    "torch._foreach_norm, torch._foreach_mul_": _foreach,
     "torch.optim.lr_scheduler.SequentialLR._schedulers": _scheduler_state,
     "DCP .metadata pickle globals": _dcp_pickle_globals,
 }
