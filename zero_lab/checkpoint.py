@@ -423,10 +423,16 @@ def save_checkpoint(
 ) -> Path:
     """Write a sharded checkpoint to ``directory`` (e.g. ``run/checkpoints/step_00000100``).
 
-    Collective: call on every rank. Returns the final directory.
+    Collective: call on every rank. Returns the final directory. With ``shard_size`` < W the
+    other shard groups hold replicas of shard group 0's shards: group 0 writes, they wait for it
+    (a barrier on their replica group, which holds one rank of group 0).
     """
     final = Path(directory)
     optimizer.wait_for_exchange()  # model.state_dict() below reads the parameters
+    replicas = optimizer.replica_communicator
+    if replicas is not None and optimizer.hierarchy.group_index > 0:
+        replicas.barrier()  # returns once group 0's rank of this replica group has written and renamed
+        return final
     comm, rank = optimizer.communicator, optimizer.rank
     token = _agreed_token(optimizer)  # this save's own partial dir: a concurrent writer never shares it
     partial = final.with_name(f".{final.name}.partial-{token}")
@@ -460,6 +466,8 @@ def save_checkpoint(
         fsync_dir(partial)
         _swap_into_place(partial, final, token)
     comm.barrier()
+    if replicas is not None:
+        replicas.barrier()  # the other groups' ranks return now: the checkpoint is in place
     return final
 
 

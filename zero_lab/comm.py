@@ -28,6 +28,15 @@ Accounting, in :class:`CommStats`:
   elsewhere (the W-1 copies a chain makes, all charged to the rank whose data they are; one
   broadcast per rank of equal ranges is then an all-gather's share). It is the figure that
   compares a ZeRO step with DDP's: reduce-scatter + all-gather move what one all-reduce moves;
+* ``sent_by_link`` — ``sent_bytes`` split by the links they cross, on two axes: the
+  group axis (``intra_group``: a Communicator's own group, the default; ``inter_group``: one
+  built with ``link=INTER_GROUP``, a replica group of hierarchical sharding,
+  :mod:`zero_lab.hierarchy`) and, when the launcher says which ranks share a node
+  (:func:`ranks_per_node`: ``LOCAL_WORLD_SIZE`` from torchrun or zero_lab's launcher,
+  ``SLURM_NTASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` from srun; ranks laid out node by node),
+  the node axis (``intra_node``: the group's ranks share one node; ``inter_node``: they span
+  several — the whole collective is charged there, the slow link it waits on). Each axis sums
+  to ``sent_bytes``;
 * ``exposed_seconds`` — time the caller was blocked: issuing plus waiting;
 * ``seconds`` — wall time during which at least one collective was in flight, each
   counted from its issue until its wait returned; collectives in flight together are
@@ -41,17 +50,34 @@ Accounting, in :class:`CommStats`:
 from __future__ import annotations
 
 import io
+import os
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-__all__ = ["CommStats", "Communicator", "Pending"]
+__all__ = [
+    "INTER_GROUP",
+    "INTER_NODE",
+    "INTRA_GROUP",
+    "INTRA_NODE",
+    "LINK_CLASSES",
+    "CommStats",
+    "Communicator",
+    "Pending",
+    "node_link",
+    "ranks_per_node",
+]
+
+#: Link classes of ``CommStats.sent_by_link``: the group axis, then the node axis.
+INTRA_GROUP, INTER_GROUP, INTRA_NODE, INTER_NODE = "intra_group", "inter_group", "intra_node", "inter_node"
+LINK_CLASSES = (INTRA_GROUP, INTER_GROUP, INTRA_NODE, INTER_NODE)
 
 # torch >= 2.13 renamed all_gather_into_tensor; keep working on older releases.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -67,9 +93,12 @@ class CommStats:
     seconds: float = 0.0
     exposed_seconds: float = 0.0
     sent_bytes: int = 0
+    sent_by_link: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> CommStats:
-        return CommStats(self.calls, self.bytes, self.seconds, self.exposed_seconds, self.sent_bytes)
+        return CommStats(
+            self.calls, self.bytes, self.seconds, self.exposed_seconds, self.sent_bytes, dict(self.sent_by_link)
+        )
 
     def reset_to(self, earlier: CommStats) -> None:
         """Put these totals back to ``earlier`` (a snapshot), in place: what ran since (an ``auto``
@@ -87,13 +116,43 @@ class CommStats:
         )
 
     def since(self, earlier: CommStats) -> CommStats:
+        links = {k: v - earlier.sent_by_link.get(k, 0) for k, v in self.sent_by_link.items()}
         return CommStats(
             self.calls - earlier.calls,
             self.bytes - earlier.bytes,
             self.seconds - earlier.seconds,
             self.exposed_seconds - earlier.exposed_seconds,
             self.sent_bytes - earlier.sent_bytes,
+            {k: v for k, v in links.items() if v},
         )
+
+    def add_sent(self, nbytes: int, links: Sequence[str]) -> None:
+        """Count ``nbytes`` put on the wire, once in ``sent_bytes`` and once per link axis in ``links``."""
+        if not nbytes:
+            return
+        self.sent_bytes += nbytes
+        for link in links:
+            self.sent_by_link[link] = self.sent_by_link.get(link, 0) + nbytes
+
+
+def ranks_per_node(environ: Mapping[str, str] | None = None) -> int | None:
+    """How many consecutive ranks share a node, as the launcher says (``None``: it does not):
+    ``LOCAL_WORLD_SIZE`` (torchrun, zero_lab's launcher), else ``SLURM_NTASKS_PER_NODE``, else
+    ``SLURM_TASKS_PER_NODE`` when every node runs the same number (``4(x2)`` or ``4``)."""
+    env = os.environ if environ is None else environ
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if env.get(key, "").isdigit() and int(env[key]) > 0:
+            return int(env[key])
+    match = re.fullmatch(r"(\d+)(\(x\d+\))?", env.get("SLURM_TASKS_PER_NODE", ""))
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def node_link(global_ranks: Sequence[int], per_node: int | None) -> str | None:
+    """``intra_node`` when ``global_ranks`` share one node of ``per_node`` consecutive ranks,
+    ``inter_node`` when they span several, ``None`` when nodes are unknown."""
+    if per_node is None:
+        return None
+    return INTRA_NODE if len({rank // per_node for rank in global_ranks}) <= 1 else INTER_NODE
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -130,14 +189,28 @@ class Pending:
 
 class Communicator:
     """Collectives on one process group, metered in :attr:`stats` (``stats=``: into another
-    communicator's, e.g. the overlap hooks' own group into the optimizer's)."""
+    communicator's, e.g. the overlap hooks' own group into the optimizer's). ``link``: the
+    group axis its sent bytes count under (``INTER_GROUP`` for a replica group); the node
+    axis is derived from its ranks and :func:`ranks_per_node` (``per_node=`` overrides)."""
 
-    def __init__(self, process_group: Any = None, *, stats: CommStats | None = None):
+    def __init__(
+        self,
+        process_group: Any = None,
+        *,
+        stats: CommStats | None = None,
+        link: str = INTRA_GROUP,
+        per_node: int | None = None,
+    ):
         self.group = process_group if process_group is not None else dist.group.WORLD
         self.world_size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         self.stats = stats if stats is not None else CommStats()
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
+        if link not in (INTRA_GROUP, INTER_GROUP):
+            raise ValueError(f"link={link!r}: one of {INTRA_GROUP!r}, {INTER_GROUP!r}")
+        nodes = node_link(dist.get_process_group_ranks(self.group), per_node or ranks_per_node())
+        #: the link classes this group's sent bytes count under (group axis, then node axis when known)
+        self.links: tuple[str, ...] = (link,) if nodes is None else (link, nodes)
 
     def count_in_flight(self, start: float, end: float) -> None:
         """Add the part of ``[start, end]`` (``perf_counter`` times, ends in order) not yet in ``stats.seconds``."""
@@ -164,7 +237,7 @@ class Communicator:
             works = launch()
         self.stats.exposed_seconds += time.perf_counter() - start
         self.stats.bytes += nbytes
-        self.stats.sent_bytes += sent
+        self.stats.add_sent(sent, self.links)
         self.stats.calls += calls
         return Pending(self, op, works, start)
 
@@ -263,7 +336,7 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"):
         with self._metered(op, _nbytes(tensor)):
             dist.all_reduce(tensor, op=reduce_op, group=self.group)
-        self.stats.sent_bytes += _ring_share(_nbytes(tensor), self.world_size, passes=2)
+        self.stats.add_sent(_ring_share(_nbytes(tensor), self.world_size, passes=2), self.links)
         return tensor
 
     def send_object(self, obj: Any, dst: int, device: torch.device) -> None:

@@ -36,6 +36,11 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    gradient bytes — is freed before the first backward allocates the gradients themselves:
    choosing never raises the run's peak. The report says which strategies were within the
    trial's noise of the choice.
+   With ``shard_size=S`` < W (:mod:`zero_lab.hierarchy`) the strategy runs inside this rank's
+   shard group (segments by the S owners; the bucket still divided by W) and each owner's
+   reduced segment is then all-reduced across its replica group, the ranks owning the same
+   elements in the other groups: only Ψ/S of each rank's gradient crosses groups (metered as
+   ``inter_group``, :class:`~zero_lab.comm.CommStats`).
 4. Issue happens in the hook, on the autograd thread, in bucket order; the waits and the
    sums run on one worker thread per hook, which completes the future DDP waits for.
    The bucket DDP gets back holds this rank's reduced segment and **zeros elsewhere**.
@@ -84,8 +89,9 @@ import torch.distributed as dist
 
 from zero_lab import background
 from zero_lab.auto import Decision, tune
-from zero_lab.comm import CommStats, Communicator, Pending
+from zero_lab.comm import INTER_GROUP, CommStats, Communicator, Pending
 from zero_lab.ddp_buckets import DdpBuckets
+from zero_lab.hierarchy import hierarchy_of
 from zero_lab.partition import Partition, bucket_use
 from zero_lab.pipeline import StepPipeline
 from zero_lab.registry import Registry
@@ -373,10 +379,15 @@ class GradReduceHandle:
         requested: str,
         shard_grads: bool,
         gradient_as_bucket_view: bool = False,
+        replicas: Communicator | None = None,
     ):
         self.pipeline = pipeline
         self.params = list(params)
         self.comm = comm
+        #: with ``shard_size`` < W: the replica group, where each owner's reduced segment is all-reduced
+        self.replicas = replicas
+        #: the data-parallel world DDP averages over (the shard group times its replicas)
+        self.world_size = comm.world_size * (1 if replicas is None else replicas.world_size)
         self.requested = requested
         self.strategy = strategy
         self.shard_grads = shard_grads
@@ -410,6 +421,8 @@ class GradReduceHandle:
             "strategy": self.strategy,
             **decided.as_dict(),
             "shard_grads": self.shard_grads,
+            "shard_size": self.comm.world_size,
+            "world_size": self.world_size,
         }
 
     def _route(self, bucket: dist.GradBucket) -> BucketRoute:
@@ -427,7 +440,7 @@ class GradReduceHandle:
         with this rank's reduced segment and zeros elsewhere (whole, with ``all_reduce``)."""
         flat = bucket.buffer()
         strategy = grad_reduce_named(self.strategy)
-        world = self.comm.world_size
+        world = self.world_size
         future: torch.futures.Future = torch.futures.Future()
         self.ddp_buffers[bucket.index()] = flat.untyped_storage()
         if not self._in_backward:
@@ -445,10 +458,13 @@ class GradReduceHandle:
         segments = [flat] if route is None else route.segments(flat)
         reduced = strategy.issue(self.comm, segments, tag=bucket.index())
         rank = self.comm.rank
+        replicas = self.replicas
 
         def finish() -> None:
             try:
                 mine = reduced.wait()
+                if replicas is not None and mine.numel():  # the owners of these elements in the other groups
+                    replicas.all_reduce(mine, op=f"{strategy.label}_replicas")
                 if route is not None:
                     route.scatter_back(flat, rank, mine)
                 future.set_result(flat)
@@ -587,9 +603,7 @@ def _install(
 ) -> GradReduceHandle:
     if pipeline is not None:
         pipeline.require_ddp_all_reduce()  # before any group or hook exists
-    outer = pipeline.comm if pipeline is not None else Communicator(ddp.process_group)
-    ranks = [outer.global_rank(r) for r in range(outer.world_size)]
-    group = dist.new_group(ranks=ranks, backend=dist.get_backend(outer.group))
+    comm, replicas = _reduction_comms(ddp, pipeline)
     handles: list[GradReduceHandle] = []
 
     def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -601,7 +615,7 @@ def _install(
         comm_hook = overlap_hook(hook, ddp, optimizer, shard_buckets=bucket_use(pipeline.partitioner).shard_buckets)
     params = pipeline.params if pipeline is not None else list(ddp.module.parameters())
     handle = GradReduceHandle(
-        pipeline, params, Communicator(group), grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view)
+        pipeline, params, comm, grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view), replicas
     )
     if shard_grads:
         restore = _weak_restore(handle)
@@ -616,6 +630,25 @@ def _install(
         pipeline.attach_grad_reduce(handle)  # the pipeline's gradient phase (Join refuses it)
     ddp.register_comm_hook(None, comm_hook)
     return handle
+
+
+def _reduction_comms(ddp: Any, pipeline: StepPipeline | None) -> tuple[Communicator, Communicator | None]:
+    """The reduction's own groups (its messages never interleave with the optimizer's): a copy of
+    the pipeline's group (DDP's, for a plain optimizer), or, when the pipeline's group is one shard
+    group of DDP's (``shard_size`` < W, :mod:`zero_lab.hierarchy`), shard and replica groups of its
+    own over the same ranks (created on every rank in the same order)."""
+    outer = pipeline.comm if pipeline is not None else Communicator(ddp.process_group)
+    ranks = [outer.global_rank(r) for r in range(outer.world_size)]
+    if outer.world_size == dist.get_world_size(ddp.process_group):
+        return Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(outer.group))), None
+    own = hierarchy_of(ddp.process_group, outer.world_size, tag="grad_reduce")
+    comm = Communicator(own.shard_group)
+    if [comm.global_rank(r) for r in range(comm.world_size)] != ranks:
+        raise ValueError(
+            f"reduce_gradients: the optimizer shards over ranks {ranks}, which are not one shard group of DDP's "
+            "process group; build the optimizer over DDP's process group (its shard_size groups follow it)"
+        )
+    return comm, Communicator(own.replica_group, stats=comm.stats, link=INTER_GROUP)
 
 
 def _weak_restore(handle: GradReduceHandle) -> Callable[[torch.Tensor], None]:

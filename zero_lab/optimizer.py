@@ -83,11 +83,12 @@ from zero_lab.chained import (
     merge_state_dicts,
 )
 from zero_lab.collectives import collective_named
-from zero_lab.comm import CommStats, Communicator
+from zero_lab.comm import INTER_GROUP, CommStats, Communicator
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.dtensors import check_plain_params
 from zero_lab.elementwise import ELEMENTWISE_OPTIMIZERS, is_elementwise
 from zero_lab.exchange import ExchangeReport, ParamExchange, share_grads_with_joined
+from zero_lab.hierarchy import Hierarchy, hierarchy_of
 from zero_lab.partition import DdpBucket, ParamSpec, Partition, Partitioner, SortedGreedy
 from zero_lab.pipeline import LocalShard, StepPipeline, params_of, sync_param_groups
 from zero_lab.shard_state import merge_states, slice_state
@@ -269,6 +270,14 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         params: tensors, ``named_parameters()`` pairs, or param-group dicts.
         optimizer_class: any ``torch.optim.Optimizer`` class; ``**defaults`` go to it.
         process_group: the data-parallel group (default: the world).
+        shard_size: partition the state over groups of this many consecutive ranks of
+            ``process_group`` and replicate it across the groups (:mod:`zero_lab.hierarchy`;
+            default ``None``: one group, the whole ``process_group``). It must divide the
+            group's size; every rank of the world constructs (the groups are created here).
+            Then ``process_group``, ``rank`` and ``world_size`` are this rank's *shard group*'s
+            (the partition, the exchange, consolidation and the state server live there);
+            gradients still come from DDP over the whole group (or :func:`zero_lab.grad_reduce.reduce_gradients`,
+            which reduces inside the shard group, then across replicas).
         parameters_as_bucket_view: pack parameters into contiguous buffers so the
             exchange is one collective per buffer (``param.data`` become views).
         overlap_with_ddp: step inside a DDP comm hook (see ``zero_lab.overlap``).
@@ -304,6 +313,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         master_weights: bool = False,
         exchange: str = "auto",
         ddp_buckets: Mapping[int, int] | None = None,
+        shard_size: int | None = None,
         **defaults: Any,
     ):
         groups = _normalize_params(params)
@@ -317,9 +327,19 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         check_plain_params(self.all_params, [n for g in self.param_groups for n in g.get("param_names", g["params"])])
         _check_same_dense_type(self.all_params)
 
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.hierarchy: Hierarchy = hierarchy_of(process_group, shard_size)  # the groups, made once (on every rank)
+        if self.hierarchy.hierarchical and overlap_with_ddp:
+            raise ValueError(
+                f"shard_size={shard_size} with overlap_with_ddp=True: the overlap hooks step and broadcast each DDP "
+                "bucket over one group; pass shard_size=None (the whole world) or overlap_with_ddp=False"
+            )
+        self.process_group = self.hierarchy.shard_group
         self._comm = Communicator(self.process_group)
         check_same_params_on_every_rank(self._comm, self.all_params)  # one small all-gather; raises on every rank
+        self._replica_comm: Communicator | None = None
+        if self.hierarchy.hierarchical:
+            self._replica_comm = Communicator(self.hierarchy.replica_group, stats=self._comm.stats, link=INTER_GROUP)
+            check_same_params_on_every_rank(self._replica_comm, self.all_params)  # shard + replica groups: all pairs
         self._exchange_choice = exchange
         self.world_size: int = self._comm.world_size
         self.rank: int = self._comm.rank
@@ -411,6 +431,18 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
     def communicator(self) -> Communicator:
         """The metered collectives on ``process_group`` this optimizer uses."""
         return self._comm
+
+    @property
+    def shard_size(self) -> int:
+        """The ranks the state is partitioned over (``world_size``); the data-parallel group has
+        ``shard_size * hierarchy.replicas`` ranks."""
+        return self.hierarchy.shard_size
+
+    @property
+    def replica_communicator(self) -> Communicator | None:
+        """The metered collectives on this rank's replica group (the ranks holding the same
+        shards in the other shard groups); ``None`` without hierarchy (``shard_size`` = W)."""
+        return self._replica_comm
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -680,10 +712,15 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         Must be called on all ranks (the clients that know ZeRO, e.g. Lightning, do so before
         every save). Afterwards :meth:`state_dict` on rank ``to`` returns the full state in plain
         ``torch.optim`` format, from this copy until the next step or load; ``to`` becomes
-        the consolidation target.
+        the consolidation target. With ``shard_size`` < W, ``to`` is a rank of the shard group
+        and shard group 0 gathers (its rank ``to`` is global rank ``to``); the other groups
+        hold replicas and gather nothing.
         """
         check_target_rank(to, self.world_size)
         self._sync_param_groups(self.param_groups, self._optim.param_groups)
+        if self.hierarchy.group_index > 0:  # a replica of shard group 0's state: that group consolidates
+            self._consolidated, self._consolidated_to = [], to
+            return
         mine = self.local_shard_states()
         gathered: list[dict[int, tuple[int, int, dict[str, Any]]]] = []
         for rank in range(self.world_size):
@@ -875,6 +912,11 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         the parameters end as with DDP + the plain optimizer on the active ranks.
         List the DDP model before this optimizer in ``Join([...])``.
         """
+        if self.hierarchy.hierarchical:
+            raise RuntimeError(
+                f"Join with shard_size={self.shard_size} < {self.hierarchy.world_size} ranks: a joined rank cannot "
+                "shadow the steps of two groups; use shard_size=None (the whole world) with Join"
+            )
         if not self._pipeline.grad_reduce.joinable:
             raise RuntimeError(
                 "Join with grad_reduce (zero_lab.grad_reduce.reduce_gradients): a joined rank cannot shadow the "

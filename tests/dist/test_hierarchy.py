@@ -1,0 +1,193 @@
+"""Hierarchical sharding (``shard_size=2`` at W=4: shard groups [0,1] [2,3], replicas [0,2] [1,3])
+on Gloo: training equal to DDP + the same optimizer (bitwise with DDP's all-reduce; 1e-6 when
+gradients reduce inside the group, then across it), state bytes and traffic per link class as the
+partition implies them (counted by hand from the partition, not by the Communicator's formulas),
+torch's state-dict format from shard group 0, and a checkpoint saved at 2 × 2 resumed at W=2.
+
+Two worlds in all: one of 4 ranks running every scenario, one of 2 resuming its checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.dist.training import batch, loss_of, make_model, max_diff
+from tests.dist.worlds import run_ranks
+from zero_lab import ZeroRedundancyOptimizer
+from zero_lab.comm import INTER_GROUP, INTRA_GROUP, INTRA_NODE
+from zero_lab.grad_reduce import reduce_gradients
+from zero_lab.measure import optimizer_state_bytes
+from zero_lab.partition import Flat, SortedGreedy
+
+STEPS = 4
+LR = 1e-2
+
+
+def _train(opt: torch.optim.Optimizer, ddp: DDP, first: int = 0, last: int = STEPS) -> None:
+    for step in range(first, last):
+        opt.zero_grad()
+        loss_of(ddp, batch(step, dist.get_rank())).backward()
+        opt.step()
+
+
+def _reference(steps: int = STEPS) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    _train(opt, ddp, 0, steps)
+    return model, opt
+
+
+def _owned(opt: ZeroRedundancyOptimizer) -> int:
+    """Elements this rank owns, from the partition."""
+    return sum(s.stop - s.start for s in opt.partition.shards_of(opt.rank))
+
+
+def _broadcast(opt: ZeroRedundancyOptimizer) -> int:
+    """Elements this rank broadcasts per exchange: its range of each flat buffer (equal ranges, the
+    last padded), else its owned elements."""
+    if opt.partition.layouts:
+        return sum(b - a for layout in opt.partition.layouts for a, b in [layout.bounds[opt.rank]])
+    return _owned(opt)
+
+
+def _parity(partitioner: Any, grad_reduce: str | None) -> dict[str, Any]:
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.Adam, partitioner=partitioner, exchange="broadcast", shard_size=2, lr=LR
+    )
+    handle = reduce_gradients(ddp, opt, grad_reduce) if grad_reduce else None
+    before = opt.comm_stats.snapshot()
+    _train(opt, ddp)
+    ref_model, ref_opt = _reference()
+    total = sum(p.numel() for p in model.parameters())
+    owned = _owned(opt)
+    out = {
+        "diff": max_diff(model.parameters(), ref_model.parameters()),
+        "shard": (opt.rank, opt.world_size, opt.shard_size, opt.hierarchy.group_index),
+        "owned": owned,
+        "broadcast": _broadcast(opt),
+        "total": total,
+        # Adam keeps exp_avg + exp_avg_sq (4 bytes each per owned element) and a step per shard tensor
+        "state_bytes": optimizer_state_bytes(opt),
+        "expected_state_bytes": 8 * owned + 4 * len(opt.local_shards()),
+        "exchange_links": opt.comm_stats.since(before).sent_by_link,
+        "exchange_sent": opt.comm_stats.since(before).sent_bytes,
+        # the consolidated state equals the plain optimizer's, in torch's format
+        "consolidated_diff": None,
+    }
+    opt.consolidate_state_dict(to=0)
+    if dist.get_rank() == 0:
+        mine, ref = opt.state_dict(), ref_opt.state_dict()
+        assert sorted(mine["state"]) == sorted(ref["state"]) and mine["param_groups"][0].keys() >= {"lr", "params"}
+        out["consolidated_diff"] = max(
+            (mine["state"][i][k].float() - ref["state"][i][k].float()).abs().max().item()
+            for i in ref["state"]
+            for k in ("exp_avg", "exp_avg_sq", "step")
+        )
+    if handle is not None:
+        out["grad_links"] = dict(handle.stats.sent_by_link)
+        out["grad_sent"] = handle.stats.sent_bytes
+        handle.close()
+    return out
+
+
+def _refusals() -> list[str]:
+    model = make_model()
+    errors = []
+    for kwargs in ({"shard_size": 3}, {"shard_size": 2, "overlap_with_ddp": True}):
+        try:
+            ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=LR, **kwargs)
+        except ValueError as error:
+            errors.append(str(error))
+    return errors
+
+
+def hierarchical_world(directory: str) -> dict[str, Any]:
+    """Every W=4 scenario in one world (each builds its groups once: the same ranks and S reuse them)."""
+    from zero_lab.checkpoint import save_checkpoint
+
+    out: dict[str, Any] = {
+        "all_reduce": _parity(SortedGreedy(), None),
+        "flat_all_reduce": _parity(Flat(), None),
+        "reduce_scatter": _parity(SortedGreedy(), "reduce_scatter"),
+        "flat_reduce_scatter": _parity(Flat(), "reduce_scatter"),
+        "refusals": _refusals(),
+    }
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), shard_size=2, lr=LR)
+    _train(opt, ddp, 0, 2)
+    save_checkpoint(directory, opt, model, extra={"step": 2})
+    _train(opt, ddp, 2, STEPS)
+    ref_model, _ = _reference()
+    out["resume_reference"] = [p.detach().clone() for p in ref_model.parameters()]
+    out["files"] = sorted(p.name for p in Path(directory).iterdir())
+    return out
+
+
+def resume_world(directory: str) -> list[torch.Tensor]:
+    """W=2, one shard group: load the 2 × 2 checkpoint and train on with W=4's batches."""
+    from zero_lab.checkpoint import load_checkpoint
+
+    model = make_model(seed=99)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=SortedGreedy(), lr=LR)
+    extra = load_checkpoint(directory, opt, model)
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    for step in range(extra["step"], STEPS):
+        opt.zero_grad()
+        # the W=4 world's global batch, split over 2 ranks: the same mean gradient
+        x = torch.cat([batch(step, 2 * dist.get_rank()), batch(step, 2 * dist.get_rank() + 1)])
+        loss_of(ddp, x).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_two_by_two(tmp_path: Any) -> None:
+    directory = str(tmp_path / "step_2")
+    ranks = run_ranks(hierarchical_world, 4, directory)
+
+    for rank, out in enumerate(ranks):
+        for name in ("all_reduce", "flat_all_reduce"):
+            case = out[name]
+            assert case["shard"] == (rank % 2, 2, 2, rank // 2)
+            assert case["diff"] == 0.0, (name, rank)  # DDP's all-reduce, then the same Adam: bitwise
+            assert case["state_bytes"] == case["expected_state_bytes"], (name, rank)
+        for name in ("reduce_scatter", "flat_reduce_scatter"):
+            assert out[name]["diff"] <= 1e-6, (name, rank, out[name]["diff"])  # the sum's order differs
+
+    for name in ("all_reduce", "flat_all_reduce", "reduce_scatter", "flat_reduce_scatter"):
+        # replicas: ranks r and r+2 own the same elements; a shard group owns the whole model once
+        owned = [out[name]["owned"] for out in ranks]
+        assert owned[0] == owned[2] and owned[1] == owned[3] and owned[0] + owned[1] == ranks[0][name]["total"]
+        limit = 0.0 if name.endswith("all_reduce") else 1e-6
+        assert ranks[0][name]["consolidated_diff"] <= limit, (name, ranks[0][name]["consolidated_diff"])
+        for out in ranks:
+            case = out[name]
+            # the exchange: each rank broadcasts its owned elements (fp32) to its one peer in the shard group
+            assert case["exchange_sent"] == 4 * case["broadcast"] * STEPS
+            assert case["exchange_links"] == {INTRA_GROUP: case["exchange_sent"], INTRA_NODE: case["exchange_sent"]}
+    for name in ("reduce_scatter", "flat_reduce_scatter"):
+        for out in ranks:
+            case = out[name]
+            # inside the group every rank sends its peer the peer's elements: all but its own; across groups
+            # the owner's segment is all-reduced between 2 replicas (a ring: 2n(R-1)/R = n bytes sent)
+            intra, inter = 4 * (case["total"] - case["owned"]) * STEPS, 4 * case["owned"] * STEPS
+            assert case["grad_links"] == {INTRA_GROUP: intra, INTER_GROUP: inter, INTRA_NODE: intra + inter}
+            assert case["grad_sent"] == intra + inter
+
+    errors = ranks[0]["refusals"]
+    assert len(errors) == 2
+    assert "shard_size=3 does not divide the world size 4" in errors[0] and "[1, 2, 4]" in errors[0]
+    assert "shard_size=2 with overlap_with_ddp=True" in errors[1]
+
+    # shard group 0 wrote the checkpoint: the manifest, the model and its two ranks' files
+    assert ranks[0]["files"] == ["manifest.json", "model.pt", "optim-rank00000.pt", "optim-rank00001.pt"]
+    resumed = run_ranks(resume_world, 2, directory)
+    for params in resumed:
+        assert max_diff(params, ranks[0]["resume_reference"]) <= 1e-6

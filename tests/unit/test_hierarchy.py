@@ -1,0 +1,60 @@
+"""The pure parts of hierarchical sharding and of traffic per link class: the groups a shard size
+makes, the refusal of one that does not divide W, and which ranks share a node as launchers say."""
+
+from __future__ import annotations
+
+import pytest
+
+from zero_lab.comm import INTER_NODE, INTRA_NODE, CommStats, node_link, ranks_per_node
+from zero_lab.hierarchy import check_shard_size, replica_ranks, shard_ranks
+
+
+def test_groups_of_two_by_four() -> None:
+    assert shard_ranks(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert replica_ranks(8, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shard_ranks(4, 1) == [[0], [1], [2], [3]] and replica_ranks(4, 1) == [[0, 1, 2, 3]]
+    assert shard_ranks(4, 4) == [[0, 1, 2, 3]] and replica_ranks(4, 4) == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("world", [1, 4, 6, 12, 1024])
+def test_every_rank_once_in_each_kind_of_group(world: int) -> None:
+    for size in (s for s in range(1, world + 1) if world % s == 0):
+        for groups in (shard_ranks(world, size), replica_ranks(world, size)):
+            assert sorted(r for g in groups for r in g) == list(range(world))
+        # a shard group and a replica group meet in exactly one rank
+        assert all(len(set(a) & set(b)) == 1 for a in shard_ranks(world, size) for b in replica_ranks(world, size))
+
+
+def test_shard_size_refused_by_name() -> None:
+    assert check_shard_size(None, 6) == 6 and check_shard_size(3, 6) == 3
+    with pytest.raises(ValueError, match=r"shard_size=4 does not divide the world size 6.*\[1, 2, 3, 6\]"):
+        check_shard_size(4, 6)
+    with pytest.raises(ValueError, match=r"dist.shard_size=0: must be a positive number"):
+        check_shard_size(0, 6, "dist.shard_size")
+    with pytest.raises(ValueError, match="shard_size=True"):
+        check_shard_size(True, 6)
+
+
+def test_ranks_per_node_from_each_launcher() -> None:
+    assert ranks_per_node({}) is None
+    assert ranks_per_node({"LOCAL_WORLD_SIZE": "4", "SLURM_NTASKS_PER_NODE": "2"}) == 4  # torchrun's first
+    assert ranks_per_node({"SLURM_NTASKS_PER_NODE": "2"}) == 2
+    assert ranks_per_node({"SLURM_TASKS_PER_NODE": "2(x2)"}) == 2
+    assert ranks_per_node({"SLURM_TASKS_PER_NODE": "3,1"}) is None  # uneven nodes: unknown
+
+
+def test_node_link_of_a_group() -> None:
+    assert node_link([0, 1], 2) == INTRA_NODE and node_link([2, 3], 2) == INTRA_NODE
+    assert node_link([0, 2], 2) == INTER_NODE and node_link([0, 1, 2, 3], 2) == INTER_NODE
+    assert node_link([0, 2], None) is None
+
+
+def test_sent_bytes_split_per_link_axis() -> None:
+    stats = CommStats()
+    stats.add_sent(100, ("intra_group", "intra_node"))
+    earlier = stats.snapshot()
+    stats.add_sent(30, ("inter_group", "inter_node"))
+    assert stats.sent_bytes == 130
+    assert stats.sent_by_link == {"intra_group": 100, "intra_node": 100, "inter_group": 30, "inter_node": 30}
+    assert stats.since(earlier).sent_by_link == {"inter_group": 30, "inter_node": 30}
+    assert earlier.sent_by_link == {"intra_group": 100, "intra_node": 100}  # a snapshot is a copy
