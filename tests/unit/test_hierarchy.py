@@ -58,3 +58,20 @@ def test_sent_bytes_split_per_link_axis() -> None:
     assert stats.sent_by_link == {"intra_group": 100, "intra_node": 100, "inter_group": 30, "inter_node": 30}
     assert stats.since(earlier).sent_by_link == {"inter_group": 30, "inter_node": 30}
     assert earlier.sent_by_link == {"intra_group": 100, "intra_node": 100}  # a snapshot is a copy
+
+
+def test_dist_shard_size_is_checked_before_any_start() -> None:
+    from tests.unit.configs import problems
+    from zero_lab.app.config.schema import register_configs
+
+    register_configs()
+    assert "dist.shard_size=3 does not divide the world size 4" in problems(
+        "optim=zero_adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=3"
+    )
+    assert "dist.shard_size=2: optim=adam keeps no sharded state" in problems(
+        "optim=adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=2"
+    )
+    assert "dist.shard_size=2 with overlap=true" in problems(
+        "optim=zero_adam", "overlap=true", "partitioner=ddp_bucket", "dist.world_size=4", "dist.max_ranks_per_core=8",
+        "dist.shard_size=2",
+    )  # fmt: skip

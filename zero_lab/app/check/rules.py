@@ -75,6 +75,7 @@ from zero_lab.app.record.objective import check_objective
 from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
+from zero_lab.hierarchy import check_shard_size
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 from zero_lab.routing import muon_param_groups, never_to_muon
@@ -280,6 +281,28 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
             "default, gives every rank rank 0's running statistics)"
         )
     return out
+
+
+def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """``dist.shard_size``: divides ``dist.world_size``, and only where a ZeRO optimizer on the DDP
+    path without overlap shards the state (:mod:`zero_lab.hierarchy`)."""
+    size, world = cfg.dist.get("shard_size"), cfg.dist.world_size
+    if size is None or world < 1:
+        return []
+    try:
+        check_shard_size(size, world, "dist.shard_size")
+    except ValueError as error:
+        return [str(error)]
+    if size == world:
+        return []
+    if enum_str(cfg.get("dp", "ddp")) != "ddp":
+        return [f"dist.shard_size={size}: hierarchical sharding runs on dp=ddp only; drop it or use dp=ddp"]
+    if plan.optim is not None and not plan.optim.strategy.shards_state:
+        return [f"dist.shard_size={size}: optim={_choice(choices, 'optim', cfg)} keeps no sharded state; use one of "
+                f"{_zero_options()} or drop dist.shard_size"]  # fmt: skip
+    if cfg.overlap:
+        return [f"dist.shard_size={size} with overlap=true: the overlap hooks step over one group; drop one of them"]
+    return []
 
 
 def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
@@ -761,6 +784,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_model_data,
     _check_data,
     _check_ddp_options,
+    _check_shard_size,
     _check_loop_features,
     _check_scheduler,
     registry_problems,

@@ -173,6 +173,12 @@ class RunPlan:
     def world_size(self) -> int:
         return int(self.cfg.dist.world_size)
 
+    @property
+    def shard_size(self) -> int:
+        """The ranks the optimizer state is partitioned over: ``dist.shard_size``, else ``dist.world_size``."""
+        size = self.cfg.dist.get("shard_size")
+        return int(size) if size is not None else self.world_size
+
     @cached_property
     def classes(self) -> list[type] | None:
         """The class that steps each param group, in order (``None``: one group, ``optim``'s class)."""
@@ -229,16 +235,16 @@ class RunPlan:
 
     def partition(self, partitioner: Partitioner | None = None, world_size: int | None = None) -> Partition:
         """The partition of :attr:`specs` by ``partitioner`` (the configured one) at ``world_size``
-        (``dist.world_size``); raises ``ValueError`` when the partitioner refuses them."""
+        (:attr:`shard_size`); raises ``ValueError`` when the partitioner refuses them."""
         chosen = partitioner if partitioner is not None else self.partitioner.value
         if chosen is None or self.specs is None:
             raise ValueError("no partition: the model or the partitioner could not be built")
-        return chosen(self.specs, world_size or self.world_size)
+        return chosen(self.specs, world_size or self.shard_size)
 
     def memory(
         self, partitioner: Partitioner | None = None, world_size: int | None = None, master_weights: bool | None = None
     ) -> MemoryPlan:
-        """Every rank's planned memory: :attr:`specs` over ``world_size`` (``dist.world_size``),
+        """Every rank's planned memory: :attr:`specs` over ``world_size`` (:attr:`shard_size`),
         sharded by ``partitioner`` (``None``: plain DDP, every rank all of it), each param group
         priced by the class that steps it; ``master_weights`` (``optim.master_weights``) adds the
         fp32 masters. Raises the model's own error when it could not be built."""
@@ -252,7 +258,7 @@ class RunPlan:
         per_group = [(c, {}) for c in classes] if len(set(classes)) > 1 else None
         return plan_memory(
             self.specs,
-            world_size or self.world_size,
+            world_size or self.shard_size,
             partitioner,
             classes[0],
             master_weights=master_weights,

@@ -105,6 +105,7 @@ def build_training(
         overlap_with_ddp=cfg.overlap,
         exchange=exchange_name(cfg.exchange),
         ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
+        shard_size=cfg.dist.get("shard_size"),
     )
     reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
     if cfg.overlap and reducer is None:
