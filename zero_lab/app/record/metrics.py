@@ -37,13 +37,14 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 import torch
 
 from zero_lab.app.record.summary import NAMESPACED, STEP_KEYS, step_key
-from zero_lab.comm import Communicator
+from zero_lab.comm import INTER_GROUP, INTER_NODE, INTRA_GROUP, INTRA_NODE, Communicator
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
@@ -83,6 +84,11 @@ class RankStep:
     grad_reduce_s: float = 0.0  # the gradient reduction's collectives in flight (issue to last wait), in backward
     grad_reduce_exposed_s: float = 0.0  # of it, what backward waited for after its own work was done
     grad_bytes: float = 0.0  # gradient storage held after backward: param.grad (+ DDP's buckets, with grad_reduce=)
+    # of the bytes sent by phase, those that crossed shard groups (dist.shard_size) and nodes (CommStats.sent_by_link)
+    grad_reduce_inter_group_bytes: float = 0.0
+    grad_reduce_inter_node_bytes: float = 0.0
+    exchange_inter_group_bytes: float = 0.0
+    exchange_inter_node_bytes: float = 0.0
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
@@ -180,6 +186,19 @@ def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[s
     return {"optim_step_s": per_rank, "optim_step_max_over_mean": statistics.median(ratios) if ratios else None}
 
 
+def _per_link(per_rank: Callable[[str], list[float]], sent: str, phase: str) -> dict[str, list[float]]:
+    """One phase's bytes sent per rank by link class (:data:`zero_lab.comm.LINK_CLASSES`): what
+    crossed shard groups and nodes, and the rest of what was sent (inside a group, inside a node)."""
+    total = per_rank(sent)
+    inter_group, inter_node = per_rank(f"{phase}_inter_group_bytes"), per_rank(f"{phase}_inter_node_bytes")
+    return {
+        INTRA_GROUP: [t - i for t, i in zip(total, inter_group)],
+        INTER_GROUP: inter_group,
+        INTRA_NODE: [t - i for t, i in zip(total, inter_node)],
+        INTER_NODE: inter_node,
+    }
+
+
 def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """summary.json's figures by phase over ``records`` (the timed steps): ``bytes_per_step``
     (each rank's median bytes sent, ``grad_reduce`` only with ``grad_reduce=``), ``phase_time_s``
@@ -202,6 +221,10 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
         "bytes_per_step": {
             "grad_reduce": per_rank("grad_reduce_bytes") if reducer is not None else None,
             "param_exchange": training.strategy.of_exchange(per_rank("exchange_sent_bytes")),
+        },
+        "bytes_per_link": {
+            "grad_reduce": _per_link(per_rank, "grad_reduce_bytes", "grad_reduce") if reducer is not None else None,
+            "param_exchange": training.strategy.of_exchange(_per_link(per_rank, "exchange_sent_bytes", "exchange")),
         },
         "phase_time_s": {
             "grad_reduce": slowest("grad_reduce_s") if reducer is not None else None,

@@ -48,6 +48,10 @@ STEP_KEYS: dict[str, str] = {
     "grad_reduce_s": "time/grad_reduce_s",
     "grad_reduce_exposed_s": "comm/grad_reduce_exposed_s",
     "grad_bytes": "memory/grad_bytes",
+    "grad_reduce_inter_group_bytes": "comm/grad_reduce_inter_group_bytes",
+    "grad_reduce_inter_node_bytes": "comm/grad_reduce_inter_node_bytes",
+    "exchange_inter_group_bytes": "comm/exchange_inter_group_bytes",
+    "exchange_inter_node_bytes": "comm/exchange_inter_node_bytes",
 }
 #: The summary's per-rank lists (one value per rank; ``optim_step_s``: each rank's median).
 PER_RANK: tuple[str, ...] = (
@@ -137,6 +141,7 @@ class RunSummary:
     optim_step_max_over_mean: float | None = None
     state_vs_ddp: float | None = None
     partition: dict[str, Any] | None = None  # PartitionReport.as_dict() (zero_*; absent otherwise)
+    shard_size: int | None = None  # dist.shard_size: the state sharded over groups of this many ranks (null: all)
     provenance: dict[str, Any] = field(default_factory=dict)  # PROVENANCE entries, at the top level of the file
     stopped_by: str | None = None  # the signal that stopped the run early
     resume_optimizer: str | None = None  # with resume=: the policy (absent otherwise)
@@ -148,6 +153,9 @@ class RunSummary:
     # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
     # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}
     bytes_per_step: dict[str, list[float] | None] | None = None
+    # the same bytes by link class: {phase: {"intra_group"|"inter_group"|"intra_node"|"inter_node": [per rank]}}
+    # (inter_group: across dist.shard_size groups; inter_node: a group spanning nodes, as the launcher says)
+    bytes_per_link: dict[str, dict[str, list[float]] | None] | None = None
     # seconds per phase (median over the timed steps, slowest rank): the gradient reduction in flight and what
     # of it backward waited for at its end, the exchange in flight and what of it the loop waited for
     phase_time_s: dict[str, float | None] | None = None

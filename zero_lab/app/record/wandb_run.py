@@ -89,6 +89,9 @@ def run_summary(summary: RunSummary) -> dict[str, Any]:
     out.update({NAMESPACED[k]: values[k] for k in _NAMESPACED_TOO if values.get(k) is not None})
     for phase, per_rank in (values.get("bytes_per_step") or {}).items():  # comm/bytes_per_step/grad_reduce/rank0
         out.update({f"comm/bytes_per_step/{phase}/rank{r}": v for r, v in enumerate(per_rank or [])})
+    for phase, links in (values.get("bytes_per_link") or {}).items():  # comm/bytes_per_link/<phase>/<link>/rank0
+        for link, per_rank in (links or {}).items():
+            out.update({f"comm/bytes_per_link/{phase}/{link}/rank{r}": v for r, v in enumerate(per_rank)})
     for phase, seconds in (values.get("phase_time_s") or {}).items():
         if seconds is not None:
             out[f"time/phase_s/{phase}"] = seconds

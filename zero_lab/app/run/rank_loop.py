@@ -75,6 +75,7 @@ from zero_lab.app.run.step import StepOptions, apply_step, forward_backward, uns
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.data import stream_seed
 from zero_lab.app.workloads.protocols import Batch, batch_rows, batch_stream
+from zero_lab.comm import INTER_GROUP, INTER_NODE
 from zero_lab.elementwise import is_elementwise
 from zero_lab.files import write_json
 from zero_lab.grad_reduce import held_grad_bytes
@@ -288,6 +289,10 @@ def _train_step(training: Training, data: Any, batch: Batch, options: StepOption
         grad_reduce_s=reduced.seconds if reduced else 0.0,
         grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
         grad_bytes=grad_bytes,
+        grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0) if reduced else 0.0,
+        grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0) if reduced else 0.0,
+        exchange_inter_group_bytes=exchange.sent_by_link.get(INTER_GROUP, 0) if exchange else 0.0,
+        exchange_inter_node_bytes=exchange.sent_by_link.get(INTER_NODE, 0) if exchange else 0.0,
     )
 
 
@@ -409,6 +414,7 @@ def _summary(
         **local_step_summary(timed, world),  # time/optim_step_s: per-rank medians, slowest ÷ mean
         state_vs_ddp=max(optim_state) / planned if planned else None,
         partition=training.strategy.partition_report(training.optimizer),
+        shard_size=cfg.dist.get("shard_size"),
         provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
         **phase_summary(training, timed, world),
     )
