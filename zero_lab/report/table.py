@@ -185,6 +185,22 @@ def _sent_by_phase(run: Run) -> Cell:
     return Cell(text, max(per_rank))
 
 
+def _sent_across(run: Run) -> Cell:
+    """``0 B / 1.50 MiB``: bytes the fullest rank sent per step across shard groups (``dist.shard_size``)
+    and across nodes, both phases together (summary.json's ``bytes_per_link``); sorts by the first.
+    ``–`` for runs without that record."""
+    links = [v for v in (run.summary.bytes_per_link or {}).values() if v]
+    if not links:
+        return Cell("–", None)
+
+    def fullest(link: str) -> float:
+        per_rank = [sum(values) for values in zip(*(phase[link] for phase in links if phase.get(link)))]
+        return max(per_rank, default=0.0)
+
+    groups, nodes = fullest("inter_group"), fullest("inter_node")
+    return Cell(f"{format_bytes(groups)} / {format_bytes(nodes)}", groups)
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("run", _run_link, "the overrides that set this run apart; links to its run dir"),
     Column("W", _plain(lambda r: r.world_size, _number("d")), "world size (ranks)"),
@@ -221,6 +237,11 @@ COLUMNS: tuple[Column, ...] = (
         lambda r, _: _sent_by_phase(r),
         "bytes the fullest rank sent per step by phase (grad_reduce=: the gradient reduction + the exchange; "
         "DDP's all-reduce with grad_reduce=all_reduce), measured by the Communicator",
+    ),
+    Column(
+        "sent/step across groups / nodes",
+        lambda r, _: _sent_across(r),
+        "of those bytes, what the fullest rank sent across shard groups (dist.shard_size) and across nodes",
     ),
     Column(
         "grads/rank",
