@@ -85,7 +85,7 @@ GROUPS = ("optim", "partitioner", "model", "data", "logger", "scheduler")
 
 #: Constructor arguments the app passes at the call site, never from the config, per group:
 #: the parameters and the ZeRO wiring (``app/run/build.py``, from the top-level ``bucket_view``,
-#: ``overlap`` and ``exchange`` keys, the ``partitioner`` group and the DDP wrapper's buckets; the
+#: ``overlap`` and ``exchange`` keys, the ``partitioner`` group, ``dist.shard_size`` and the DDP wrapper's buckets; the
 #: process group is the world), the sink's run dir and resolved config (``app/record/sinks.py``).
 SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
     "optim": frozenset(
@@ -97,6 +97,7 @@ SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
             "overlap_with_ddp",
             "exchange",
             "ddp_buckets",
+            "shard_size",
         }
     ),
     "logger": frozenset({"run_dir", "config"}),
