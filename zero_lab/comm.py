@@ -105,15 +105,8 @@ class CommStats:
         trial) is not counted, and communicators sharing this object see the same."""
         self.calls, self.bytes, self.seconds = earlier.calls, earlier.bytes, earlier.seconds
         self.exposed_seconds, self.sent_bytes = earlier.exposed_seconds, earlier.sent_bytes
-
-    def plus(self, other: CommStats) -> CommStats:
-        return CommStats(
-            self.calls + other.calls,
-            self.bytes + other.bytes,
-            self.seconds + other.seconds,
-            self.exposed_seconds + other.exposed_seconds,
-            self.sent_bytes + other.sent_bytes,
-        )
+        self.sent_by_link.clear()
+        self.sent_by_link.update(earlier.sent_by_link)
 
     def since(self, earlier: CommStats) -> CommStats:
         links = {k: v - earlier.sent_by_link.get(k, 0) for k, v in self.sent_by_link.items()}
@@ -124,6 +117,20 @@ class CommStats:
             self.exposed_seconds - earlier.exposed_seconds,
             self.sent_bytes - earlier.sent_bytes,
             {k: v for k, v in links.items() if v},
+        )
+
+    def plus(self, other: CommStats) -> CommStats:
+        """The totals of two meters together (two communicators of one phase or one engine)."""
+        links = dict(self.sent_by_link)
+        for link, nbytes in other.sent_by_link.items():
+            links[link] = links.get(link, 0) + nbytes
+        return CommStats(
+            self.calls + other.calls,
+            self.bytes + other.bytes,
+            self.seconds + other.seconds,
+            self.exposed_seconds + other.exposed_seconds,
+            self.sent_bytes + other.sent_bytes,
+            links,
         )
 
     def add_sent(self, nbytes: int, links: Sequence[str]) -> None:

@@ -75,3 +75,20 @@ def test_dist_shard_size_is_checked_before_any_start() -> None:
         "optim=zero_adam", "overlap=true", "partitioner=ddp_bucket", "dist.world_size=4", "dist.max_ranks_per_core=8",
         "dist.shard_size=2",
     )  # fmt: skip
+
+
+def test_two_meters_add_up_link_by_link() -> None:
+    grads, params = CommStats(2, 40, 0.5, 0.25, 30, {"intra_group": 10, "inter_group": 20}), CommStats(1, 8, 0.1, 0.1, 8)
+    params.add_sent(4, ("intra_group",))
+    total = grads.plus(params)
+    assert (total.calls, total.bytes, total.sent_bytes) == (3, 48, 42)
+    assert total.sent_by_link == {"intra_group": 14, "inter_group": 20}
+
+
+def test_a_reset_takes_the_links_back_too() -> None:
+    stats = CommStats()
+    stats.add_sent(8, ("intra_group",))
+    earlier = stats.snapshot()
+    stats.add_sent(100, ("inter_group",))  # e.g. an auto trial, not the training's traffic
+    stats.reset_to(earlier)
+    assert stats.sent_bytes == 8 and stats.sent_by_link == {"intra_group": 8}

@@ -242,14 +242,7 @@ class ShardedDataParallel(nn.Module):
     @property
     def comm_stats(self) -> CommStats:
         """Every collective of the engine so far: gradient reductions and parameter all-gathers together."""
-        grads, params = self.comm.stats, self.param_comm.stats
-        return CommStats(
-            grads.calls + params.calls,
-            grads.bytes + params.bytes,
-            grads.seconds + params.seconds,
-            grads.exposed_seconds + params.exposed_seconds,
-            grads.sent_bytes + params.sent_bytes,
-        )
+        return self.comm.stats.plus(self.param_comm.stats)
 
     def grad_hold_bound(self) -> int:
         """The most gradient bytes this rank may hold during a step: owned + two largest buckets."""
