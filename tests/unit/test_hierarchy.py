@@ -78,7 +78,8 @@ def test_dist_shard_size_is_checked_before_any_start() -> None:
 
 
 def test_two_meters_add_up_link_by_link() -> None:
-    grads, params = CommStats(2, 40, 0.5, 0.25, 30, {"intra_group": 10, "inter_group": 20}), CommStats(1, 8, 0.1, 0.1, 8)
+    grads = CommStats(2, 40, 0.5, 0.25, 30, {"intra_group": 10, "inter_group": 20})
+    params = CommStats(1, 8, 0.1, 0.1, 8)
     params.add_sent(4, ("intra_group",))
     total = grads.plus(params)
     assert (total.calls, total.bytes, total.sent_bytes) == (3, 48, 42)
