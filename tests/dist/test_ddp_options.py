@@ -15,15 +15,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-from zero_lab.app.check.preflight import compose_job
+from tests.preflight import compose_job
 from zero_lab.app.check.rules import to_container
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.run.build import build_training
 from zero_lab.app.run.grad_reach import params_never_reached
 from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of
-
-register_configs()
 
 MODES = {
     "sorted_greedy": [],

@@ -16,15 +16,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zero_lab.app.check.preflight import compose_job
+from tests.preflight import compose_job
 from zero_lab.app.check.rules import to_container
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.run.build import build_training
 from zero_lab.app.run.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
 from zero_lab.app.workloads.protocols import batch_stream
 from zero_lab.comm import Communicator
 
-register_configs()
 STEPS = 6
 BASE = ["model.hidden=32", "model.in_dim=16", "model.out_dim=8", "data.global_batch=16", "optim.lr=1e-2"]
 

@@ -19,17 +19,14 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from zero_lab.app.check.preflight import compose_job
+from tests.preflight import compose_job
 from zero_lab.app.check.rules import to_container
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.failure_text import describe_failure
 from zero_lab.app.run.rank_loop import RunSpec, train_rank
 from zero_lab.app.workloads.data import RegressionData
 from zero_lab.runtime.spawn import RankFailure
-
-register_configs()
 
 HERE = "tests.dist.test_rank_faults"
 SMALL = ["model.in_dim=8", "model.hidden=16", "model.out_dim=4", "model.depth=2", "data.global_batch=8"]

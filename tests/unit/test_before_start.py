@@ -14,16 +14,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import compose_job, preflight
+from tests.preflight import compose_job, preflight, problems
 from zero_lab.app.check.rules import notices
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.launch.run_dir import ClaimRunDir, claim, system_dir
 from zero_lab.app.run import checkpoints as run_checkpoints
 from zero_lab.app.run.build import build_training
 from zero_lab.app.workloads.data import TextData
-
-register_configs()
 
 SMALL = ["model.hidden=16", "model.in_dim=8", "model.out_dim=8", "model.depth=2"]
 

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
+from tests.preflight import _compose_once, compose_job, preflight
 from zero_lab import ZeroRedundancyOptimizer
-from zero_lab.app.check.preflight import compose_job, preflight
+from zero_lab.app.check.callback import job_config
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.paths import CONF_DIR, group_options
-from zero_lab.app.config.schema import Config, DistConfig, ResumeOptimizer, register_configs
+from zero_lab.app.config.schema import Config, DistConfig, ResumeOptimizer
 from zero_lab.app.launch.slurm import job_resources
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.objective import OBJECTIVES
@@ -28,8 +30,6 @@ from zero_lab.app.run.checkpoints import FORMATS, POLICIES
 from zero_lab.app.workloads.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.workloads.protocols import call_model, loss_of
 from zero_lab.partition import ParamSpec
-
-register_configs()
 
 GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger", "scheduler")
 DATA_FOR_MODEL = {"mlp": "regression", "transformer": "tokens", "gpt2": "text", "llama": "text", "resnet": "images"}
@@ -144,18 +144,18 @@ def test_each_plain_default_is_stated_once_in_the_schema():
 
 
 def test_every_option_gets_its_schema_from_the_root_config_alone():
-    """config.yaml merges each group's derived schema under whatever option is picked; an option
-    YAML that also names its schema (``- /schema/<group>@_here_``) merges it a second time, which
-    cost a quarter of each composition. Such a line still composes, the same config (a user's
-    YAML written for an earlier zero_lab): test_config_checks.py's halves_named.yaml."""
+    """config.yaml merges each group's derived schema under whatever option is picked; no option
+    YAML names its schema, and the schemas are stored once, as ``derived/<group>``."""
     root_defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     for group in ("optim", "partitioner", "model", "data", "logger", "scheduler"):
         assert f"optional derived/{group}@{group}" in [next(iter(d)) for d in root_defaults if not isinstance(d, str)]
     naming = [p.relative_to(CONF_DIR) for p in CONF_DIR.glob("*/*.yaml") if "/schema/" in p.read_text()]
     assert not naming, f"{naming} name their schema; config.yaml's derived/<group> line merges it already"
-    cfg, choices, _ = compose_job(["optim=sgd", "optim.momentum=0.5"])
+    assert {"config_schema.yaml", "derived"} <= set(
+        ConfigStore.instance().list("")
+    ) and "schema" not in ConfigStore.instance().list("")
+    cfg, _, _ = compose_job(["optim=sgd", "optim.momentum=0.5"])
     assert cfg.optim.dampening == 0.0 and cfg.optim.momentum == 0.5  # keys from torch.optim.SGD's signature
-    assert not [key for key in choices if key.startswith("schema/")]
 
 
 def test_choice_keys_take_their_values_from_the_constants_they_describe():
@@ -277,3 +277,18 @@ def test_launcher_configs_compose(launcher):
         assert job_resources(cfg, params) == {"cpus_per_task": cfg.dist.world_size, "gpus_per_node": None, "mem_gb": 2}
         multi = job_resources(cfg, {**params, "nodes": 2, "tasks_per_node": 2, "mem_gb": 8})
         assert multi == {"cpus_per_task": 1, "gpus_per_node": None, "mem_gb": 8}  # one rank per task; given wins
+
+
+def test_the_tests_compose_a_command_line_as_hydra_does_whole():
+    """tests/preflight.py composes the group choices once and applies plain values to a copy, as
+    Hydra applies them: the same job config, choices and task overrides as Hydra's whole composition."""
+    for overrides in (
+        ["optim=sgd", "optim.momentum=0.5", "dist.world_size=4", "data.global_batch=8"],
+        ["experiment=manual_mlp", "model.hidden=64", "partitioner.params_per_rank=[[a],[b]]", "steps=3"],
+        ["model=transformer", "data=tokens", "optim.betas=[0.8,0.9]", "data.seq_len=${model.d_model}"],
+    ):
+        cfg, choices, hydra_node = compose_job(overrides)
+        whole = _compose_once(tuple(overrides), "config", CONF_DIR, None)
+        assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(job_config(whole))
+        assert choices == OmegaConf.to_container(whole.hydra.runtime.choices)
+        assert hydra_node.overrides.task == whole.hydra.overrides.task == overrides

@@ -19,16 +19,14 @@ from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf.errors import ValidationError
 
 import zero_lab.app
-from tests.unit.configs import problems
+from tests.preflight import compose_job, preflight, problems, sweep_jobs
 from zero_lab.app.check.callback import was_checked
-from zero_lab.app.check.preflight import compose_job, preflight, sweep_jobs
 from zero_lab.app.check.rules import ConfigError, check, notices, to_container
 from zero_lab.app.config.paths import CONF_DIR
 from zero_lab.app.config.schema import SUPPLIED_BY_APP, register_configs
 from zero_lab.app.run import build
 from zero_lab.partition import ParamSpec, Partition, Shard
 
-register_configs()
 CORES = len(os.sched_getaffinity(0))
 
 
@@ -90,14 +88,9 @@ def test_a_new_partitioner_needs_only_its_class_and_its_yaml(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)
     (conf / "partitioner" / "halves.yaml").write_text("_target_: tests.unit.test_config_checks.Halves\n")
-    (conf / "partitioner" / "halves_named.yaml").write_text(  # as YAMLs for an earlier zero_lab named their schema
-        "defaults:\n  - /schema/partitioner@_here_: halves_named\n_target_: tests.unit.test_config_checks.Halves\n"
-    )
     register_configs(conf)
     cfg, choices, _ = compose_job(["partitioner=halves", "partitioner.cut=0.25"], config_dir=conf)
     assert cfg.partitioner.cut == 0.25  # its argument, typed from its signature
-    named, _, _ = compose_job(["partitioner=halves_named", "partitioner.cut=0.25"], config_dir=conf)
-    assert named.partitioner == cfg.partitioner
     check(cfg, choices)
     cfg, choices, _ = compose_job(["partitioner=halves", "dist.world_size=3", "data.global_batch=3"], config_dir=conf)
     with pytest.raises(ConfigError, match=r"partitioner=halves at dist.world_size=3: Halves needs 2 ranks"):

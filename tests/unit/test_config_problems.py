@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import preflight
-from zero_lab.app.config.schema import register_configs
-
-register_configs()
+from tests.preflight import preflight, problems
 
 
 def lines(message: str) -> list[str]:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.app.check.preflight import compose_job, preflight
+from tests.preflight import compose_job, preflight
 from zero_lab.app.check.rules import ConfigError, notices
-from zero_lab.app.config.schema import register_configs
-
-register_configs()
 
 
 def test_ddp_options_are_typed_keys_with_ddps_defaults():

@@ -8,9 +8,7 @@ import itertools
 import pytest
 import torch
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import preflight
-from zero_lab.app.config.schema import register_configs
+from tests.preflight import preflight, problems
 from zero_lab.grad_reduce import (
     GRAD_REDUCES,
     BucketRoute,
@@ -20,8 +18,6 @@ from zero_lab.grad_reduce import (
     unregister_grad_reduce,
 )
 from zero_lab.partition import Flat, ParamSpec, SortedGreedy
-
-register_configs()
 
 
 def _specs(*numels: int) -> list[ParamSpec]:

@@ -8,13 +8,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import compose_job
-from zero_lab.app.config.schema import register_configs
+from tests.preflight import compose_job, problems
 from zero_lab.app.run.build import make_scheduler
 from zero_lab.app.run.step import micro_batches
-
-register_configs()
 
 
 def test_warmup_then_cosine_scales_every_group_by_the_same_factor():

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import zero_lab
+from tests.preflight import preflight
 from zero_lab import (
     ChainedOptimizer,
     Flat,
@@ -19,9 +20,7 @@ from zero_lab import (
     register_elementwise,
     split_state_dict,
 )
-from zero_lab.app.check.preflight import preflight
 from zero_lab.app.check.rules import ConfigError
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.run import checkpoints as app_checkpoint
 from zero_lab.app.workloads.models import TinyLM
 from zero_lab.measure import optimizer_state_bytes
@@ -212,7 +211,6 @@ def test_planner_prices_muon_and_adafactor_at_their_shapes(single_rank_group):
 
 
 def test_the_app_checks_muon_configs_on_the_real_shapes():
-    register_configs()
     preflight(["optim=zero_muon", "model=transformer", "data=tokens", "partitioner.cost=newton_schulz"])
     preflight(["experiment=muon_lm", "optim=muon"])
     refused = r"param group 0 \(\d+ parameter\(s\), first 'layers.0.weight'\) is refused by Muon: Learning rate"

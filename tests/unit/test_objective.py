@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from zero_lab.app.check.preflight import preflight
+from tests.preflight import preflight
 from zero_lab.app.check.rules import ConfigError
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.record.objective import OBJECTIVES, check_directions, check_objective, objective_value
-
-register_configs()
 
 SUMMARY = {
     "final_loss": 0.25,

@@ -8,15 +8,13 @@ from __future__ import annotations
 import pytest
 
 from tests.padded_all_reduce import PaddedAllReduce
+from tests.preflight import compose_job
 from tests.registries import restored_registries
 from zero_lab import grad_reduce
-from zero_lab.app.check.preflight import compose_job
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
-from zero_lab.app.config.schema import register_configs
 from zero_lab.collectives import register_collective, registered_collectives
 
-register_configs()
 PADDED = "tests.padded_all_reduce.PaddedAllReduce"
 
 

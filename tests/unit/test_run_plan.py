@@ -7,17 +7,13 @@ from typing import ClassVar
 
 import torch
 
-from tests.unit.configs import problems
+from tests.preflight import compose_job, preflight, problems
 from zero_lab.app.check.callback import check_unless_checked
-from zero_lab.app.check.preflight import compose_job, preflight
 from zero_lab.app.check.rules import notices
-from zero_lab.app.config.schema import register_configs
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.workloads.models import MLP
 from zero_lab.optimizer import check_partition_fits
 from zero_lab.planner import plan_memory, whole_state_bytes
-
-register_configs()
 
 
 class CountingMLP(MLP):

@@ -10,12 +10,9 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import preflight
+from tests.preflight import preflight, problems
 from zero_lab.app.config.schema import GROUPS, register_configs
 from zero_lab.app.config.targets import RULES, check_targets, refusal, target_problem
-
-register_configs()
 
 VICTIM_TEXT = "precious\n"
 

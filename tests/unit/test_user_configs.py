@@ -12,13 +12,10 @@ import torch
 from hydra.main import get_args_parser
 from hydra.utils import instantiate
 
-from tests.unit.configs import problems
-from zero_lab.app.check.preflight import compose_job, preflight
+from tests.preflight import compose_job, preflight, problems
 from zero_lab.app.config.schema import register_configs
 from zero_lab.app.launch.entry import user_config_dirs
 from zero_lab.app.workloads.protocols import call_model, loss_of
-
-register_configs()
 
 USER_MODEL = """
 import torch

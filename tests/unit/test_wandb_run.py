@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from zero_lab.app.check.preflight import compose_job
+from tests.preflight import compose_job
 from zero_lab.app.check.rules import check
-from zero_lab.app.config.schema import HYDRA_KEYS, register_configs
+from zero_lab.app.config.schema import HYDRA_KEYS
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.sinks import MetricSink, make_logger_sink
 from zero_lab.app.record.wandb_run import identity, run_config
-
-register_configs()
 
 
 def _logger_and_config(overrides: list[str]) -> tuple[dict, dict, dict]:

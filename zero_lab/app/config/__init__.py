@@ -3,6 +3,7 @@
 ``schema`` (typed plain keys; group schemas derived from the constructors), ``paths`` (the
 configs' package and the source tree), ``targets`` (every ``_target_`` checked before it is
 called), ``hydra_errors`` (Hydra's composition errors as one line), ``problems`` (one
-problem, one line), ``compose_cache`` (what Hydra redid per composition, done once).
+problem, one line), ``overrides`` (the command line, read by Hydra's parser), ``registered``
+(``exchange=`` / ``grad_reduce=`` against the core's registries).
 Imports only :mod:`zero_lab.app.workloads` of the app.
 """

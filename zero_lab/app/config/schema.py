@@ -51,7 +51,6 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from zero_lab.app.config.compose_cache import speed_up_compositions
 from zero_lab.app.config.paths import CONF_DIR, group_options
 from zero_lab.app.workloads.protocols import OUTPUT_KEY
 from zero_lab.ddp_buckets import DDP_BUCKET_CAP_MB
@@ -334,46 +333,13 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
     """Store the root schema as ``config_schema`` and every option's derived schema.
 
     Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
-    (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored twice: as
-    ``derived/<group>/<name>``, which the root config merges under whatever option a group picks
+    (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored as ``derived/<group>/<name>``,
+    which the root config merges under whatever option a group picks
     (``optional derived/<group>@<group>: ${<group>}``), so no YAML, ours or a user's, names its
-    schema: its keys are its ``_target_``'s arguments; and as ``schema/<group>/<name>``, for a
-    YAML written for an earlier zero_lab, whose ``- /schema/<group>@_here_: <name>`` line still
-    composes (merging the same schema twice, at a quarter of each composition's time more). On a
-    name that several dirs hold, the first dir wins, as in Hydra's search path. A YAML whose
-    ``_target_`` cannot be imported gets no schema here; the pre-start check names it.
-
-    A call that repeats the last one (the same dirs, no YAML of theirs added, removed or
-    changed since) stores nothing new and returns at once: the test modules each register at
-    import, and deriving every schema again cost half a second each time. Every call also makes
-    the compositions that follow cheaper (:mod:`zero_lab.app.config.compose_cache`).
+    schema: its keys are its ``_target_``'s arguments. On a name that several dirs hold, the first
+    dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets no
+    schema here; the pre-start check names it.
     """
-    speed_up_compositions()
-    key = _registration_key(conf_dir, extra_dirs)
-    if _LAST_REGISTERED and _LAST_REGISTERED[-1] == key:
-        return
-    _store_schemas(conf_dir, extra_dirs)
-    _LAST_REGISTERED[:] = [key]
-
-
-#: The key of the last :func:`register_configs` call (a list of at most one).
-_LAST_REGISTERED: list[tuple[Any, ...]] = []
-
-
-def _registration_key(conf_dir: Path, extra_dirs: Sequence[Path]) -> tuple[Any, ...]:
-    """The dirs and every group YAML in them, each with its size and modification time."""
-    files = []
-    for directory in (conf_dir, *extra_dirs):
-        for group in GROUPS:
-            for path in sorted(Path(directory, group).glob("*.yaml")):
-                with contextlib.suppress(OSError):  # removed meanwhile: it is not in the key
-                    stat = path.stat()
-                    files.append((str(path), stat.st_mtime_ns, stat.st_size))
-    return (str(conf_dir), tuple(str(d) for d in extra_dirs), tuple(files))
-
-
-def _store_schemas(conf_dir: Path, extra_dirs: Sequence[Path]) -> None:
-    """:func:`register_configs`' work: derive and store every option's schema."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for group in GROUPS:
@@ -392,7 +358,6 @@ def _store_schemas(conf_dir: Path, extra_dirs: Sequence[Path]) -> None:
                         schema = option_schema(group, name, node)
                 except UNSCHEMED:  # a YAML or a _target_ that cannot be read: check/rules.py names it
                     continue
-                store.store(group=f"schema/{group}", name=name, node=schema)
                 store.store(group=f"derived/{group}", name=name, node=schema)
 
 
