@@ -151,9 +151,8 @@ def test_every_option_gets_its_schema_from_the_root_config_alone():
         assert f"optional derived/{group}@{group}" in [next(iter(d)) for d in root_defaults if not isinstance(d, str)]
     naming = [p.relative_to(CONF_DIR) for p in CONF_DIR.glob("*/*.yaml") if "/schema/" in p.read_text()]
     assert not naming, f"{naming} name their schema; config.yaml's derived/<group> line merges it already"
-    assert {"config_schema.yaml", "derived"} <= set(
-        ConfigStore.instance().list("")
-    ) and "schema" not in ConfigStore.instance().list("")
+    stored = ConfigStore.instance().list("")
+    assert {"config_schema.yaml", "derived"} <= set(stored) and "schema" not in stored
     cfg, _, _ = compose_job(["optim=sgd", "optim.momentum=0.5"])
     assert cfg.optim.dampening == 0.0 and cfg.optim.momentum == 0.5  # keys from torch.optim.SGD's signature
 
