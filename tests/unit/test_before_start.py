@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.preflight import compose_job, preflight, problems
-from zero_lab.app.check.rules import notices
+from zero_lab.app.check.notices import notices
 from zero_lab.app.launch.run_dir import ClaimRunDir, claim, system_dir
 from zero_lab.app.run import checkpoints as run_checkpoints
 from zero_lab.app.run.build import build_training

@@ -21,7 +21,8 @@ from omegaconf.errors import ValidationError
 import zero_lab.app
 from tests.preflight import compose_job, preflight, problems, sweep_jobs
 from zero_lab.app.check.callback import was_checked
-from zero_lab.app.check.rules import ConfigError, check, notices, to_container
+from zero_lab.app.check.notices import notices
+from zero_lab.app.check.rules import ConfigError, check, to_container
 from zero_lab.app.config.paths import CONF_DIR
 from zero_lab.app.config.schema import SUPPLIED_BY_APP, register_configs
 from zero_lab.app.run import build

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.preflight import compose_job, preflight
-from zero_lab.app.check.rules import ConfigError, notices
+from zero_lab.app.check.notices import notices
+from zero_lab.app.check.rules import ConfigError
 
 
 def test_ddp_options_are_typed_keys_with_ddps_defaults():

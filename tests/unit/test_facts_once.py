@@ -180,7 +180,6 @@ def test_the_plan_scan_fires_on_each_way_of_building():
 #: it (the metrics follower's thread, at ``close()``); its line says ``# user code: ...``.
 USER_CODE_BOUNDARIES = {
     ("zero_lab/app/plan/run_plan.py", "attempt"): 1,  # a _target_'s constructor
-    ("zero_lab/app/check/scheduler.py", "scheduler_problems"): 1,  # a scheduler class built and stepped
     ("zero_lab/app/workloads/protocols.py", "forward_problems"): 4,  # first batch, forward, loss, backward
     ("zero_lab/app/workloads/torch_extras.py", "model_extras_problem"): 1,  # importing the model's module
     ("zero_lab/app/record/sinks.py", "_follow"): 1,  # a metric sink in the follower thread

@@ -9,7 +9,7 @@ import torch
 
 from tests.preflight import compose_job, preflight, problems
 from zero_lab.app.check.callback import check_unless_checked
-from zero_lab.app.check.rules import notices
+from zero_lab.app.check.notices import notices
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.workloads.models import MLP
 from zero_lab.optimizer import check_partition_fits

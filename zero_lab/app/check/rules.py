@@ -26,7 +26,10 @@ here the real objects are built and run, without a process group and without mem
 * what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
   plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
 
-One :class:`ConfigError` lists each problem as ``key=value: what is allowed``.
+One :class:`ConfigError` lists each problem as ``key=value: what is allowed``; where a fix is
+another option, :mod:`zero_lab.app.check.options` names the shipped ones that fit. What a job
+that passes says as it starts is in :mod:`zero_lab.app.check.notices`; what this host offers
+(cores, memory) in :mod:`zero_lab.app.check.host`.
 
     check(cfg, choices={"optim": "zero_adam", ...})   # raises ConfigError
 
@@ -40,19 +43,26 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from zero_lab.app.check.grad_modes import check_grad_reduce
+from zero_lab.app.check.host import available_memory_bytes, cpu_cores
+from zero_lab.app.check.options import (
+    data_for_task,
+    either,
+    fitting_partitioners,
+    on_device,
+    without_ddp_buckets,
+    zero_options,
+)
 from zero_lab.app.check.scheduler import resumed_scheduler_problems, scheduler_problems
-from zero_lab.app.config.overrides import read
-from zero_lab.app.config.paths import CONF_DIR, group_options
 from zero_lab.app.config.problems import exclusive_key_problems, unresolved_problems
 from zero_lab.app.config.registered import EXCHANGE, name_or_value, registry_problems
 from zero_lab.app.config.schema import (
@@ -69,24 +79,16 @@ from zero_lab.app.config.schema import (
 )
 from zero_lab.app.config.targets import check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import RunPlan, attempt, buildable
-from zero_lab.app.plan.strategy import PlainDdp
+from zero_lab.app.plan.run_plan import RunPlan, attempt
 from zero_lab.app.record.objective import check_objective
 from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
 from zero_lab.hierarchy import check_shard_size
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
-from zero_lab.partition import ParamSpec, Partitioner, bucket_use
-from zero_lab.routing import muon_param_groups, never_to_muon
+from zero_lab.partition import bucket_use
 
-__all__ = [
-    "UNUSED_BY_PLAIN",
-    "ConfigError",
-    "check",
-    "notices",
-    "to_container",
-]
+__all__ = ["ConfigError", "check", "to_container"]
 
 
 class ConfigError(ValueError):
@@ -121,26 +123,6 @@ def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> RunPlan:
     if problems:
         raise ConfigError(problems)
     return plan
-
-
-#: The top-level keys a plain optimizer does not use (every rank keeps the full state).
-UNUSED_BY_PLAIN = PlainDdp.unused_keys
-
-
-def notices(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan | None = None) -> list[str]:
-    """Lines printed when a job starts: the overrides a plain optimizer will not use (a
-    partitioner or a bucket view: every rank keeps the full state); ranks that
-    ``partitioner=ddp_bucket`` leaves without state; ``to_muon`` globs that match parameters
-    Muon never takes. ``plan``: the job's, as the check made it (made here when not given)."""
-    plan = plan or RunPlan.of(cfg)
-    assert plan.optim is not None, "notices of a checked config: its optimizer can be looked up"
-    unused_keys = plan.optim.strategy.unused_keys
-    unused = [o.text for o in read(overrides) if o.root in unused_keys]
-    said = [
-        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
-        "full state); pick optim=zero_* to shard"
-    ]
-    return _idle_ranks_notice(cfg, overrides, plan) + _muon_glob_notice(cfg, plan) + (said if unused else [])
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
@@ -246,7 +228,7 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
     if device == "cuda":
         if not torch.cuda.is_available():
             out.append(
-                f"dist.device=cuda: no CUDA device is visible here; use {_either('dist', _on_device('cpu'))} "
+                f"dist.device=cuda: no CUDA device is visible here; use {either('dist', on_device('cpu'))} "
                 "(dist.device=cpu)"
             )
         elif "LOCAL_RANK" not in os.environ and world > torch.cuda.device_count():
@@ -254,7 +236,7 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
                 f"dist.world_size={world}: only {torch.cuda.device_count()} CUDA devices here (one rank per device)"
             )
     elif "LOCAL_RANK" not in os.environ:  # under torchrun the ranks are torchrun's, maybe on many nodes
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = cpu_cores()
         per_core = cfg.dist.max_ranks_per_core
         if per_core >= 1 and world > cores * per_core:
             out.append(
@@ -276,7 +258,7 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
     if dist_cfg.get("sync_batchnorm") and enum_str(dist_cfg.device) != "cuda":
         out.append(
             "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use "
-            f"{_either('dist', _on_device('cuda'))}, or keep "
+            f"{either('dist', on_device('cuda'))}, or keep "
             "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
             "default, gives every rank rank 0's running statistics)"
         )
@@ -351,7 +333,7 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
     task = task_of(model_cls)  # a transformers class's from its task tables
     fitting = []
     if getattr(data_cls, "task", None) != task:  # the shipped data options for this model's task
-        fitting = [f"data={name}" for name in _options_where("data", lambda node: _target(node).task == task)]
+        fitting = [f"data={name}" for name in data_for_task(task)]
     out = protocol_problems(model_cls, data_cls, model_name, data_name, fitting)
     batch = cfg.data.get("global_batch")
     world = cfg.dist.world_size
@@ -438,13 +420,13 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> 
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
     if cfg.get("prefetch") and not sharded:
-        out.append(f"prefetch=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
+        out.append(f"prefetch=true: needs a ZeRO optimizer ({either('optim', zero_options())}); got optim={optim}")
     kwargs = _optimizer_kwargs(cfg, plan.optim)
     finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         out += _check_on_real_shapes(plan, optim, cls, kwargs)
     if cfg.overlap and not sharded:
-        out.append(f"overlap=true: needs a ZeRO optimizer ({_either('optim', _zero_options())}); got optim={optim}")
+        out.append(f"overlap=true: needs a ZeRO optimizer ({either('optim', zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     if cfg.overlap and (exchange := name_or_value(EXCHANGE, cfg.exchange)) not in OVERLAP_EXCHANGES:
@@ -525,17 +507,6 @@ def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> 
     return []
 
 
-def available_memory_bytes() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` (what can be allocated without swapping), or ``None``."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """CPU ranks started here: refuse a model whose planned memory (parameters, gradients,
     DDP buffers, optimizer state, masters; activations not counted) exceeds what this host
@@ -579,7 +550,7 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
     if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
-            f"add overlap=true, or pick {_either('partitioner', _without_ddp_buckets())}"
+            f"add overlap=true, or pick {either('partitioner', without_ddp_buckets())}"
         ]
     specs, classes, cls = plan.specs, plan.classes, plan.optim.optimizer_class
     try:
@@ -593,90 +564,9 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
     try:
         check_partition_fits(partition, cls, partitioner, classes)
     except ValueError as error:
-        fitting = _fitting_partitioners(specs, world, cls, classes)
-        return [f"{name}: {error} In the config: {_either('partitioner', fitting)}"]
+        fitting = fitting_partitioners(specs, world, cls, classes)
+        return [f"{name}: {error} In the config: {either('partitioner', fitting)}"]
     return []
-
-
-def _idle_ranks_notice(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan) -> list[str]:
-    """``partitioner=ddp_bucket`` gives each DDP bucket wholly to one rank: a model that fits
-    fewer buckets than ranks leaves ranks without state (one bucket: all of it on rank 0)."""
-    world = cfg.dist.world_size
-    partitioner, specs = plan.partitioner.value, plan.specs  # None unless ZeRO and built
-    if partitioner is None or specs is None or not cfg.overlap or world < 2:
-        return []
-    if bucket_use(partitioner) != (True, False):  # only whole buckets can leave a rank idle
-        return []
-    buckets = len({s.bucket for s in specs if s.trainable})
-    if buckets >= world:
-        return []
-    return [
-        f"partitioner=ddp_bucket: the model's trainable parameters fit {buckets} DDP bucket(s) "
-        f"(dist.bucket_cap_mb={cfg.dist.bucket_cap_mb}) and each goes wholly to one rank, so "
-        f"{world - buckets} of {world} ranks hold no optimizer state"
-        f"{' and rank 0 keeps all of it (÷ 1.00)' if buckets == 1 else ''}; add partitioner.shard_buckets=true "
-        "to cut every bucket across the ranks, or lower dist.bucket_cap_mb"
-    ]
-
-
-def _option_nodes(group: str) -> dict[str, DictConfig]:
-    """The shipped options of ``group`` (:func:`~zero_lab.app.config.paths.group_options`), each its YAML as written."""
-    return {name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml") for name in group_options(group)}
-
-
-def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
-    """The shipped options of ``group`` whose node passes ``test`` (an option it cannot read is left out)."""
-    out = []
-    for name, node in _option_nodes(group).items():
-        try:
-            if test(node):
-                out.append(name)
-        except (ImportError, TypeError, ValueError, OmegaConfBaseException):  # it does not fit, or needs keys set
-            continue
-    return out
-
-
-def _either(group: str, names: Sequence[str]) -> str:
-    """``optim=zero_adam, optim=zero_sgd or optim=zero_muon``: options of ``group`` to pick from,
-    each as the command line writes it."""
-    picks = [f"{group}={name}" for name in names] or [f"another {group} option"]
-    return ", ".join(picks[:-1]) + f" or {picks[-1]}" if len(picks) > 1 else picks[0]
-
-
-def _target(node: DictConfig) -> Any:
-    return get_object(str(node.get("_target_")))
-
-
-def _zero_options() -> list[str]:
-    """The ``optim`` options that build a ZeRO optimizer."""
-    return _options_where("optim", lambda node: OptimPlan.of(node).strategy.shards_state)
-
-
-def _on_device(device: str) -> list[str]:
-    """The ``dist`` options that put the ranks on ``device``."""
-    return _options_where("dist", lambda node: node.get("device") == device)
-
-
-def _without_ddp_buckets() -> list[str]:
-    """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
-    return _options_where("partitioner", lambda node: not bucket_use(_target(node)).needs_ddp_buckets)
-
-
-def _fitting_partitioners(
-    specs: list[ParamSpec], world: int, optimizer_class: type, classes: list[type] | None
-) -> list[str]:
-    """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
-
-    def fits(node: DictConfig) -> bool:
-        if bucket_use(_target(node)).needs_ddp_buckets:
-            return False
-        kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
-        buildable(kept, "partitioner", Partitioner)
-        partitioner = instantiate(kept)
-        check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
-        return True
-
-    return _options_where("partitioner", fits)
 
 
 def _list_syntax(node: DictConfig, world: int) -> str:
@@ -752,26 +642,6 @@ def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
     """The scheduler built and stepped by torch's class on a dummy optimizer, and under
     ``resume_optimizer=strict`` the kind of the checkpoint's (:mod:`zero_lab.app.check.scheduler`)."""
     return scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
-
-
-def _muon_glob_notice(cfg: DictConfig, plan: RunPlan) -> list[str]:
-    """``optim.param_groups.to_muon`` globs that match parameters that are not 2-D: those never go
-    to Muon (:func:`zero_lab.routing.never_to_muon`); say so rather than drop them silently."""
-    node = cfg.optim.get("param_groups")
-    if node is None or not node.get("to_muon") or get_object(str(node.get("_target_"))) is not muon_param_groups:
-        return []
-    if plan.model.value is None:  # the checks report it
-        return []
-    left_out = never_to_muon(plan.model.value, list(node.to_muon))
-    out = []
-    for glob, names in left_out.items():
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        out.append(
-            f"optim.param_groups.to_muon: '{glob}' matches {len(names)} parameter(s) that are not 2-D ({shown}); "
-            "Muon steps only matrices, so 1-D (and other non-2-D) parameters never go to it: they stay with the "
-            "optimizer's default class (optim.optimizer_class); match only 2-D weights with to_muon"
-        )
-    return out
 
 
 _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [

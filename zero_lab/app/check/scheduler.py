@@ -44,11 +44,17 @@ from zero_lab.app.run.build import make_scheduler
 from zero_lab.app.run.checkpoints import find_any
 from zero_lab.checkpoint import CheckpointError, read_manifest
 
-__all__ = ["STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
+__all__ = ["REFUSED", "STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
 
 #: At most this many scheduler steps are taken before start (about 0.2 s on a busy core).
 STEPS_CHECKED = 10_000
 
+
+#: What a scheduler class raises for arguments it refuses, built or stepped: torch's range checks
+#: (ValueError), an argument it does not take or lacks (TypeError), ``StepLR(step_size=0)``'s
+#: ``ZeroDivisionError`` (an ArithmeticError), an index or key past what it holds (LookupError),
+#: a tensor operation refused (RuntimeError); Hydra's InstantiationException around any of them.
+REFUSED = (ValueError, TypeError, ArithmeticError, LookupError, RuntimeError, HydraException)
 
 #: What reading a checkpoint's scheduler state can raise: a file that cannot be read, a manifest or
 #: record that is not ours (:class:`~zero_lab.checkpoint.CheckpointError`), a torch file cut short.
@@ -81,7 +87,7 @@ def scheduler_problems(cfg: DictConfig) -> list[str]:
                 scheduler.step()  # type: ignore[union-attr]
     except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
         return []
-    except Exception as error:  # user code: the scheduler's class (any _target_) refuses; named with its keys
+    except REFUSED as error:  # the scheduler's class refuses its arguments: named with its keys
         when = f"at step {step}" if step else "when built"
         own = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in APP_KEYS["scheduler"]}
         line = refusal("scheduler", node, error, blamed=_blamed(error, node, own))

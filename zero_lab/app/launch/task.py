@@ -52,7 +52,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.check.callback import check_unless_checked
-from zero_lab.app.check.rules import notices, to_container
+from zero_lab.app.check.notices import notices
+from zero_lab.app.check.rules import to_container
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats

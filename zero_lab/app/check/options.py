@@ -1,0 +1,89 @@
+"""The shipped options a message suggests: each group's YAMLs read as written, filtered by what they build.
+
+A rule that refuses a value names what to pick instead, from the options that ship in
+``conf/<group>/`` (:func:`~zero_lab.app.config.paths.group_options`, so a new YAML shows up):
+the ZeRO ``optim`` options, the ``dist`` options on a device, the partitioners that need no
+DDP buckets, those whose partition of this model the optimizer can step, the ``data`` options
+of a model's task. Each test reads the option's YAML or builds its ``_target_``; an option the
+test cannot read or build is left out.
+
+    either("optim", zero_options())   # "optim=zero_adam, optim=zero_adamw, ... or optim=zero_sgd"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import buildable
+from zero_lab.optimizer import check_partition_fits
+from zero_lab.partition import ParamSpec, Partitioner, bucket_use
+
+__all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "without_ddp_buckets", "zero_options"]
+
+
+def either(group: str, names: Sequence[str]) -> str:
+    """``optim=zero_adam, optim=zero_sgd or optim=zero_muon``: options of ``group`` to pick from,
+    each as the command line writes it."""
+    picks = [f"{group}={name}" for name in names] or [f"another {group} option"]
+    return ", ".join(picks[:-1]) + f" or {picks[-1]}" if len(picks) > 1 else picks[0]
+
+
+def zero_options() -> list[str]:
+    """The ``optim`` options that build a ZeRO optimizer."""
+    return _options_where("optim", lambda node: OptimPlan.of(node).strategy.shards_state)
+
+
+def on_device(device: str) -> list[str]:
+    """The ``dist`` options that put the ranks on ``device``."""
+    return _options_where("dist", lambda node: node.get("device") == device)
+
+
+def without_ddp_buckets() -> list[str]:
+    """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
+    return _options_where("partitioner", lambda node: not bucket_use(_target(node)).needs_ddp_buckets)
+
+
+def data_for_task(task: Any) -> list[str]:
+    """The ``data`` options whose class reads batches for a model of ``task``."""
+    return _options_where("data", lambda node: _target(node).task == task)
+
+
+def fitting_partitioners(
+    specs: list[ParamSpec], world: int, optimizer_class: type, classes: list[type] | None
+) -> list[str]:
+    """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
+
+    def fits(node: DictConfig) -> bool:
+        if bucket_use(_target(node)).needs_ddp_buckets:
+            return False
+        kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
+        buildable(kept, "partitioner", Partitioner)
+        partitioner = instantiate(kept)
+        check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
+        return True
+
+    return _options_where("partitioner", fits)
+
+
+def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
+    """The shipped options of ``group`` whose node, its YAML as written, passes ``test`` (an option
+    it cannot read is left out)."""
+    out = []
+    for name in group_options(group):
+        try:
+            if test(OmegaConf.load(CONF_DIR / group / f"{name}.yaml")):
+                out.append(name)
+        except (ImportError, TypeError, ValueError, OmegaConfBaseException):  # it does not fit, or needs keys set
+            continue
+    return out
+
+
+def _target(node: DictConfig) -> Any:
+    return get_object(str(node.get("_target_")))
