@@ -90,13 +90,14 @@ def test_the_corpus_is_read_only_up_to_max_bytes(tmp_path):
     assert peak < 2**20, peak  # streamed: what max_bytes asks for, not the file
 
 
-def test_transformer_on_text_is_refused_naming_both_keys_or_runs_with_the_datas_vocabulary():
-    message = problems("model=transformer", "data=text")
+def test_transformer_on_text_follows_the_datas_vocabulary_and_a_given_one_is_checked():
+    cfg, _ = preflight(["model=transformer", "data=text", "data.max_bytes=65536"])
+    assert (cfg.model.vocab_size, cfg.model.seq_len) == (256, cfg.data.seq_len)  # bytes; the data's windows
+    message = problems("model=transformer", "data=text", "model.vocab_size=64", "data.max_bytes=65536")
     assert (
         "model.vocab_size=64 with data=text (vocabulary 256): the data's token ids go up to 255, but the model's "
         "embedding has 64 rows; set model.vocab_size=256" in message
     )
-    preflight(["model=transformer", "data=text", "model.vocab_size=256", "data.max_bytes=65536"])
 
 
 # ---------------------------------------------------------------- Muon routing

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import OmegaConf
 
-from tests.preflight import _compose_once, compose_job, preflight
+from tests.preflight import _compose_once, compose_job, preflight, problems
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.check.callback import job_config
 from zero_lab.app.check.rules import ConfigError, check
@@ -28,7 +28,7 @@ from zero_lab.app.record.objective import OBJECTIVES
 from zero_lab.app.run.build import make_scheduler, optimizer_factory
 from zero_lab.app.run.checkpoints import FORMATS, POLICIES
 from zero_lab.app.workloads.data import RegressionData, TokenData, stream_seed
-from zero_lab.app.workloads.protocols import call_model, loss_of
+from zero_lab.app.workloads.protocols import call_model, loss_of, task_of
 from zero_lab.partition import ParamSpec
 
 GROUPS = ("optim", "partitioner", "model", "data", "dist", "logger", "scheduler")
@@ -291,3 +291,20 @@ def test_the_tests_compose_a_command_line_as_hydra_does_whole():
         assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(job_config(whole))
         assert choices == OmegaConf.to_container(whole.hydra.runtime.choices)
         assert hydra_node.overrides.task == whole.hydra.overrides.task == overrides
+
+
+def _task(group: str, option: str) -> str | None:
+    return task_of(get_object(str(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")._target_)))
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_every_model_runs_with_every_data_option_it_can_read(model):
+    """The model's vocabulary and positions follow the data's (conf/model/*.yaml), so each pair
+    of the same task passes the whole pre-start check as shipped; a data option of another task
+    is refused as such."""
+    readable = [data for data in options("data") if _task("data", data) == _task("model", model)]
+    assert readable, f"model={model}: no shipped data option of its task"
+    for data in readable:
+        preflight([f"model={model}", f"data={data}"])  # the data's ids fit the embedding; a batch runs forward
+    other = next(data for data in options("data") if data not in readable)
+    assert f"data={other}: model={model} is a" in problems(f"model={model}", f"data={other}")

@@ -6,8 +6,10 @@ cannot parse is named, and several overrides in one argument are said to be that
 from __future__ import annotations
 
 import pytest
+from hydra.utils import instantiate
 
 from tests.preflight import preflight, problems
+from zero_lab.partition import ParamSpec
 
 
 def lines(message: str) -> list[str]:
@@ -25,13 +27,16 @@ def test_a_model_data_mismatch_is_one_problem_not_its_failed_interpolations():
 
 
 def test_a_failed_interpolation_of_its_own_is_one_line_naming_the_key():
-    assert lines(problems("model=transformer", "data=tokens", "data.vocab_size=${model.nope}")) == [
-        "data.vocab_size: follows ${model.nope}, but model=transformer has no nope; set data.vocab_size=<value>, "
+    assert lines(problems("model=transformer", "data=tokens", "data.global_batch=${model.nope}")) == [
+        "data.global_batch: follows ${model.nope}, but model=transformer has no nope; set data.global_batch=<value>, "
         "or pick a model that has it"
     ]
-    assert lines(problems("model=transformer", "data=tokens", "data.seq_len=${nope}")) == [
-        "data.seq_len: follows ${nope}, which names no key of the config; set data.seq_len=<value>"
+    assert lines(problems("model=transformer", "data=tokens", "model.d_model=${nope}")) == [
+        "model.d_model: follows ${nope}, which names no key of the config; set model.d_model=<value>"
     ]
+    # met through the model's vocabulary, which follows the data's: one line, at the key it was met
+    (line,) = lines(problems("model=transformer", "data=tokens", "data.vocab_size=${model.nope}"))
+    assert line.startswith("model.vocab_size: follows ${model.nope}, but model=transformer has no nope")
 
 
 def test_manual_needs_exactly_one_of_order_and_params_per_rank():
@@ -39,11 +44,24 @@ def test_manual_needs_exactly_one_of_order_and_params_per_rank():
         "partitioner.order=null: partitioner=manual needs partitioner.order (ordered name patterns, any world size) "
         "or partitioner.params_per_rank (one list of patterns per rank); set one, e.g. 'partitioner.order=[\"*\"]'"
     ]
-    assert lines(problems("partitioner=manual", "partitioner.params_per_rank=[[layers.0.*],[layers.1.*]]")) == [
-        "partitioner.order and partitioner.params_per_rank are both set: partitioner=manual takes one; to give "
-        "params_per_rank add partitioner.order=null (or drop params_per_rank)"
+    both = ["partitioner=manual", "partitioner.order=[layers.*]", "partitioner.params_per_rank=[[*weight],[*bias]]"]
+    assert lines(problems(*both)) == [
+        "partitioner.order and partitioner.params_per_rank are both given: partitioner=manual takes one; drop one, "
+        "or set it to null (partitioner.order=null)"
     ]
-    preflight(["partitioner=manual", "partitioner.order=null", "partitioner.params_per_rank=[[*weight],[*bias]]"])
+    manual_mlp_and_an_order = ["experiment=manual_mlp", "partitioner.order=[layers.*]"]  # the experiment gave one
+    assert "are both given" in problems(*manual_mlp_and_an_order)
+
+
+def test_a_given_params_per_rank_wins_over_the_presets_default_order():
+    """The mission's command: manual.yaml's default ``order`` yields to the ``params_per_rank`` given."""
+    cfg, _ = preflight(["partitioner=manual", "partitioner.params_per_rank=[[*weight],[*bias]]"])
+    assert cfg.partitioner.order is None and cfg.partitioner.params_per_rank == [["*weight"], ["*bias"]]
+    partitioner = instantiate(cfg.partitioner)
+    specs = [ParamSpec(numel=4, name=name) for name in ("a.weight", "a.bias", "b.weight", "b.bias")]
+    owners = {specs[shard.param].name: shard.rank for shard in partitioner(specs, 2).shards}
+    assert owners == {"a.weight": 0, "b.weight": 0, "a.bias": 1, "b.bias": 1}
+    assert preflight(["partitioner=manual"])[0].partitioner.order == ["*"]  # given neither: the model's order
     preflight(["experiment=manual_mlp"])
 
 

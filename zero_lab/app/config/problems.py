@@ -7,7 +7,8 @@ per key, and drops them when a reported problem already names both groups the in
 joins (``data=tokens: model=mlp is a 'regression' model ...``: the missing key follows from the
 mismatch). :func:`exclusive_key_problems` refuses ``partitioner=manual`` with both or neither
 of ``order`` and ``params_per_rank``, naming the keys and the fix, before the partitioner is
-built.
+built. Both means both given: the preset's own default of one yields to the other
+(:data:`UNLESS`), so ``partitioner=manual 'partitioner.params_per_rank=[[...],[...]]'`` runs.
 
     problems += unresolved_problems(failures, problems, choices)
     exclusive_key_problems(cfg.partitioner, "partitioner=manual")   # [] or one line
@@ -20,12 +21,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra.utils import get_object
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from zero_lab.partition import Manual
 
-__all__ = ["exclusive_key_problems", "unresolved_problems"]
+__all__ = ["UNLESS", "exclusive_key_problems", "unresolved_problems"]
+
+#: ``${zero_lab.unless:<other key>,<default>}``: ``default`` while the other key is null, else null.
+#: A preset's default for one of two keys that exclude each other, which yields to the other:
+#: ``conf/partitioner/manual.yaml``'s ``order: ${zero_lab.unless:${.params_per_rank},["*"]}``
+#: keeps the model's order until ``params_per_rank`` is given. Registered when this module is
+#: imported (every process that checks or runs a job imports it), as Hydra registers its own.
+UNLESS = "zero_lab.unless"
+if not OmegaConf.has_resolver(UNLESS):
+    OmegaConf.register_new_resolver(UNLESS, lambda other, default: default if other is None else None)
 
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
 
@@ -37,9 +47,12 @@ def unresolved_problems(
     same failure); none for a failure a line of ``reported`` already explains (it names both
     groups, ``data=...`` and ``model=...``)."""
     out: dict[str, str] = {}
+    located = {_first_line(e) for e in failures if getattr(e, "full_key", "")}
     for error in failures:
         key = str(getattr(error, "full_key", "") or "?")
-        message = str(getattr(error, "msg", error)).strip().splitlines()[0]
+        message = _first_line(error)
+        if key == "?" and message in located:  # the same failure, met where its key was not known
+            continue
         found = _MISSING_KEY.search(message)
         missing = found.group(1) if found else None
         groups = {_group(key)} | ({_group(missing)} if missing else set())
@@ -60,13 +73,18 @@ def unresolved_problems(
     return list(out.values())
 
 
+def _first_line(error: InterpolationResolutionError) -> str:
+    return str(getattr(error, "msg", None) or error).strip().splitlines()[0]
+
+
 def _group(key: str) -> str:
     return key.split(".", 1)[0]
 
 
 def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
-    """``partitioner=manual`` takes ``order`` or ``params_per_rank``: exactly one of them
-    (its YAML sets the other to null). ``name``: how the option is written (``partitioner=manual``)."""
+    """``partitioner=manual`` takes ``order`` or ``params_per_rank``: exactly one of them (its
+    YAML's default ``order`` yields to a given ``params_per_rank``). ``name``: how the option is
+    written (``partitioner=manual``)."""
     try:
         target = get_object(str(node.get("_target_")))
     except (ImportError, ValueError):  # get_object's: an unimportable target is _check_arguments'
@@ -81,7 +99,7 @@ def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
         ]
     if order is not None and listed is not None:
         return [
-            "partitioner.order and partitioner.params_per_rank are both set: "
-            f"{name} takes one; to give params_per_rank add partitioner.order=null (or drop params_per_rank)"
+            "partitioner.order and partitioner.params_per_rank are both given: "
+            f"{name} takes one; drop one, or set it to null (partitioner.order=null)"
         ]
     return []
