@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from zero_lab.app.config.paths import group_options
+from zero_lab.app.check.options import either, zero_options
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.run_plan import RunPlan
 
@@ -31,11 +31,9 @@ def check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
     optim = choices.get("optim") or "this optimizer"
     out = []
     if name is not None and name != "all_reduce" and steps_every_parameter:
-        zeros = [o for o in group_options("optim") if o.startswith("zero_")]
         out.append(
             f"grad_reduce={name}: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
-            f"optimizer ({', '.join(f'optim={o}' for o in zeros)}), or grad_reduce=all_reduce (DDP's traffic, "
-            "metered) or null"
+            f"optimizer ({either('optim', zero_options())}), or grad_reduce=all_reduce (DDP's traffic, metered) or null"
         )
     if shard and name is None:
         out.append(
