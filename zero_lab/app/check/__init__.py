@@ -5,5 +5,6 @@ options a message suggests), ``host`` (this host's cores and memory), ``grad_mod
 (``grad_reduce=`` / ``shard_grads=``), ``scheduler`` (the LR scheduler, by torch's classes),
 ``notices`` (what a job that passes says as it starts), ``callback`` (the Hydra callback that
 checks each job before Hydra creates anything), ``before_start`` (one-line failures; under
-torchrun or srun, one world). Imports every folder but ``launch``.
+torchrun or srun, one world), ``dcp_resume`` (a DCP checkpoint to resume, checked from its files).
+Imports every folder but ``launch``.
 """
