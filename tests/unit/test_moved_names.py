@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 import zero_lab.app
 from zero_lab.app import MOVED
 
-#: The 41 modules of the flat layout before the folders (git show ea0fc07:zero_lab/app).
+#: The modules of the flat layout before the folders (git show ea0fc07:zero_lab/app), but preflight (now tests/preflight.py).
 FLAT = (
     "build", "cli", "closing", "config_check", "config_problems", "data", "dcp_checkpoints", "entry",
     "failure_text", "grad_checks", "grad_reach", "hf_models", "hydra_errors", "main", "memory", "metrics",
-    "models", "objective", "optim_plan", "paths", "preflight", "progress", "protocols", "provenance",
+    "models", "objective", "optim_plan", "paths", "progress", "protocols", "provenance",
     "rank_errors", "repeats", "requeue", "run_checkpoints", "rundir", "runner", "scheduler_check", "schema",
     "sinks", "slurm_launcher", "step", "summary", "targets", "torch_extras", "training", "validate", "wandb_run",
 )  # fmt: skip

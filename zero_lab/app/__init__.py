@@ -70,7 +70,6 @@ MOVED: dict[str, str] = {
     "scheduler_check": "check.scheduler",
     "grad_checks": "check.grad_modes",
     "config_check": "check.callback",
-    "preflight": "check.preflight",
     "cli": "check.before_start",
     "entry": "launch.entry",
     "main": "launch.task",
