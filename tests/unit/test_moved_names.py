@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 import zero_lab.app
 from zero_lab.app import MOVED
 
-#: The modules of the flat layout before the folders (git show ea0fc07:zero_lab/app), but preflight (now tests/preflight.py).
+#: The modules of the flat layout (git show ea0fc07:zero_lab/app) but preflight (now tests/preflight.py).
 FLAT = (
     "build", "cli", "closing", "config_check", "config_problems", "data", "dcp_checkpoints", "entry",
     "failure_text", "grad_checks", "grad_reach", "hf_models", "hydra_errors", "main", "memory", "metrics",
