@@ -114,43 +114,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "change process-wide state); nothing of it is imported or called",
     ),
     PrivateName(
-        "hydra",
-        "hydra._internal.defaults_list._create_interpolation_map",
-        ("hydra._internal", "_create_interpolation_map"),
-        ("zero_lab.app.config.compose_cache",),
-        "replaced while composing (built only for a config with an interpolated default) to compose "
-        "faster; issue 38 asks for this patch to go (compose less instead)",
-    ),
-    PrivateName(
-        "hydra",
-        "hydra._internal.sources_registry.SourcesRegistry",
-        ("hydra._internal",),
-        ("zero_lab.app.config.compose_cache",),
-        "finds Hydra's file config source class, whose load_config is replaced by a cached parse; "
-        "issue 38 asks for this patch to go",
-    ),
-    PrivateName(
-        "hydra",
-        "hydra.core.config_loader.ConfigSource._get_header_dict",
-        ("_get_header_dict",),
-        ("zero_lab.app.config.compose_cache",),
-        "reads a config file's # @package header as Hydra does, in the cached load_config",
-    ),
-    PrivateName(
-        "hydra",
-        "hydra.core.config_loader.ConfigSource._normalize_file_name",
-        ("_normalize_file_name",),
-        ("zero_lab.app.config.compose_cache",),
-        "resolves a config name to its file (adds .yaml) as Hydra does, in the cached load_config",
-    ),
-    PrivateName(
-        "omegaconf",
-        "omegaconf._utils.get_yaml_loader",
-        ("omegaconf._utils",),
-        ("zero_lab.app.config.compose_cache",),
-        "the YAML loader OmegaConf.load uses, so a cached parse reads a file exactly as OmegaConf does",
-    ),
-    PrivateName(
         "typing",
         "typing.Protocol._is_protocol",
         ("_is_protocol",),

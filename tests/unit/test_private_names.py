@@ -214,40 +214,6 @@ def _logging_module() -> None:
     assert importlib.import_module("torch._logging").__name__ == "torch._logging"
 
 
-def _hydra_interpolation_map() -> None:
-    from hydra._internal import defaults_list
-
-    assert callable(defaults_list._create_interpolation_map)
-    assert len(inspect.signature(defaults_list._create_interpolation_map).parameters) >= 2  # overrides, defaults
-
-
-def _hydra_sources_registry() -> None:
-    from hydra._internal.sources_registry import SourcesRegistry
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()  # registers Hydra's config sources
-    assert hasattr(SourcesRegistry.instance().resolve("file"), "load_config")
-
-
-def _hydra_header_dict() -> None:
-    from hydra.core.config_loader import ConfigSource
-
-    assert ConfigSource._get_header_dict("# @package _global_\na: 1\n")["package"] == "_global_"
-
-
-def _hydra_normalize_file_name() -> None:
-    from hydra.core.config_loader import ConfigSource
-
-    assert ConfigSource._normalize_file_name("db/mysql") == "db/mysql.yaml"
-
-
-def _omegaconf_yaml_loader() -> None:
-    import yaml
-    from omegaconf._utils import get_yaml_loader
-
-    assert yaml.load("a: 1e-3\nb: [1, 2]\n", Loader=get_yaml_loader()) == {"a": 1e-3, "b": [1, 2]}
-
-
 def _is_protocol() -> None:
     from typing import Protocol
 
@@ -321,11 +287,6 @@ CHECKS: dict[str, Callable[[], None]] = {
     "torch._dynamo.utils.counters": _dynamo_counters,
     "torch._dynamo": _dynamo_module,
     "torch._logging": _logging_module,
-    "hydra._internal.defaults_list._create_interpolation_map": _hydra_interpolation_map,
-    "hydra._internal.sources_registry.SourcesRegistry": _hydra_sources_registry,
-    "hydra.core.config_loader.ConfigSource._get_header_dict": _hydra_header_dict,
-    "hydra.core.config_loader.ConfigSource._normalize_file_name": _hydra_normalize_file_name,
-    "omegaconf._utils.get_yaml_loader": _omegaconf_yaml_loader,
     "typing.Protocol._is_protocol": _is_protocol,
     "multiprocessing.forkserver._forkserver": _forkserver,
     "multiprocessing.forkserver.ForkServer._forkserver_pid": _forkserver,
