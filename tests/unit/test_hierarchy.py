@@ -61,10 +61,8 @@ def test_sent_bytes_split_per_link_axis() -> None:
 
 
 def test_dist_shard_size_is_checked_before_any_start() -> None:
-    from tests.unit.configs import problems
-    from zero_lab.app.config.schema import register_configs
+    from tests.preflight import problems
 
-    register_configs()
     assert "dist.shard_size=3 does not divide the world size 4" in problems(
         "optim=zero_adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=3"
     )
