@@ -69,7 +69,7 @@ def test_groups_and_frozen_parameters():
     assert {b.group for b in buckets} == {0, 1} and all(len({specs[i].group for i in b.params}) == 1 for b in buckets)
 
 
-def test_hold_bound_is_owned_plus_two_largest_buckets():
+def test_hold_bound_is_owned_plus_two_of_the_largest_bucket():
     specs = _layers([64] * 12)  # twelve equal layers: the bound is Ψ/2 + 2Ψ/12 at W=2
     buckets = plan_buckets(specs, world_size=2, partitioner=Flat(), bucket_cap_mb=(64 * 65 * 4) / 2**20)
     psi = sum(s.nbytes for s in specs)
@@ -77,6 +77,8 @@ def test_hold_bound_is_owned_plus_two_largest_buckets():
     assert owned_bytes(buckets, 0) == owned_bytes(buckets, 1) == psi // 2
     assert grad_hold_bound(buckets, 0) == psi // 2 + 2 * psi // 12
     assert grad_hold_bound(buckets, 0) < 0.7 * psi
+    uneven = plan_buckets(_layers([64, 32, 16]), world_size=2, partitioner=Flat(), bucket_cap_mb=(64 * 65 * 4) / 2**20)
+    assert grad_hold_bound(uneven, 1) == owned_bytes(uneven, 1) + 2 * 64 * 65 * 4  # the largest, twice
 
 
 def _model() -> nn.Module:

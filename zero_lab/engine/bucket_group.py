@@ -8,10 +8,10 @@
   *ready*, and ready buckets are issued strictly in bucket order (so every rank issues the same
   collectives in the same order) through a registered ``grad_reduce`` strategy
   (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments,
-  the bucket index as the point-to-point tag). After each issue the bucket issued before it is
-  waited and finished — its reduced range added into (or becoming) the owned tensor's ``.grad``,
-  its buffer released — so at most two bucket buffers live at once and the reduction of one
-  bucket overlaps the backward that fills the next;
+  the bucket index as the point-to-point tag). When a bucket needs a gradient buffer while two
+  are taken, the oldest reduction is waited and finished — its reduced range copied into (or
+  added to) the owned gradient, the optimizer's ``.grad``, its buffer given back — so at most two
+  bucket buffers live at once and each reduction overlaps the backward of the next bucket;
 * :meth:`BucketGroup.finish_grad_sync` (before the optimizer steps) completes the buckets some
   parameter's hook never reached — a parameter no gradient reached this time counts as zeros, one
   that holds a gradient accumulated under ``no_sync()`` contributes it — issues them in order and
@@ -73,6 +73,8 @@ class BucketGroup:
                 "complete (a parameter used twice across two backward calls?): run every backward but the "
                 "last inside model.no_sync()"
             )
+        if self.buffer.grad_data[b] is None:
+            self._make_room()
         self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
         param.grad = None
         self._arrived[b].add(position)
@@ -88,8 +90,12 @@ class BucketGroup:
             data = self.buffer.grad_buffer(b)
             segments = [data[a:z] for a, z in bucket.bounds] if self.reduce.scatters else [data]
             self._reducing.append((b, self.reduce.issue(self.comm, segments, tag=b)))
-            while len(self._reducing) > 1:
-                self._finish_oldest()
+
+    def _make_room(self) -> None:
+        """Before a bucket takes a gradient buffer: while two are taken, finish the oldest reduction
+        (waiting as late as possible, so each reduction overlaps the backward of the next bucket)."""
+        while self.buffer.live >= 2 and self._reducing:
+            self._finish_oldest()
 
     def _finish_oldest(self) -> None:
         b, reduced = self._reducing.popleft()
@@ -99,7 +105,7 @@ class BucketGroup:
             if not self.reduce.scatters:
                 result = result[slice(*self.buffer.buckets[b].bounds[self.comm.rank])]
             if owned.grad is None:
-                owned.grad = result.clone()
+                owned.grad = self.buffer.owned_grad(b).copy_(result)
             else:
                 owned.grad.add_(result)
         self.buffer.release(b)
@@ -113,6 +119,8 @@ class BucketGroup:
             bucket = self.buffer.buckets[b]
             for position, index in enumerate(bucket.params):
                 if position not in self._arrived[b]:
+                    if self.buffer.grad_data[b] is None:
+                        self._make_room()
                     param = self.buffer.params[index]
                     self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
                     param.grad = None

@@ -6,11 +6,16 @@
   parameter of the bucket is re-seated as a view of its range (``param.data = ...``), so the
   owner's optimizer steps ``param_data[b][bounds[rank]]`` in place and the all-gather fills the
   rest in place: no proxy and no copy back;
-* ``grad_data[b]`` — the bucket's gradient buffer, allocated when its first gradient of a
-  synchronised backward arrives and dropped as soon as its reduction is done (what makes the
-  engine ZeRO-2 at the peak: the unowned gradients live for about one bucket's reduction).
+* ``grad_data[b]`` — the bucket's gradient buffer, taken when its first gradient of a
+  synchronised backward arrives and given back as soon as its reduction is done (what makes the
+  engine ZeRO-2 at the peak: the unowned gradients live for about one bucket's reduction). The
+  buffers come from a small pool per kind (device + dtype), each the size of the kind's largest
+  bucket and reused step after step, so a step allocates nothing (fresh pages cost a fault each);
+  the pool holds as many as were ever live at once, two in a feed-forward backward.
   Each gradient is written into its range multiplied by ``1/W`` (``torch.mul(..., out=)``, as
-  DDP's reducer does), and the parameter's own ``.grad`` is released at once.
+  DDP's reducer does), and the parameter's own ``.grad`` is released at once;
+* ``owned_grad(b)`` — this rank's reduced gradients of bucket ``b``, one persistent tensor per
+  bucket (Ψ/W in all), which becomes the ``.grad`` of the optimizer's view of its range.
 
 What a rank holds of gradients is measured here, on the real tensors
 (:meth:`ParamAndGradBuffer.held_grad_bytes`), and its peak kept in ``peak_grad_bytes``.
@@ -48,6 +53,11 @@ class ParamAndGradBuffer:
                 self.where[id(param)] = (bucket.index, position)
             self.param_data.append(data)
         self.grad_data: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self._taken: list[torch.Tensor | None] = [None] * len(self.buckets)  # the pool buffer grad_data[b] lies in
+        self._pool: dict[str, list[torch.Tensor]] = {}  # free buffers per kind
+        self._made: list[torch.Tensor] = []  # every pool buffer ever made
+        self._largest = {b.kind: max(c.numel for c in self.buckets if c.kind == b.kind) for b in self.buckets}
+        self._owned_grads: list[torch.Tensor | None] = [None] * len(self.buckets)
         #: the tensors the optimizer steps (this rank's range of each bucket); ``None`` where it owns nothing
         self.owned: list[torch.Tensor | None] = [
             data[slice(*bucket.bounds[rank])] if bucket.owned_numel(rank) else None
@@ -55,16 +65,36 @@ class ParamAndGradBuffer:
         ]
         self.peak_grad_bytes = 0
 
+    @property
+    def live(self) -> int:
+        """Bucket gradient buffers taken now (filling or being reduced)."""
+        return sum(data is not None for data in self.grad_data)
+
     def grad_buffer(self, b: int) -> torch.Tensor:
-        """Bucket ``b``'s gradient buffer, allocated on first use (its padding zeroed)."""
+        """Bucket ``b``'s gradient buffer, taken from the pool on first use (its padding zeroed)."""
         data = self.grad_data[b]
         if data is None:
             bucket = self.buckets[b]
-            data = torch.empty_like(self.param_data[b])
+            free = self._pool.setdefault(bucket.kind, [])
+            if not free:
+                like = self.param_data[b]
+                free.append(torch.empty(self._largest[bucket.kind], dtype=like.dtype, device=like.device))
+                self._made.append(free[-1])
+            base = free.pop()
+            data = base[: bucket.numel]
             data[bucket.offsets[-1] + bucket.sizes[-1] :].zero_()  # offsets increase: the tail is padding
-            self.grad_data[b] = data
+            self.grad_data[b], self._taken[b] = data, base
             self.note_held()
         return data
+
+    def owned_grad(self, b: int) -> torch.Tensor:
+        """This rank's persistent gradient tensor of bucket ``b`` (shaped as its range)."""
+        grad = self._owned_grads[b]
+        if grad is None:
+            owned = self.owned[b]
+            assert owned is not None, "a bucket this rank owns nothing of has no owned gradient"
+            grad = self._owned_grads[b] = torch.empty_like(owned)
+        return grad
 
     def write_grad(self, b: int, position: int, grad: torch.Tensor | None, scale: float) -> None:
         """Put ``grad · scale`` (zeros for ``None``) into parameter ``position``'s range of bucket ``b``."""
@@ -77,14 +107,19 @@ class ParamAndGradBuffer:
             torch.mul(grad.reshape(-1), scale, out=slot)
 
     def release(self, b: int) -> None:
-        """Drop bucket ``b``'s gradient buffer (its reduction is done)."""
-        self.grad_data[b] = None
+        """Give bucket ``b``'s gradient buffer back to the pool (its reduction is done)."""
+        base = self._taken[b]
+        if base is not None:
+            self._pool[self.buckets[b].kind].append(base)
+        self.grad_data[b] = self._taken[b] = None
 
     def held_grad_bytes(self) -> int:
-        """Bytes of gradient tensors this rank holds now: live bucket buffers and owned gradients."""
-        live = sum(data.numel() * data.element_size() for data in self.grad_data if data is not None)
-        owned = sum(t.grad.numel() * t.grad.element_size() for t in self.owned if t is not None and t.grad is not None)
-        return live + owned
+        """Bytes of gradient tensors this rank holds now: the pool's buffers (taken or free), the owned
+        gradients, and any ``.grad`` of the optimizer's views that is not one of them."""
+        mine = [*self._made, *(g for g in self._owned_grads if g is not None)]
+        ptrs = {t.data_ptr() for t in mine}
+        other = [t.grad for t in self.owned if t is not None and t.grad is not None and t.grad.data_ptr() not in ptrs]
+        return sum(t.numel() * t.element_size() for t in [*mine, *other])
 
     def note_held(self) -> None:
         self.peak_grad_bytes = max(self.peak_grad_bytes, self.held_grad_bytes())

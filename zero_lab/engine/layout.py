@@ -23,8 +23,8 @@ Algorithm (Megatron-Core's param-and-grad buffer, with a ZeRO owner per element)
    Either way every rank's share of a bucket is one range ``bounds[r]``: the segment it
    receives in the reduce-scatter, steps in place and sends in the all-gather.
 3. The memory bound: gradients a rank holds during a step are its owned ranges (Ψ/W with a
-   balanced partition) plus at most two buckets (one filling, one in flight):
-   :func:`grad_hold_bound`.
+   balanced partition) plus at most two bucket buffers (one filling, one in flight), each the
+   size of the largest bucket: :func:`grad_hold_bound`.
 """
 
 from __future__ import annotations
@@ -124,7 +124,10 @@ def owned_bytes(buckets: Sequence[Bucket], rank: int) -> int:
 
 
 def grad_hold_bound(buckets: Sequence[Bucket], rank: int) -> int:
-    """Most gradient bytes ``rank`` holds at once during a synchronised step: what it owns plus
-    the two largest buckets (one filling while the one before it is reduced)."""
-    largest = sorted((bucket.nbytes for bucket in buckets), reverse=True)[:2]
-    return owned_bytes(buckets, rank) + sum(largest)
+    """Most gradient bytes ``rank`` holds at once during a synchronised step: what it owns plus two
+    buffers of the largest bucket's size per kind (one filling while the one before it is reduced;
+    the buffers are reused from bucket to bucket, so each is the size of the largest)."""
+    largest: dict[str, int] = {}
+    for bucket in buckets:
+        largest[bucket.kind] = max(largest.get(bucket.kind, 0), bucket.nbytes)
+    return owned_bytes(buckets, rank) + 2 * sum(largest.values())
