@@ -80,11 +80,15 @@ def engine_of(optimizer: torch.optim.Optimizer) -> ShardedDataParallel | None:
     return ref() if ref is not None else None
 
 
-def default_modes(backend: str) -> tuple[str, str]:
-    """``(grad_reduce, exchange)`` for a backend: point-to-point on Gloo (FIELD-NOTES: Gloo's
-    reduce-scatter and all-gather tensors are several times slower), the native collectives on NCCL."""
+def default_modes(backend: str, device: str = "cpu") -> tuple[str, str]:
+    """``(grad_reduce, exchange)`` for a backend and the parameters' device type: point-to-point on
+    Gloo with CPU tensors (FIELD-NOTES: Gloo's reduce-scatter and all-gather tensors are several
+    times slower), the native collectives on NCCL, and Gloo's all-reduce and broadcasts for CUDA
+    tensors over Gloo (its point-to-point sends take host memory only)."""
     if backend == "nccl":
         return "reduce_scatter_native", "all_gather"
+    if device != "cpu":
+        return "all_reduce", "broadcast"
     return "reduce_scatter", "p2p_all_gather"
 
 
@@ -101,6 +105,7 @@ class ShardedDataParallel(nn.Module):
             engine's is.
         grad_reduce: a registered ``grad_reduce`` strategy; ``None``: point-to-point on Gloo,
             ``reduce_scatter_native`` on NCCL (:func:`default_modes`). ``all_reduce`` is the control.
+            Every buffer lives on the parameters' device.
         exchange: a registered parameter collective; ``None``: as :func:`default_modes`.
         prefetch: gather parameters behind the next forward (``True``) or inside ``step()``.
         bucket_cap_mb: the bucket size cap (a module larger than it gets a bucket of its own).
@@ -127,7 +132,8 @@ class ShardedDataParallel(nn.Module):
         self.comm = Communicator(process_group)  # the gradient reduction (and the set-up broadcasts)
         self.param_comm = Communicator(process_group)  # the parameter all-gathers, metered apart
         backend = dist.get_backend(self.comm.group)
-        default_reduce, default_exchange = default_modes(backend)
+        device = next((p.device.type for p in module.parameters()), "cpu")
+        default_reduce, default_exchange = default_modes(backend, device)
         self.grad_reduce = grad_reduce or default_reduce
         self.exchange = exchange or default_exchange
         self.prefetch = prefetch
