@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # zero_lab from th
 import torch
 import torch.distributed as dist
 from torch import nn
-
 from zero_lab.runtime.launch import run_world
 
 MIB = 2**20
