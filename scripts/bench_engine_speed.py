@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from zero_lab.runtime.launch import run_world
+
+from zero_lab.runtime.spawn import run_world
 
 VARIANTS = ("ddp", "ddp_aa", "engine", "engine_prefetch", "engine_sorted_greedy")
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # zero_lab from th
 import torch
 import torch.distributed as dist
 from torch import nn
-from zero_lab.runtime.launch import run_world
+
+from zero_lab.runtime.spawn import run_world
 
 MIB = 2**20
 VARIANTS = (

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import batch, loss_of, make_model
 from zero_lab import ShardedDataParallel
-from zero_lab.runtime import launch
+from zero_lab.runtime import spawn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -37,7 +37,7 @@ def _cuda_parity(steps: int = 4) -> dict[str, object]:
 
 @pytest.mark.parametrize(("world", "backend"), [(1, "nccl"), (2, "gloo")])
 def test_engine_with_cuda_tensors_matches_ddp(world, backend):
-    results = launch.run_world(_cuda_parity, world, (), backend=backend, start_method="spawn", timeout_s=180)
+    results = spawn.run_world(_cuda_parity, world, (), backend=backend, start_method="spawn", timeout_s=180)
     for result in results:
         assert result["devices"] == ["cuda"]
         assert result["diff"] <= (0.0 if world == 1 else 1e-6), result
