@@ -36,7 +36,6 @@ BUILDS_TRANSFORMERS = (
     "llama",
     "transformers",
     "[data-text]",  # test_config: data=text runs with model=gpt2
-    "test_every_shipped_option_passes_the_target_check",  # its job list holds model=gpt2
 )
 
 

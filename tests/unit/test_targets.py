@@ -107,16 +107,6 @@ def test_a_target_nested_in_a_group_is_checked_too(victim):
     assert expected in target_problem("model.cost", lookup)
 
 
-def test_every_shipped_option_passes_the_target_check():
-    for overrides in (
-        [],
-        ["optim=zero_muon", "model=transformer", "data=tokens", "scheduler=cosine", "logger=none"],
-        ["optim=muon", "model=gpt2", "data=text", "scheduler=warmup", "partitioner=flat"],
-        ["model=resnet", "data=images", "scheduler=linear", "optim=sgd"],
-    ):
-        preflight(overrides)
-
-
 def test_a_constructor_refusal_names_the_key_without_hydras_wrapper():
     message = problems("partitioner.cost=bogus")
     assert (
