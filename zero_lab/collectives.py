@@ -20,7 +20,8 @@ Each collective goes through :class:`~zero_lab.comm.Communicator`, so it is labe
 ``zero_lab::<label>`` in the profiler, and its bytes, calls and seconds are metered. The
 registry (a :class:`zero_lab.registry.Registry`, the pattern every phase's strategies share)
 maps ``exchange=`` names to collectives; :data:`COLLECTIVES` (the built-in
-names, in the order ``exchange="auto"`` tries them) and :data:`EXCHANGES` (``"auto"``
+names, in registration order: ``exchange="auto"``'s preference among the ones that fill a unit
+in place, :func:`zero_lab.exchange.auto_collectives`) and :data:`EXCHANGES` (``"auto"``
 first) are derived from it. A new collective is one class plus its tests::
 
     @register_collective
@@ -38,7 +39,7 @@ first) are derived from it. A new collective is one class plus its tests::
         def nbytes(self, bounds, itemsize):
             return bounds[-1][1] * itemsize
 
-    ZeroRedundancyOptimizer(params, torch.optim.Adam, exchange="all_reduce")  # "auto" now times it too
+    ZeroRedundancyOptimizer(params, torch.optim.Adam, exchange="all_reduce")  # by name (auto: in-place ones only)
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class Collective(Protocol):
     cut into units — ``True``: every shard is its own unit, filled in place (its
     ``bounds`` are empty but for the owner's; a collective that sends each range from its
     owner, like a broadcast); ``False``: the shards are staged in one rank-major buffer
-    per (device, dtype), one unit each.
+    per (device, dtype), one unit each. Only collectives with ``in_place_shards`` (they fill
+    any unit in place, staging nothing) are ``exchange="auto"``'s candidates.
     """
 
     name: str
@@ -183,7 +185,7 @@ class P2PAllGather:
         return sum(b - a for a, b in bounds) * itemsize
 
 
-#: ``exchange=`` name -> collective, in the order ``exchange="auto"`` tries them (ties go to the first).
+#: ``exchange=`` name -> collective, in registration order (``auto``'s preference among the in-place ones).
 _REGISTRY: Registry[Collective] = Registry(
     "exchange", Collective, (Broadcast, AllGather, P2PAllGather), "name, label, in_place_shards, issue() and nbytes()"
 )

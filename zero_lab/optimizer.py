@@ -15,8 +15,9 @@ Algorithm, per :meth:`ZeroRedundancyOptimizer.step`:
 3. The local optimizer steps; shards whose gradient is ``None`` are skipped by every
    ``torch.optim`` optimizer, which is also how a subset is stepped.
 4. :class:`~zero_lab.exchange.ParamExchange` brings every rank's updated shards to all
-   ranks (broadcasts or all-gathers, ``exchange=``; ``auto`` measures both at the first
-   step), so the replicas are identical again. With
+   ranks (broadcasts, point-to-point or all-gathers, ``exchange=``; ``auto`` times the
+   in-place ones on the first step's exchange itself, :mod:`zero_lab.auto`), so the replicas
+   are identical again. With
    :func:`zero_lab.overlap.prefetch_exchange` the exchange is only issued here and
    the next forward waits for it module by module; every method below that reads
    parameters or optimizer state waits for it first.
@@ -294,8 +295,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
             what the ranks exchange (the DeepSpeed/Megatron mixed-precision recipe).
         exchange: ``"broadcast"`` (one broadcast per rank's range of each buffer, or per
             shard without buffers), ``"all_gather"`` (one ``all_gather_into_tensor`` per
-            buffer) or ``"auto"`` (time both at the first step, the slowest rank's figures
-            decide so all ranks agree; see :meth:`exchange_report`). With overlap the
+            buffer), ``"p2p_all_gather"``, a registered one, or ``"auto"`` (the in-place ones timed
+            on the first step's exchange, one rule on every rank; see :meth:`exchange_report`). With overlap the
             hooks broadcast each DDP bucket: ``auto`` is broadcast, any other collective is refused.
 
     The partitioner cannot change after construction: the partition, the local optimizer and

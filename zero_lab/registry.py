@@ -3,7 +3,7 @@
 The parameter exchange's collectives (``exchange=``, :mod:`zero_lab.collectives`) and the
 gradient reduction's strategies (``grad_reduce=``, :mod:`zero_lab.grad_reduce`) are each a
 :class:`Registry`: a name -> instance map seeded with the built-in classes, in registration
-order (the order ``"auto"`` prefers them in, :mod:`zero_lab.auto`). A strategy is one class
+order (the exchange's ``"auto"`` prefers them in that order, :mod:`zero_lab.auto`). A strategy is one class
 checked against the phase's runtime ``Protocol`` when it registers; ``"auto"`` is reserved
 (it chooses among the registered ones); a name is taken by one class only (registering the
 same class again is a no-op); a registration lasts for the process. Errors name the key
@@ -57,7 +57,7 @@ class Registry(Generic[T]):
         return cls
 
     def names(self) -> tuple[str, ...]:
-        """Every registered name, built-in ones first (the order ``"auto"`` tries them)."""
+        """Every registered name, built-in ones first, in registration order."""
         return tuple(self._entries)
 
     def named(self, name: str) -> T:
