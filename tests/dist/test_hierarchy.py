@@ -97,6 +97,34 @@ def _parity(partitioner: Any, grad_reduce: str | None) -> dict[str, Any]:
     return out
 
 
+def _engine(partitioner: Any) -> dict[str, Any]:
+    """zero_lab's engine with shard groups of 2: gradients reduced inside the group (point-to-point),
+    each owned range all-reduced across the replicas, parameters gathered inside the group."""
+    from zero_lab.engine import ShardedDataParallel
+
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    engine = ShardedDataParallel(model, opt, partitioner=partitioner, grad_reduce="reduce_scatter", shard_size=2)
+    _train(opt, engine)  # type: ignore[arg-type]
+    engine.wait_for_params()
+    ref_model, _ = _reference()
+    owned = sum(b.owned_numel(engine.comm.rank) for b in engine.buckets)
+    out = {
+        "diff": max_diff(model.parameters(), ref_model.parameters()),
+        "owned": owned,
+        "total": sum(p.numel() for p in model.parameters()),
+        # Flat cuts each bucket in equal ranges: the last one padded (the buffer is what moves)
+        "laid_out": sum(b.bounds[-1][1] - b.bounds[0][0] for b in engine.buckets),
+        "buckets": len(engine.buckets),
+        "grad_links": dict(engine.comm.stats.sent_by_link),
+        "state_bytes": optimizer_state_bytes(opt),
+        "expected_state_bytes": 8 * owned + 4 * sum(len(g["params"]) for g in opt.param_groups),
+        "shard": (engine.comm.rank, engine.comm.world_size, engine.modes()["shard_size"]),
+    }
+    engine.close()
+    return out
+
+
 def _refusals() -> list[str]:
     model = make_model()
     errors = []
@@ -118,6 +146,8 @@ def hierarchical_world(directory: str) -> dict[str, Any]:
         "reduce_scatter": _parity(SortedGreedy(), "reduce_scatter"),
         "flat_reduce_scatter": _parity(Flat(), "reduce_scatter"),
         "refusals": _refusals(),
+        "engine": _engine(Flat()),
+        "engine_sorted_greedy": _engine(SortedGreedy()),
     }
     model = make_model()
     ddp = DDP(model, bucket_cap_mb=0.002)
@@ -180,6 +210,20 @@ def test_two_by_two(tmp_path: Any) -> None:
             intra, inter = 4 * (case["total"] - case["owned"]) * STEPS, 4 * case["owned"] * STEPS
             assert case["grad_links"] == {INTRA_GROUP: intra, INTER_GROUP: inter, INTRA_NODE: intra + inter}
             assert case["grad_sent"] == intra + inter
+
+    for name in ("engine", "engine_sorted_greedy"):
+        owned = [out[name]["owned"] for out in ranks]
+        assert owned[0] == owned[2] and owned[1] == owned[3] and owned[0] + owned[1] == ranks[0][name]["laid_out"]
+        for rank, out in enumerate(ranks):
+            case = out[name]
+            assert case["total"] <= case["laid_out"] < case["total"] + 2 * case["buckets"]
+            assert case["shard"] == (rank % 2, 2, 2)
+            assert case["diff"] <= 1e-6, (name, rank, case["diff"])  # reduced inside the group, then across
+            assert case["state_bytes"] == case["expected_state_bytes"]
+            # the initial broadcast from rank 0 to all four crosses groups too (rank 0 only: 3 copies of the model)
+            setup = 3 * 4 * case["total"] if rank == 0 else 0
+            intra, inter = 4 * (case["laid_out"] - case["owned"]) * STEPS, 4 * case["owned"] * STEPS + setup
+            assert case["grad_links"] == {INTRA_GROUP: intra, INTER_GROUP: inter, INTRA_NODE: intra + inter}
 
     errors = ranks[0]["refusals"]
     assert len(errors) == 2

@@ -9,9 +9,11 @@
   collectives in the same order) through a registered ``grad_reduce`` strategy
   (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments,
   the bucket index as the point-to-point tag). When a bucket needs a gradient buffer while two
-  are taken, the oldest reduction is waited and finished — its reduced range copied into (or
-  added to) the owned gradient, the optimizer's ``.grad``, its buffer given back — so at most two
-  bucket buffers live at once and each reduction overlaps the backward of the next bucket;
+  are taken, the oldest reduction is waited and finished — its reduced range (with shard groups,
+  ``shard_size`` < W: then all-reduced across the replica group, the ranks owning the same range
+  in the other groups) copied into (or added to) the owned gradient, the optimizer's ``.grad``,
+  its buffer given back — so at most two bucket buffers live at once and each reduction overlaps
+  the backward of the next bucket;
 * :meth:`BucketGroup.finish_grad_sync` (before the optimizer steps) completes the buckets some
   parameter's hook never reached — a parameter no gradient reached this time counts as zeros, one
   that holds a gradient accumulated under ``no_sync()`` contributes it — issues them in order and
@@ -48,10 +50,15 @@ class BucketGroup:
         reduce: GradReduce,
         gather: Collective,
         gather_comm: Communicator | None = None,
+        replicas: Communicator | None = None,
     ):
         self.buffer = buffer
         self.comm = comm  # the gradient reduction's (and its meter)
         self.gather_comm = gather_comm or comm  # the parameter all-gather's
+        #: with shard groups (``shard_size`` < W): the replica group each owned range is all-reduced across
+        self.replicas = replicas
+        #: the data-parallel world the gradients are averaged over
+        self.world_size = comm.world_size * (replicas.world_size if replicas is not None else 1)
         self.reduce = reduce
         self.gather = gather
         count = len(buffer.buckets)
@@ -75,7 +82,7 @@ class BucketGroup:
             )
         if self.buffer.grad_data[b] is None:
             self._make_room()
-        self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
+        self.buffer.write_grad(b, position, param.grad, 1.0 / self.world_size)
         param.grad = None
         self._arrived[b].add(position)
         if len(self._arrived[b]) == len(self.buffer.buckets[b].params):
@@ -104,6 +111,8 @@ class BucketGroup:
         if owned is not None:
             if not self.reduce.scatters:
                 result = result[slice(*self.buffer.buckets[b].bounds[self.comm.rank])]
+            if self.replicas is not None and result.numel():  # the same range's owners in the other groups
+                self.replicas.all_reduce(result, op="engine_grad_replicas")
             if owned.grad is None:
                 owned.grad = self.buffer.owned_grad(b).copy_(result)
             else:
@@ -122,7 +131,7 @@ class BucketGroup:
                     if self.buffer.grad_data[b] is None:
                         self._make_room()
                     param = self.buffer.params[index]
-                    self.buffer.write_grad(b, position, param.grad, 1.0 / self.comm.world_size)
+                    self.buffer.write_grad(b, position, param.grad, 1.0 / self.world_size)
                     param.grad = None
             self._ready[b] = True
         self._issue_ready()

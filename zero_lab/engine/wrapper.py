@@ -51,13 +51,14 @@ import torch.distributed as dist
 from torch import nn
 
 from zero_lab.collectives import collective_named
-from zero_lab.comm import CommStats, Communicator
+from zero_lab.comm import INTER_GROUP, CommStats, Communicator
 from zero_lab.elementwise import is_elementwise
 from zero_lab.engine import clip
 from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
 from zero_lab.grad_reduce import grad_reduce_named
+from zero_lab.hierarchy import hierarchy_of
 from zero_lab.partition import Flat, ParamSpec, Partitioner
 
 __all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes", "engine_of"]
@@ -110,6 +111,10 @@ class ShardedDataParallel(nn.Module):
         prefetch: gather parameters behind the next forward (``True``) or inside ``step()``.
         bucket_cap_mb: the bucket size cap (a module larger than it gets a bucket of its own).
         process_group: the data-parallel group (default: the world).
+        shard_size: own the state in groups of this many consecutive ranks, replicated across the
+            groups (:mod:`zero_lab.hierarchy`; ``None``: one group of all): gradients are reduced
+            inside the group, then each owned range across the replicas, and parameters gathered
+            inside the group. It must divide the group's size; every rank of the world wraps.
         broadcast_buffers: broadcast rank 0's module buffers before every forward, as DDP does.
     """
 
@@ -125,12 +130,18 @@ class ShardedDataParallel(nn.Module):
         bucket_cap_mb: float = BUCKET_CAP_MB,
         process_group: Any = None,
         broadcast_buffers: bool = True,
+        shard_size: int | None = None,
     ):
         super().__init__()
         self.module = module
         self.optimizer = optimizer
-        self.comm = Communicator(process_group)  # the gradient reduction (and the set-up broadcasts)
-        self.param_comm = Communicator(process_group)  # the parameter all-gathers, metered apart
+        self.hierarchy = hierarchy_of(process_group, shard_size, tag="engine")
+        self.comm = Communicator(self.hierarchy.shard_group)  # the gradient reduction (and the set-up broadcasts)
+        self.param_comm = Communicator(self.hierarchy.shard_group)  # the parameter all-gathers, metered apart
+        replicas, self.dp_comm = None, self.comm
+        if self.hierarchy.hierarchical:  # the replicas' all-reduce, and rank 0's broadcasts to every group
+            replicas = Communicator(self.hierarchy.replica_group, stats=self.comm.stats, link=INTER_GROUP)
+            self.dp_comm = Communicator(process_group, stats=self.comm.stats, link=INTER_GROUP)
         backend = dist.get_backend(self.comm.group)
         device = next((p.device.type for p in module.parameters()), "cpu")
         default_reduce, default_exchange = default_modes(backend, device)
@@ -152,6 +163,7 @@ class ShardedDataParallel(nn.Module):
             grad_reduce_named(self.grad_reduce),
             collective_named(self.exchange),
             self.param_comm,
+            replicas,
         )
         for index, group in enumerate(optimizer.param_groups):
             group["params"] = [
@@ -177,8 +189,8 @@ class ShardedDataParallel(nn.Module):
 
     # ------------------------------------------------------------------ the loop
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and self.comm.world_size > 1:
-            self.comm.broadcast_many([(b, 0) for b in self.module.buffers()], op="engine_buffers")
+        if self.broadcast_buffers and self.dp_comm.world_size > 1:
+            self.dp_comm.broadcast_many([(b, 0) for b in self.module.buffers()], op="engine_buffers")
         out = self.module(*args, **kwargs)
         self.group.wait_buckets(
             range(len(self.buckets))
@@ -285,6 +297,7 @@ class ShardedDataParallel(nn.Module):
             "bucket_cap_mb": self.bucket_cap_mb,
             "peak_grad_bytes": self.peak_grad_bytes,
             "grad_hold_bound": self.grad_hold_bound(),
+            "shard_size": self.hierarchy.shard_size,
         }
 
     def join_hook(self, **kwargs: Any) -> Any:
@@ -313,10 +326,10 @@ class ShardedDataParallel(nn.Module):
         self.close()
 
     def _sync_module_states(self, params: list[torch.Tensor]) -> None:
-        if self.comm.world_size > 1:
+        if self.dp_comm.world_size > 1:
             tensors = [p.detach() for p in params] + list(self.module.buffers())
             with torch.no_grad():
-                self.comm.broadcast_many([(t, 0) for t in tensors], op="engine_init_broadcast")
+                self.dp_comm.broadcast_many([(t, 0) for t in tensors], op="engine_init_broadcast")
 
 
 def _check_optimizer(
