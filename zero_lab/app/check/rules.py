@@ -266,8 +266,8 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
 
 
 def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dist.shard_size``: divides ``dist.world_size``, and only where a ZeRO optimizer on the DDP
-    path without overlap shards the state (:mod:`zero_lab.hierarchy`)."""
+    """``dist.shard_size``: divides ``dist.world_size``, and only where the state is sharded: by the
+    engine (``dp=zero_lab``), or by a ZeRO optimizer on the DDP path without overlap (:mod:`zero_lab.hierarchy`)."""
     size, world = cfg.dist.get("shard_size"), cfg.dist.world_size
     if size is None or world < 1:
         return []
@@ -277,8 +277,8 @@ def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
         return [str(error)]
     if size == world:
         return []
-    if enum_str(cfg.get("dp", "ddp")) != "ddp":
-        return [f"dist.shard_size={size}: hierarchical sharding runs on dp=ddp only; drop it or use dp=ddp"]
+    if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
+        return []  # the engine shards whatever class steps (optim=adam as optim=zero_adam)
     if plan.optim is not None and not plan.optim.strategy.shards_state:
         return [f"dist.shard_size={size}: optim={_choice(choices, 'optim', cfg)} keeps no sharded state; use "
                 f"{either('optim', zero_options())}, or drop dist.shard_size"]  # fmt: skip

@@ -147,6 +147,7 @@ def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without
         grad_reduce=_unless_auto(grad_reduce_name(cfg.get("grad_reduce"))),
         exchange=_unless_auto(exchange_name(cfg.exchange)),
         prefetch=bool(cfg.prefetch),
+        shard_size=cfg.dist.get("shard_size"),
     )
     return Training(
         model=model,
