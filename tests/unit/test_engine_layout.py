@@ -124,3 +124,13 @@ def test_refusals_name_the_problem(single_rank_group):
     with pytest.raises(RuntimeError, match="requires_grad changed after construction"):
         engine.optimizer.step()
     engine.close()
+
+
+def test_the_app_refuses_what_the_engine_does_not_take_and_lets_ddp_bucket_follow_its_buckets():
+    from tests.preflight import preflight, problems
+
+    shown = problems("dp=zero_lab", "overlap=true", "checkpoint_every=5", "bucket_view=true")
+    for key in ("overlap=true", "checkpoint_every=5", "bucket_view=true"):
+        assert f"{key}: dp=zero_lab does not take it yet" in shown, shown
+    preflight(["optim=zero_adam", "dp=zero_lab", "partitioner=ddp_bucket"])  # DDP's buckets not needed
+    assert "add overlap=true or dp=zero_lab" in problems("partitioner=ddp_bucket")

@@ -265,6 +265,33 @@ def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
     return out
 
 
+#: ``dp=zero_lab``: the keys the engine does not take yet, each with the value that turns it off.
+ENGINE_REFUSES = {
+    "overlap": False,  # the engine overlaps its own reductions with backward; DDP's hooks are not there
+    "bucket_view": False,  # its parameters are views of its buckets already
+    "shard_grads": False,  # the engine releases unowned gradients per bucket itself
+    "checkpoint_every": 0,
+    "resume": None,
+    "compile": False,
+    "autocast": None,
+}
+
+
+def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """``dp=zero_lab``: each key the engine does not take (:data:`ENGINE_REFUSES`) named with its off value."""
+    if enum_str(cfg.get("dp", "ddp")) != "zero_lab":
+        return []
+
+    def spelled(value: Any) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(enum_str(value))
+
+    return [
+        f"{key}={spelled(cfg.get(key))}: dp=zero_lab does not take it yet; set {key}={spelled(off)} or use dp=ddp"
+        for key, off in ENGINE_REFUSES.items()
+        if cfg.get(key) not in (off, None)
+    ]
+
+
 def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``dist.shard_size``: divides ``dist.world_size``, and only where the state is sharded: by the
     engine (``dp=zero_lab``), or by a ZeRO optimizer on the DDP path without overlap (:mod:`zero_lab.hierarchy`)."""
@@ -547,10 +574,11 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
         return [f"{name}: cannot be built: {refusal('partitioner', cfg.partitioner, error)}"]
     partitioner = plan.partitioner.value
     assert partitioner is not None
-    if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap:
+    engine = enum_str(cfg.get("dp", "ddp")) == "zero_lab"  # the engine's own buckets: it follows those
+    if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap and not engine:
         return [
             f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
-            f"add overlap=true, or pick {either('partitioner', without_ddp_buckets())}"
+            f"add overlap=true or dp=zero_lab, or pick {either('partitioner', without_ddp_buckets())}"
         ]
     specs, classes, cls = plan.specs, plan.classes, plan.optim.optimizer_class
     try:
@@ -654,6 +682,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_model_data,
     _check_data,
     _check_ddp_options,
+    _check_engine,
     _check_shard_size,
     _check_loop_features,
     _check_scheduler,
