@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.dist.training import OPTIMIZERS, batch, loss_of, make_model
 from zero_lab import ShardedDataParallel
-from zero_lab.partition import Flat, SortedGreedy
+from zero_lab.partition import DdpBucket, Flat, Manual, SortedGreedy
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,12 @@ class EngineCase:
 
 
 def _partitioner(name: str) -> Any:
-    return {"flat": Flat(), "sorted_greedy": SortedGreedy()}[name]
+    return {
+        "flat": Flat(),
+        "sorted_greedy": SortedGreedy(),
+        "ddp_bucket": DdpBucket(shard_buckets=True),  # follows the engine's own buckets
+        "manual": Manual(order=["*"]),
+    }[name]
 
 
 def _train_pair(case: EngineCase, build: Any) -> dict[str, Any]:
@@ -91,6 +96,7 @@ W2_CASES = [
     for optimizer in ("adam", "adamw", "sgd")
     if optimizer == "adam" or (prefetch and accumulate == 1)
 ] + [EngineCase(grad_reduce=name) for name in ("all_reduce", "reduce_scatter_native")]
+W2_CASES += [EngineCase("ddp_bucket"), EngineCase("manual", prefetch=False, accumulate=2)]
 
 
 def test_parity_with_ddp_bitwise_at_two_ranks(world):
