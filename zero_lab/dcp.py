@@ -60,6 +60,8 @@ from zero_lab.checkpoint import CheckpointError
 from zero_lab.dcp_check import check_files, check_fits, load_failure
 from zero_lab.dcp_reader import METADATA, CheckedReading, checked_reader
 from zero_lab.dcp_record import RECORD, write_record
+from zero_lab.engine.state import dcp_state_dict, parameter_names
+from zero_lab.engine.wrapper import engine_of
 from zero_lab.optimizer import MASTER_KEY, ZeroRedundancyOptimizer
 from zero_lab.shard_state import merge_states
 
@@ -112,7 +114,12 @@ def _materialize(opt: ZeroRedundancyOptimizer) -> None:
 
 
 def get_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The DCP form of ``optimizer``'s state on this rank (see the module docstring). Call on every rank."""
+    """The DCP form of ``optimizer``'s state on this rank (see the module docstring). Call on every rank.
+    An optimizer :class:`~zero_lab.ShardedDataParallel` re-pointed: its state per parameter of the
+    engine's module (:func:`zero_lab.engine.state.dcp_state_dict`)."""
+    engine = engine_of(optimizer)
+    if engine is not None:
+        return dcp_state_dict(engine)
     if not isinstance(optimizer, ZeroRedundancyOptimizer):
         return _torch_state_dict().get_optimizer_state_dict(model, optimizer)
     _materialize(optimizer)
@@ -142,10 +149,11 @@ def get_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer)
 
 def set_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """Load a DCP-form optimizer state (whole tensors keyed by FQN); each rank keeps its shards."""
-    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+    engine = engine_of(optimizer)
+    if engine is None and not isinstance(optimizer, ZeroRedundancyOptimizer):
         _torch_state_dict().set_optimizer_state_dict(model, optimizer, state_dict)
         return
-    fqns = _fqns(model, optimizer)
+    fqns = parameter_names(engine) if engine is not None else _fqns(model, optimizer)  # type: ignore[arg-type]
     index_of = {fqn: i for i, fqn in enumerate(fqns)}
     unknown = [fqn for group in state_dict["param_groups"] for fqn in group["params"] if fqn not in index_of]
     if unknown:
@@ -155,7 +163,8 @@ def set_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer,
         )
     groups = [{**group, "params": [index_of[fqn] for fqn in group["params"]]} for group in state_dict["param_groups"]]
     state = {index_of[fqn]: dict(entry) for fqn, entry in state_dict["state"].items() if fqn in index_of}
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    target = engine.states() if engine is not None else optimizer
+    target.load_state_dict({"state": state, "param_groups": groups})
 
 
 def _barrier(process_group: dist.ProcessGroup | None) -> None:

@@ -2,19 +2,25 @@
 
 Sharded ``clip_grad_norm_`` (the total norm and the clipped training: bitwise with a
 whole-parameter partitioner, 1e-6 with ``Flat``, whose parameters straddle ranks), for the 2-norm
-and the inf-norm, with and without accumulation. All cases of a world run in one world.
+and the inf-norm, with and without accumulation. Checkpoints: the consolidated state is DDP + Adam's
+bitwise; a native and a DCP save at step 2, loaded into fresh engines, train on bitwise as the
+uninterrupted run; a 2-rank checkpoint loads at 3 ranks (resharded) and trains on as DDP + Adam
+loaded from its exported plain state. All cases of a world run in one world.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import zero_lab.dcp
 from tests.dist.training import OPTIMIZERS, accumulated_backward, make_model, max_diff
-from zero_lab import ShardedDataParallel
+from zero_lab import ShardedDataParallel, checkpoint
 from zero_lab.partition import Flat, SortedGreedy
 
 PARTITIONERS = {"flat": Flat, "sorted_greedy": SortedGreedy}
@@ -80,3 +86,111 @@ def test_clip_grad_norm_matches_ddp_and_torch_clip(world):
             else:
                 assert max(abs(a - b) / b for a, b in zip(engine, ddp)) <= 1e-6, (case, result)
                 assert result["diff"] <= 1e-6, (case, result)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def _engine_of(partitioner: str, seed: int = 0) -> tuple[ShardedDataParallel, torch.optim.Optimizer]:
+    model = make_model(seed=seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return ShardedDataParallel(model, opt, partitioner=PARTITIONERS[partitioner](), bucket_cap_mb=0.001), opt
+
+
+def _steps(wrapped: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        accumulated_backward(wrapped, step, torch.distributed.get_rank())
+        opt.step()
+
+
+def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two torch.optim state dicts hold the same state (bitwise) and hyper-parameters."""
+    if sorted(a["state"]) != sorted(b["state"]) or [g["params"] for g in a["param_groups"]] != [
+        g["params"] for g in b["param_groups"]
+    ]:
+        return False
+    return all(
+        sorted(a["state"][k]) == sorted(b["state"][k])
+        and all(torch.equal(a["state"][k][n], b["state"][k][n]) for n in a["state"][k])
+        for k in a["state"]
+    )
+
+
+def _round_trips(directory: str) -> list[dict[str, Any]]:
+    """Per partitioner: 2 steps, the consolidated state against DDP + Adam's, a native and a DCP save,
+    2 more steps; fresh engines loaded from each save run the same 2 steps."""
+    rank = torch.distributed.get_rank()
+    results = []
+    for partitioner in ("flat", "sorted_greedy"):
+        reference = make_model()
+        plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
+        ddp = DDP(reference)
+        engine, opt = _engine_of(partitioner)
+        _steps(ddp, plain, range(2))
+        _steps(engine, opt, range(2))
+        full = engine.states().full_state_dict(to=0)
+        consolidated = _same_state(full, plain.state_dict()) if rank == 0 else full is None
+        native = Path(directory) / f"native-{partitioner}"
+        checkpoint.save_checkpoint(native, engine.states(), engine.module, extra={"step": 2})
+        osd = zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)
+        zero_lab.dcp.save({"model": engine.module.state_dict(), "optim": osd}, Path(directory) / f"dcp-{partitioner}")
+        _steps(engine, opt, range(2, 4))
+        engine.close()
+        loaded = {}
+        for form in ("native", "dcp"):
+            again, opt2 = _engine_of(partitioner, seed=5)  # other weights: the load must replace them
+            if form == "native":
+                extra = checkpoint.load_checkpoint(native, again.states(), again.module)
+                assert extra == {"step": 2}
+            else:
+                template = {
+                    "model": again.module.state_dict(),
+                    "optim": zero_lab.dcp.get_optimizer_state_dict(again.module, opt2),
+                }
+                zero_lab.dcp.load(template, Path(directory) / f"dcp-{partitioner}")
+                zero_lab.dcp.set_optimizer_state_dict(again.module, opt2, template["optim"])
+            _steps(again, opt2, range(2, 4))
+            again.close()
+            loaded[form] = max_diff(engine.module.parameters(), again.module.parameters())
+        results.append({"consolidated": consolidated, **loaded})
+    return results
+
+
+@pytest.fixture(scope="module")
+def saved(world, tmp_path_factory) -> tuple[str, list[Any]]:
+    """The 2-rank round trips, run once: their checkpoints' directory and the results."""
+    directory = str(tmp_path_factory.mktemp("engine_checkpoints"))
+    return directory, world(_round_trips, 2, directory)
+
+
+def test_native_and_dcp_checkpoints_round_trip_bitwise(saved):
+    for rank_results in saved[1]:
+        for result in rank_results:
+            assert result == {"consolidated": True, "native": 0.0, "dcp": 0.0}, result
+
+
+def _resharded(directory: str) -> dict[str, Any]:
+    """A 2-rank Flat checkpoint loaded at 3 ranks: the engine's state is the exported plain state, and it
+    trains on as DDP + Adam loaded from that plain state."""
+    rank = torch.distributed.get_rank()
+    saved = Path(directory) / "native-flat"
+    engine, opt = _engine_of("sorted_greedy", seed=5)
+    checkpoint.load_checkpoint(saved, engine.states(), engine.module)
+    full = engine.states().full_state_dict(to=0)
+    plain_state = checkpoint.load_file(checkpoint.export_plain_state_dict(saved, Path(directory) / f"plain-{rank}.pt"))
+    loaded = _same_state(full, plain_state) if rank == 0 else full is None  # before training mutates plain_state
+    reference = make_model(seed=7)
+    reference.load_state_dict(engine.module.state_dict())
+    plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    plain.load_state_dict(plain_state)
+    _steps(DDP(reference), plain, range(2, 4))
+    _steps(engine, opt, range(2, 4))
+    engine.close()
+    return {
+        "loaded": loaded,
+        "diff": max_diff(reference.parameters(), engine.module.parameters()),
+    }
+
+
+def test_native_checkpoint_reshards_to_three_ranks(world, saved):
+    for result in world(_resharded, 3, saved[0]):
+        assert result["loaded"] and result["diff"] <= 1e-6, result

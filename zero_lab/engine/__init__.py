@@ -5,7 +5,8 @@ Three small modules, each with one job (Megatron-Core's ``distributed/`` split):
 :mod:`~zero_lab.engine.buffer` (parameters and gradients as views of per-bucket buffers),
 :mod:`~zero_lab.engine.bucket_group` (each bucket's reduction and all-gather), and the wrapper
 :class:`ShardedDataParallel` (:mod:`~zero_lab.engine.wrapper`) that ties them to a module and an
-optimizer; around them, one module per feature: :mod:`~zero_lab.engine.clip` (``clip_grad_norm_``).
+optimizer; around them, one module per feature: :mod:`~zero_lab.engine.clip` (``clip_grad_norm_``),
+:mod:`~zero_lab.engine.state` (the optimizer's state per parameter: checkpoints and DCP).
 """
 
 from zero_lab.engine.wrapper import ShardedDataParallel, default_modes, engine_of

@@ -9,7 +9,7 @@ the ranges tile the model. :func:`clip_grad_norm_` gives the total norm and the 
 Algorithm (torch's: one norm per parameter, then the norm of those norms, in registration order):
 
 1. each rank cuts its owned gradient of every bucket at the parameter boundaries
-   (:func:`owned_pieces`) and takes each piece's ``norm_type`` norm (``torch._foreach_norm``,
+   (:func:`~zero_lab.engine.layout.owned_pieces`) and takes each piece's ``norm_type`` norm (``torch._foreach_norm``,
    torch's kernel);
 2. one all-reduce of a vector with two entries per trainable parameter: the norm of a parameter
    one rank owns whole (the other ranks add zeros, so the sum *is* that norm, bitwise torch's),
@@ -24,43 +24,15 @@ Algorithm (torch's: one norm per parameter, then the norm of those norms, in reg
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from zero_lab.comm import Communicator
 from zero_lab.engine.buffer import ParamAndGradBuffer
-from zero_lab.engine.layout import Bucket
+from zero_lab.engine.layout import Bucket, owned_pieces
 
-__all__ = ["OwnedPiece", "clip_grad_norm_", "owned_pieces"]
-
-
-@dataclass(frozen=True)
-class OwnedPiece:
-    """Elements ``[start, stop)`` of bucket ``bucket``'s owned range belong to parameter ``param``
-    (an index into the buffer's parameters); ``whole``: this rank owns all of that parameter."""
-
-    bucket: int
-    param: int
-    start: int
-    stop: int
-    whole: bool
-
-
-def owned_pieces(buckets: Sequence[Bucket], rank: int) -> list[OwnedPiece]:
-    """``rank``'s owned range of every bucket cut at the parameter boundaries (positions relative to
-    the range's start), pure: no tensors."""
-    pieces = []
-    for bucket in buckets:
-        start, stop = bucket.bounds[rank]
-        for index, offset, size in zip(bucket.params, bucket.offsets, bucket.sizes):
-            lo, hi = max(offset, start), min(offset + size, stop)
-            if lo < hi:
-                pieces.append(
-                    OwnedPiece(bucket.index, index, lo - start, hi - start, lo == offset and hi == offset + size)
-                )
-    return pieces
+__all__ = ["clip_grad_norm_"]
 
 
 def _whole_somewhere(buckets: Sequence[Bucket], world_size: int) -> dict[int, bool]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from zero_lab.partition import Flat, ParamSpec, Partitioner
 
-__all__ = ["Bucket", "grad_hold_bound", "owned_bytes", "plan_buckets"]
+__all__ = ["Bucket", "OwnedPiece", "grad_hold_bound", "owned_bytes", "owned_pieces", "plan_buckets"]
 
 
 @dataclass(frozen=True)
@@ -131,3 +131,31 @@ def grad_hold_bound(buckets: Sequence[Bucket], rank: int) -> int:
     for bucket in buckets:
         largest[bucket.kind] = max(largest.get(bucket.kind, 0), bucket.nbytes)
     return owned_bytes(buckets, rank) + 2 * sum(largest.values())
+
+
+@dataclass(frozen=True)
+class OwnedPiece:
+    """Elements ``[start, stop)`` of ``rank``'s owned range of bucket ``bucket`` (positions from the
+    range's start) are elements ``[first, first + stop - start)`` of parameter ``param`` (an index into
+    the specs); ``whole``: the piece is all of that parameter."""
+
+    bucket: int
+    param: int
+    start: int
+    stop: int
+    first: int
+    whole: bool
+
+
+def owned_pieces(buckets: Sequence[Bucket], rank: int) -> list[OwnedPiece]:
+    """``rank``'s owned range of every bucket cut at the parameter boundaries, in bucket order and,
+    inside a bucket, in the order of the range."""
+    pieces = []
+    for bucket in buckets:
+        start, stop = bucket.bounds[rank]
+        for index, offset, size in sorted(zip(bucket.params, bucket.offsets, bucket.sizes), key=lambda m: m[1]):
+            lo, hi = max(offset, start), min(offset + size, stop)
+            if lo < hi:
+                whole = lo == offset and hi == offset + size
+                pieces.append(OwnedPiece(bucket.index, index, lo - start, hi - start, lo - offset, whole))
+    return pieces

@@ -57,6 +57,7 @@ from zero_lab.engine import clip
 from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
+from zero_lab.engine.state import EngineStates
 from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.hierarchy import hierarchy_of
 from zero_lab.partition import Flat, ParamSpec, Partitioner
@@ -165,6 +166,8 @@ class ShardedDataParallel(nn.Module):
             self.param_comm,
             replicas,
         )
+        #: each param group's parameters as given (checkpoints name the state by them: :mod:`~zero_lab.engine.state`)
+        self.group_params = [list(group["params"]) for group in optimizer.param_groups]
         for index, group in enumerate(optimizer.param_groups):
             group["params"] = [
                 owned
@@ -247,6 +250,11 @@ class ShardedDataParallel(nn.Module):
         total norm. Call it between ``backward()`` and ``step()``: it finishes the reductions first."""
         self._finish_grads()
         return clip.clip_grad_norm_(self.buffer, self.comm, max_norm, norm_type, error_if_nonfinite)
+
+    def states(self) -> EngineStates:
+        """The optimizer's state per module parameter: what checkpoints save and load
+        (:class:`~zero_lab.engine.state.EngineStates`; its ``full_state_dict()`` is torch's format)."""
+        return EngineStates(self)
 
     # ------------------------------------------------------------------ what it holds
     def wait_for_params(self) -> None:
