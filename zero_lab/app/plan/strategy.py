@@ -292,9 +292,7 @@ class Zero(Strategy):
 
 class Engine(Strategy):
     """``dp=zero_lab``: :class:`~zero_lab.ShardedDataParallel` re-points a ``torch.optim`` optimizer at this
-    rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket.
-
-    Not yet on the engine (refused where reached): checkpoints."""
+    rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket."""
 
     name = "zero_lab"
     shards_state = True
@@ -329,9 +327,13 @@ class Engine(Strategy):
         return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
 
     def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
-        raise ValueError(
-            "checkpoint_every: dp=zero_lab does not write checkpoints yet; use dp=ddp or checkpoint_every=0"
-        )
+        """ZeRO's sharded directory, from the engine's state per parameter (:mod:`zero_lab.engine.state`)."""
+        extra = {k: v for k, v in whole.items() if k not in ("format", "model", "optimizer", GROUP_CLASS_KEY, "rng")}
+        sharded.save_checkpoint(path, _engine(optimizer).states(), model, extra=extra)
+
+    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
+        sharded.load_checkpoint(directory, _engine(optimizer).states(), model)
+        return True
 
     def state_line(
         self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
