@@ -194,3 +194,85 @@ def _resharded(directory: str) -> dict[str, Any]:
 def test_native_checkpoint_reshards_to_three_ranks(world, saved):
     for result in world(_resharded, 3, saved[0]):
         assert result["loaded"] and result["diff"] <= 1e-6, result
+
+
+# ---------------------------------------------------------------------------- precision
+@dataclass(frozen=True)
+class PrecisionCase:
+    bf16_params: bool = False  # bf16 parameters: the engine steps fp32 main copies
+    partitioner: str = "flat"
+    accumulate: int = 1
+    steps: int = 3
+
+
+class _MainCopies:
+    """The reference for bf16 parameters: Adam on fp32 copies of every parameter, fed the DDP-reduced bf16
+    gradients cast to fp32, rounded back into the parameters after each step."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params = list(model.parameters())
+        self.main = [p.detach().float() for p in self.params]
+        self.adam = torch.optim.Adam(self.main, lr=1e-2)
+
+    def zero_grad(self) -> None:
+        self.adam.zero_grad()
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        for main, p in zip(self.main, self.params):
+            main.grad = p.grad.float()
+        self.adam.step()
+        with torch.no_grad():
+            for main, p in zip(self.main, self.params):
+                p.copy_(main)
+
+
+def _precision_pair(case: PrecisionCase) -> dict[str, Any]:
+    """DDP and the engine, forward under ``torch.autocast("cpu", torch.bfloat16)``, on the same batches."""
+    rank = torch.distributed.get_rank()
+    reference, model = make_model(), make_model()
+    if case.bf16_params:
+        reference, model = reference.to(torch.bfloat16), model.to(torch.bfloat16)
+    ddp = DDP(reference)
+    plain: Any = _MainCopies(reference) if case.bf16_params else torch.optim.Adam(reference.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    engine = ShardedDataParallel(model, opt, partitioner=PARTITIONERS[case.partitioner](), bucket_cap_mb=0.001)
+    losses: dict[str, list[float]] = {"ddp": [], "engine": []}
+    for step in range(case.steps):
+        for name, wrapped, optimizer in (("ddp", ddp, plain), ("engine", engine, opt)):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = accumulated_backward(wrapped, step, rank, case.accumulate)
+            losses[name].append(loss.item())
+            optimizer.step()
+    engine.close()
+    return {
+        "diff": max_diff(reference.parameters(), model.parameters()),
+        "losses_equal": losses["ddp"] == losses["engine"],
+        "state_dtypes": sorted({str(v.dtype) for s in opt.state.values() for v in s.values() if v.dim()}),
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "peak": engine.peak_grad_bytes,
+        "bound": engine.grad_hold_bound(),
+    }
+
+
+PRECISION_CASES = [
+    PrecisionCase(),
+    PrecisionCase(partitioner="sorted_greedy", accumulate=2),
+    PrecisionCase(bf16_params=True),
+    PrecisionCase(bf16_params=True, partitioner="sorted_greedy", accumulate=2),
+]
+
+
+def _precision_cases(cases: list[PrecisionCase]) -> list[dict[str, Any]]:
+    return [_precision_pair(case) for case in cases]
+
+
+def test_autocast_and_bf16_parameters_train_as_ddp_bitwise(world):
+    for rank_results in world(_precision_cases, 2, PRECISION_CASES):
+        for case, result in zip(PRECISION_CASES, rank_results):
+            assert result["diff"] == 0.0 and result["losses_equal"], (case, result)
+            assert result["state_dtypes"] == ["torch.float32"], (case, result)  # bf16: Adam's state on the fp32 copies
+            assert result["param_dtypes"] == (["torch.bfloat16"] if case.bf16_params else ["torch.float32"])
+            assert 0 < result["peak"] <= result["bound"], (case, result)

@@ -11,7 +11,8 @@
   the bucket index as the point-to-point tag). When a bucket needs a gradient buffer while two
   are taken, the oldest reduction is waited and finished — its reduced range (with shard groups,
   ``shard_size`` < W: then all-reduced across the replica group, the ranks owning the same range
-  in the other groups) copied into (or added to) the owned gradient, the optimizer's ``.grad``,
+  in the other groups) copied into (or added to) the owned gradient, the ``.grad`` of the tensor
+  the optimizer steps (the owned view, or its fp32 main copy: :mod:`~zero_lab.engine.main_params`),
   its buffer given back — so at most two bucket buffers live at once and each reduction overlaps
   the backward of the next bucket;
 * :meth:`BucketGroup.finish_grad_sync` (before the optimizer steps) completes the buckets some
@@ -35,6 +36,7 @@ import torch
 from zero_lab.collectives import Collective, InFlight
 from zero_lab.comm import Communicator
 from zero_lab.engine.buffer import ParamAndGradBuffer
+from zero_lab.engine.main_params import accumulate_grad
 from zero_lab.grad_reduce import GradReduce, Reduced
 
 __all__ = ["BucketGroup"]
@@ -107,16 +109,13 @@ class BucketGroup:
     def _finish_oldest(self) -> None:
         b, reduced = self._reducing.popleft()
         result = reduced.wait()
-        owned = self.buffer.owned[b]
-        if owned is not None:
+        main = self.buffer.main[b]
+        if main is not None:
             if not self.reduce.scatters:
                 result = result[slice(*self.buffer.buckets[b].bounds[self.comm.rank])]
             if self.replicas is not None and result.numel():  # the same range's owners in the other groups
                 self.replicas.all_reduce(result, op="engine_grad_replicas")
-            if owned.grad is None:
-                owned.grad = self.buffer.owned_grad(b).copy_(result)
-            else:
-                owned.grad.add_(result)
+            accumulate_grad(main, result, self.buffer.owned_grad(b))
         self.buffer.release(b)
         self.buffer.note_held()
 

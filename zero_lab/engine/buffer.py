@@ -15,7 +15,8 @@
   Each gradient is written into its range multiplied by ``1/W`` (``torch.mul(..., out=)``, as
   DDP's reducer does), and the parameter's own ``.grad`` is released at once;
 * ``owned_grad(b)`` — this rank's reduced gradients of bucket ``b``, one persistent tensor per
-  bucket (Ψ/W in all), which becomes the ``.grad`` of the optimizer's view of its range.
+  bucket (Ψ/W in all), which becomes the ``.grad`` of the tensor the optimizer steps for its range
+  (``main[b]``: the view, or for bf16 / fp16 its fp32 main copy, :mod:`~zero_lab.engine.main_params`).
 
 What a rank holds of gradients is measured here, on the real tensors
 (:meth:`ParamAndGradBuffer.held_grad_bytes`), and its peak kept in ``peak_grad_bytes``.
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from zero_lab.engine.layout import Bucket
+from zero_lab.engine.main_params import main_tensors
 
 __all__ = ["ParamAndGradBuffer"]
 
@@ -63,6 +65,8 @@ class ParamAndGradBuffer:
             data[slice(*bucket.bounds[rank])] if bucket.owned_numel(rank) else None
             for bucket, data in zip(self.buckets, self.param_data)
         ]
+        #: what the optimizer steps for each owned range: the view, or its fp32 copy for bf16/fp16 (main_params)
+        self.main: list[torch.Tensor | None] = main_tensors(self.owned)
         self.peak_grad_bytes = 0
 
     @property
@@ -91,9 +95,9 @@ class ParamAndGradBuffer:
         """This rank's persistent gradient tensor of bucket ``b`` (shaped as its range)."""
         grad = self._owned_grads[b]
         if grad is None:
-            owned = self.owned[b]
-            assert owned is not None, "a bucket this rank owns nothing of has no owned gradient"
-            grad = self._owned_grads[b] = torch.empty_like(owned)
+            main = self.main[b]
+            assert main is not None, "a bucket this rank owns nothing of has no owned gradient"
+            grad = self._owned_grads[b] = torch.empty_like(main)  # fp32 for a bf16 bucket (main_params)
         return grad
 
     def write_grad(self, b: int, position: int, grad: torch.Tensor | None, scale: float) -> None:
@@ -115,10 +119,10 @@ class ParamAndGradBuffer:
 
     def held_grad_bytes(self) -> int:
         """Bytes of gradient tensors this rank holds now: the pool's buffers (taken or free), the owned
-        gradients, and any ``.grad`` of the optimizer's views that is not one of them."""
+        gradients, and any ``.grad`` of the optimizer's tensors that is not one of them."""
         mine = [*self._made, *(g for g in self._owned_grads if g is not None)]
         ptrs = {t.data_ptr() for t in mine}
-        other = [t.grad for t in self.owned if t is not None and t.grad is not None and t.grad.data_ptr() not in ptrs]
+        other = [t.grad for t in self.main if t is not None and t.grad is not None and t.grad.data_ptr() not in ptrs]
         return sum(t.numel() * t.element_size() for t in [*mine, *other])
 
     def note_held(self) -> None:

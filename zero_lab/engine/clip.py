@@ -52,13 +52,13 @@ def clip_grad_norm_(
     norm_type: float = 2.0,
     error_if_nonfinite: bool = False,
 ) -> torch.Tensor:
-    """Clip the owned gradients (``buffer.owned[b].grad``) to a global norm of ``max_norm``; returns
+    """Clip the owned gradients (``buffer.main[b].grad``) to a global norm of ``max_norm``; returns
     the total norm before clipping, the same on every rank (see the module docstring)."""
     norm_type = float(norm_type)
     params = sorted(index for bucket in buffer.buckets for index in bucket.params)  # registration order
     slot = {index: i for i, index in enumerate(params)}
-    pieces = [p for p in owned_pieces(buffer.buckets, comm.rank) if buffer.owned[p.bucket].grad is not None]
-    tensors = [buffer.owned[p.bucket].grad[p.start : p.stop] for p in pieces]
+    pieces = [p for p in owned_pieces(buffer.buckets, comm.rank) if buffer.main[p.bucket].grad is not None]
+    tensors = [buffer.main[p.bucket].grad[p.start : p.stop] for p in pieces]
     device = buffer.param_data[0].device if buffer.param_data else torch.device("cpu")
     dtype = tensors[0].dtype if tensors else torch.float32
     norms = torch._foreach_norm(tensors, norm_type) if tensors else []
@@ -86,7 +86,7 @@ def clip_grad_norm_(
             "Pass error_if_nonfinite=False to skip this check."
         )
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    grads = [owned.grad for owned in buffer.owned if owned is not None and owned.grad is not None]
+    grads = [main.grad for main in buffer.main if main is not None and main.grad is not None]
     if grads:
         torch._foreach_mul_(grads, coef.to(grads[0].device))
     return total

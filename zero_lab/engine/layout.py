@@ -124,13 +124,19 @@ def owned_bytes(buckets: Sequence[Bucket], rank: int) -> int:
 
 
 def grad_hold_bound(buckets: Sequence[Bucket], rank: int) -> int:
-    """Most gradient bytes ``rank`` holds at once during a synchronised step: what it owns plus two
-    buffers of the largest bucket's size per kind (one filling while the one before it is reduced;
-    the buffers are reused from bucket to bucket, so each is the size of the largest)."""
+    """Most gradient bytes ``rank`` holds at once during a synchronised step: what it owns (in fp32 for
+    a bf16/fp16 bucket: its main gradient, :mod:`~zero_lab.engine.main_params`) plus two buffers of the
+    largest bucket's size per kind (one filling while the one before it is reduced; the buffers are
+    reused from bucket to bucket, so each is the size of the largest)."""
     largest: dict[str, int] = {}
     for bucket in buckets:
         largest[bucket.kind] = max(largest.get(bucket.kind, 0), bucket.nbytes)
-    return owned_bytes(buckets, rank) + 2 * sum(largest.values())
+    owned = sum(bucket.owned_numel(rank) * _main_grad_itemsize(bucket) for bucket in buckets)
+    return owned + 2 * sum(largest.values())
+
+
+def _main_grad_itemsize(bucket: Bucket) -> int:
+    return 4 if bucket.kind.endswith(("bfloat16", "float16")) else bucket.itemsize
 
 
 @dataclass(frozen=True)

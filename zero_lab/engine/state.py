@@ -41,6 +41,8 @@ from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, ChainedOptimi
 from zero_lab.comm import Communicator
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, OwnedPiece, owned_pieces
+from zero_lab.engine.main_params import write_main
+from zero_lab.optimizer import MASTER_KEY
 from zero_lab.partition import Partitioner
 from zero_lab.shard_state import merge_states, slice_state
 
@@ -126,7 +128,7 @@ class EngineStates:
 
     # ------------------------------------------------------------------ this rank's shard
     def _views(self) -> list[tuple[int, torch.Tensor]]:
-        return [(b, view) for b, view in enumerate(self.engine.buffer.owned) if view is not None]
+        return [(b, main) for b, main in enumerate(self.engine.buffer.main) if main is not None]
 
     def local_shard_states(self) -> ShardStates:
         """This rank's state as ``{index: (start, stop, state on CPU)}`` (a whole parameter's
@@ -137,6 +139,8 @@ class EngineStates:
             state = self.optim.state.get(view)
             if not state:
                 continue
+            if view is not self.engine.buffer.owned[b]:  # an fp32 main copy: saved as ZeRO saves its masters
+                state = {**state, MASTER_KEY: view}
             for piece in (p for p in self._pieces if p.bucket == b):
                 out[self._index[piece.param]] = (
                     piece.first,
@@ -162,6 +166,7 @@ class EngineStates:
         """Load this rank's views: ``state_of(index, start, stop)`` gives each piece's state (``None``:
         none saved); ``groups`` the hyper-parameters, one dict per param group."""
         self.wait_for_exchange()
+        write_main(self.engine.buffer.owned, self.engine.buffer.main)  # fp32 main copies from the parameters
         local: dict[int, State] = {}
         for position, (b, view) in enumerate(self._views()):
             pieces = [p for p in self._pieces if p.bucket == b]
@@ -175,6 +180,10 @@ class EngineStates:
                     "parameter the engine steps in the same bucket; load a state saved from a run of all of them"
                 )
             local[position] = self._glue(view, pieces, states)  # type: ignore[arg-type]
+            master = local[position].pop(MASTER_KEY, None)
+            if master is not None and view is not self.engine.buffer.owned[b]:
+                with torch.no_grad():
+                    view.copy_(master)  # the saved fp32 main copy, finer than the bf16 parameter
         local_groups, offset = [], 0
         for group, live in zip(groups, self.optim.param_groups):
             hyper = {k: v for k, v in group.items() if k not in NOT_HYPERPARAMETERS}
@@ -271,7 +280,7 @@ def dcp_state_dict(engine: EngineParts) -> dict[str, Any]:
     for index, (start, stop, piece) in mine.items():
         whole = merge_states(pieces.get(index, [((start, stop), piece)]), states.all_params[index].shape)
         device = states.all_params[index].device
-        state[fqns[index]] = {k: v.to(device) if torch.is_tensor(v) else v for k, v in whole.items()}
+        state[fqns[index]] = {k: v.to(device) if torch.is_tensor(v) else v for k, v in whole.items() if k != MASTER_KEY}
     return {"state": state, "param_groups": states._packed_groups(fqns)}
 
 
@@ -280,7 +289,7 @@ def _materialize(engine: EngineParts) -> None:
     optim = engine.optimizer
     if optim.state:
         return
-    views = [view for view in engine.buffer.owned if view is not None]
+    views = [main for main in engine.buffer.main if main is not None]
     saved = [group["lr"] for group in optim.param_groups]
     for view in views:
         view.grad = torch.zeros_like(view)

@@ -31,7 +31,9 @@ optimizer, DeepSpeed's stage 2):
 backward outside it reduces the sum once. Frozen parameters (``requires_grad=False`` at
 construction) are in no bucket and never stepped; changing trainability later is refused at the
 next step (wrap again). ``model.clip_grad_norm_(max_norm)`` between backward and step clips as
-``torch.nn.utils.clip_grad_norm_`` on DDP's gradients (:mod:`zero_lab.engine.clip`). ``Join`` is
+``torch.nn.utils.clip_grad_norm_`` on DDP's gradients (:mod:`zero_lab.engine.clip`). With bf16 / fp16
+parameters the optimizer steps fp32 main copies of the owned ranges, fed the reduced gradients in fp32
+(:mod:`zero_lab.engine.main_params`); a forward under ``torch.autocast`` needs nothing more. ``Join`` is
 refused. Differences from DDP + the same optimizer: none in
 the parameters (bitwise at W=2 for Adam, AdamW and SGD, tested), except that a parameter no rank's
 gradient reaches is stepped with a zero gradient (DDP skips it): plain Adam and SGD leave it
@@ -57,6 +59,7 @@ from zero_lab.engine import clip
 from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
+from zero_lab.engine.main_params import write_back
 from zero_lab.engine.state import EngineStates
 from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.hierarchy import hierarchy_of
@@ -171,7 +174,7 @@ class ShardedDataParallel(nn.Module):
         for index, group in enumerate(optimizer.param_groups):
             group["params"] = [
                 owned
-                for bucket, owned in zip(self.buckets, self.buffer.owned)
+                for bucket, owned in zip(self.buckets, self.buffer.main)
                 if bucket.group == index and owned is not None
             ]
         self._sync = True
@@ -230,6 +233,7 @@ class ShardedDataParallel(nn.Module):
         self.group.finish_grad_sync()
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        write_back(self.buffer.owned, self.buffer.main)
         self.group.start_param_sync()
         if not self.prefetch:
             self.group.wait_all()
