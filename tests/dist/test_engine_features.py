@@ -89,10 +89,15 @@ def test_clip_grad_norm_matches_ddp_and_torch_clip(world):
 
 
 # ---------------------------------------------------------------------------- checkpoints
-def _engine_of(partitioner: str, seed: int = 0) -> tuple[ShardedDataParallel, torch.optim.Optimizer]:
+def _engine_of(
+    partitioner: str, seed: int = 0, shard_size: int | None = None
+) -> tuple[ShardedDataParallel, torch.optim.Optimizer]:
     model = make_model(seed=seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    return ShardedDataParallel(model, opt, partitioner=PARTITIONERS[partitioner](), bucket_cap_mb=0.001), opt
+    engine = ShardedDataParallel(
+        model, opt, partitioner=PARTITIONERS[partitioner](), bucket_cap_mb=0.001, shard_size=shard_size
+    )
+    return engine, opt
 
 
 def _steps(wrapped: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
@@ -276,3 +281,47 @@ def test_autocast_and_bf16_parameters_train_as_ddp_bitwise(world):
             assert result["state_dtypes"] == ["torch.float32"], (case, result)  # bf16: Adam's state on the fp32 copies
             assert result["param_dtypes"] == (["torch.bfloat16"] if case.bf16_params else ["torch.float32"])
             assert 0 < result["peak"] <= result["bound"], (case, result)
+
+
+def _grouped_round_trip(directory: str) -> dict[str, Any]:
+    """Shard groups of 2 at W=4: group 0 writes the native checkpoint (the other group holds replicas);
+    fresh engines loaded from it and from a DCP save train on bitwise as the uninterrupted run."""
+    engine, opt = _engine_of("flat", shard_size=2)
+    _steps(engine, opt, range(2))
+    native = Path(directory) / "grouped-native"
+    checkpoint.save_checkpoint(native, engine.states(), engine.module)
+    osd = zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)
+    zero_lab.dcp.save({"model": engine.module.state_dict(), "optim": osd}, Path(directory) / "grouped-dcp")
+    _steps(engine, opt, range(2, 4))
+    engine.close()
+    diffs = {}
+    for form in ("native", "dcp"):
+        again, opt2 = _engine_of("flat", seed=5, shard_size=2)
+        if form == "native":
+            checkpoint.load_checkpoint(native, again.states(), again.module)
+        else:
+            template = {
+                "model": again.module.state_dict(),
+                "optim": zero_lab.dcp.get_optimizer_state_dict(again.module, opt2),
+            }
+            zero_lab.dcp.load(template, Path(directory) / "grouped-dcp")
+            zero_lab.dcp.set_optimizer_state_dict(again.module, opt2, template["optim"])
+        _steps(again, opt2, range(2, 4))
+        again.close()
+        diffs[form] = max_diff(engine.module.parameters(), again.module.parameters())
+    manifest = checkpoint.read_manifest(native)
+    return {
+        **diffs,
+        "world_size": manifest["world_size"],
+        "files": sorted(n for n in manifest["files"] if n.startswith("optim")),
+    }
+
+
+def test_checkpoints_with_shard_groups_round_trip_bitwise(world, tmp_path):
+    for result in world(_grouped_round_trip, 4, str(tmp_path)):
+        assert result == {
+            "native": 0.0,
+            "dcp": 0.0,
+            "world_size": 2,
+            "files": ["optim-rank00000.pt", "optim-rank00001.pt"],
+        }, result

@@ -39,9 +39,11 @@ from torch import nn
 
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, ChainedOptimizer, class_path
 from zero_lab.comm import Communicator
+from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
 from zero_lab.engine.layout import Bucket, OwnedPiece, owned_pieces
 from zero_lab.engine.main_params import write_main
+from zero_lab.hierarchy import Hierarchy
 from zero_lab.optimizer import MASTER_KEY
 from zero_lab.partition import Partitioner
 from zero_lab.shard_state import merge_states, slice_state
@@ -62,6 +64,8 @@ class EngineParts(Protocol):
     buckets: tuple[Bucket, ...]
     buffer: ParamAndGradBuffer
     group_params: list[list[torch.Tensor]]
+    group: BucketGroup
+    hierarchy: Hierarchy
 
     def wait_for_params(self) -> None: ...
 
@@ -94,7 +98,10 @@ class EngineStates:
         self.rank = engine.comm.rank
         self.world_size = engine.comm.world_size
         self.communicator = engine.comm
-        self.replica_communicator = None  # every rank holds its own shard: no replica groups (shard_size = W)
+        #: with shard groups (``shard_size`` < W): the ranks holding the same ranges in the other groups;
+        #: the native checkpoint is then written by group 0 alone (the others hold replicas)
+        self.replica_communicator = engine.group.replicas
+        self.hierarchy = engine.hierarchy
         self.partitioner = engine.partitioner
         self.all_params = [p for params in engine.group_params for p in params]
         index_of = {id(p): i for i, p in enumerate(self.all_params)}
