@@ -106,6 +106,12 @@ def test_world_of_one_matches_adam_and_holds_at_most_the_bound(single_rank_group
     assert all(p.untyped_storage().data_ptr() in storages for p in model.parameters())
     assert 0 < engine.peak_grad_bytes <= engine.grad_hold_bound()
     assert engine.group.in_flight == 0
+    saved = {k: v.clone() for k, v in engine.state_dict().items()}
+    with torch.no_grad():
+        model[0].weight.zero_()
+    engine.load_state_dict(saved)  # copied into the buffers: the parameters stay their views
+    assert torch.equal(model[0].weight, saved["module.0.weight"])
+    assert model[0].weight.untyped_storage().data_ptr() in storages
 
 
 def test_refusals_name_the_problem(single_rank_group):

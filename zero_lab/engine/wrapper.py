@@ -269,6 +269,11 @@ class ShardedDataParallel(nn.Module):
         self.wait_for_params()
         return super().state_dict(*args, **kwargs)
 
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """Wait for the gathers in flight first: one landing after the load would overwrite it."""
+        self.wait_for_params()
+        return super().load_state_dict(*args, **kwargs)
+
     @property
     def comm_stats(self) -> CommStats:
         """Every collective of the engine so far: gradient reductions and parameter all-gathers together."""
