@@ -219,9 +219,16 @@ def test_sigterm_while_python_imports_torch_is_one_line_and_143(tmp_path):
 
 
 def test_sigterm_while_the_config_is_checked_is_one_line_and_leaves_no_process(tmp_path):
-    code, stderr = signal_at(_forkserver_started, signal.SIGTERM, tmp_path / "run")
+    """The forkserver starts as the check begins; on a loaded machine the check may be over when
+    the signal lands, and the job then says it was preparing."""
+    run_dir = tmp_path / "run"
+    code, stderr = signal_at(_forkserver_started, signal.SIGTERM, run_dir)
     assert code == 128 + signal.SIGTERM
-    assert_one_line(stderr, "stopped by SIGTERM while composing and checking the config; nothing was written")
+    assert_one_line(
+        stderr,
+        "stopped by SIGTERM while (composing and checking the config; nothing was written|"
+        f"preparing the job; {re.escape(str(run_dir))} holds its config, no step was trained)",
+    )
 
 
 def test_ctrl_c_while_the_ranks_start_is_one_line_130_and_the_job_log_says_how_far_it_got(tmp_path):
