@@ -199,8 +199,9 @@ class DistConfig:
     # a rank with no progress this long past the slowest step stops the world, named (null: only timeout_s)
     stall_timeout_s: float | None = 30.0
     threads_per_rank: int = 1  # torch.set_num_threads of each rank
-    # ZeRO: partition the state over groups of this many consecutive ranks, replicate across groups (null: all)
-    shard_size: int | None = None
+    # ZeRO: partition the state over groups of this many consecutive ranks, replicate across groups (null: all;
+    # node: the ranks of one node, as torchrun or srun say)
+    shard_size: Any = None
     # DDP's gradient bucket size (partitioner=ddp_bucket follows the buckets)
     bucket_cap_mb: float = float(DDP_BUCKET_CAP_MB)
     # more ranks than CPU cores x this is refused before any start; raise it to oversubscribe
