@@ -20,12 +20,26 @@ all-reduced across its replica group (only Ψ/S of each rank's gradient crosses 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["Hierarchy", "check_shard_size", "hierarchy_of", "replica_ranks", "shard_ranks"]
+from zero_lab.comm import ranks_per_node
+
+__all__ = [
+    "NODE",
+    "Hierarchy",
+    "check_shard_size",
+    "hierarchy_of",
+    "replica_ranks",
+    "resolve_shard_size",
+    "shard_ranks",
+]
+
+#: ``shard_size="node"``: the ranks of one node, as the launcher says (:func:`zero_lab.comm.ranks_per_node`).
+NODE = "node"
 
 
 def check_shard_size(shard_size: int | None, world_size: int, name: str = "shard_size") -> int:
@@ -42,6 +56,26 @@ def check_shard_size(shard_size: int | None, world_size: int, name: str = "shard
             f"{name} ranks and replicated across world_size/{name} of them; use one of {divisors}"
         )
     return shard_size
+
+
+def resolve_shard_size(
+    shard_size: int | str | None,
+    world_size: int,
+    name: str = "shard_size",
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """:func:`check_shard_size`, with ``"node"`` read as the ranks of one node (the launcher's
+    ``LOCAL_WORLD_SIZE`` or Slurm's tasks per node, at most ``world_size``); a ``ValueError`` naming
+    ``name`` when the launcher does not say."""
+    if shard_size == NODE:
+        per_node = ranks_per_node(environ)
+        if per_node is None:
+            raise ValueError(
+                f"{name}=node: the launcher does not say how many ranks share a node (LOCAL_WORLD_SIZE from "
+                "torchrun, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE from srun); give a number of ranks"
+            )
+        shard_size = min(per_node, world_size)
+    return check_shard_size(shard_size, world_size, name)  # type: ignore[arg-type]
 
 
 def shard_ranks(world_size: int, shard_size: int) -> list[list[int]]:
@@ -93,10 +127,11 @@ def _global(ranks: tuple[int, ...], positions: list[list[int]]) -> list[list[int
 _CREATED: dict[tuple[tuple[int, ...], int, str], Hierarchy] = {}
 
 
-def hierarchy_of(process_group: Any, shard_size: int | None, *, tag: str = "") -> Hierarchy:
+def hierarchy_of(process_group: Any, shard_size: int | str | None, *, tag: str = "") -> Hierarchy:
     """This rank's :class:`Hierarchy` over ``process_group``'s ranks (in group-rank order).
 
-    ``shard_size`` ``None`` or the group's size: one shard group, ``process_group`` itself, and
+    ``shard_size``: a number of ranks, or ``"node"`` (:func:`resolve_shard_size`). ``None`` or the
+    group's size: one shard group, ``process_group`` itself, and
     a replica group of this rank alone (nothing created). Otherwise the groups are created once
     per (ranks, S, ``tag``) and reused; every rank of the *world* must call this in the same
     order (``new_group``'s rule). ``tag`` asks for groups of their own (the gradient reduction
@@ -105,7 +140,7 @@ def hierarchy_of(process_group: Any, shard_size: int | None, *, tag: str = "") -
     group = process_group if process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
     world = len(ranks)
-    size = check_shard_size(shard_size, world)
+    size = resolve_shard_size(shard_size, world)
     position = ranks.index(dist.get_rank())
     if size == world:
         return Hierarchy(world, size, 0, group, None)

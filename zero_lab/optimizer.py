@@ -273,7 +273,8 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         process_group: the data-parallel group (default: the world).
         shard_size: partition the state over groups of this many consecutive ranks of
             ``process_group`` and replicate it across the groups (:mod:`zero_lab.hierarchy`;
-            default ``None``: one group, the whole ``process_group``). It must divide the
+            default ``None``: one group, the whole ``process_group``; ``"node"``: the ranks of one
+            node, as torchrun or srun say). It must divide the
             group's size; every rank of the world constructs (the groups are created here).
             Then ``process_group``, ``rank`` and ``world_size`` are this rank's *shard group*'s
             (the partition, the exchange, consolidation and the state server live there);
@@ -314,7 +315,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         master_weights: bool = False,
         exchange: str = "auto",
         ddp_buckets: Mapping[int, int] | None = None,
-        shard_size: int | None = None,
+        shard_size: int | str | None = None,
         **defaults: Any,
     ):
         groups = _normalize_params(params)

@@ -116,9 +116,10 @@ class ShardedDataParallel(nn.Module):
         bucket_cap_mb: the bucket size cap (a module larger than it gets a bucket of its own).
         process_group: the data-parallel group (default: the world).
         shard_size: own the state in groups of this many consecutive ranks, replicated across the
-            groups (:mod:`zero_lab.hierarchy`; ``None``: one group of all): gradients are reduced
-            inside the group, then each owned range across the replicas, and parameters gathered
-            inside the group. It must divide the group's size; every rank of the world wraps.
+            groups (:mod:`zero_lab.hierarchy`; ``None``: one group of all; ``"node"``: a node's
+            ranks): gradients are reduced inside the group, then each owned range across the
+            replicas, and parameters gathered inside the group. It must divide the group's size;
+            every rank of the world wraps.
         broadcast_buffers: broadcast rank 0's module buffers before every forward, as DDP does.
     """
 
@@ -134,7 +135,7 @@ class ShardedDataParallel(nn.Module):
         bucket_cap_mb: float = BUCKET_CAP_MB,
         process_group: Any = None,
         broadcast_buffers: bool = True,
-        shard_size: int | None = None,
+        shard_size: int | str | None = None,
     ):
         super().__init__()
         self.module = module
