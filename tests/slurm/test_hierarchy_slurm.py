@@ -1,5 +1,5 @@
 """Hierarchical sharding over two Slurm nodes with S = a node: ``srun --nodes=2 --ntasks-per-node=2
-python train.py optim=zero_adam dist.shard_size=2 grad_reduce=reduce_scatter`` trains the losses
+python train.py optim=zero_adam dist.shard_size=node grad_reduce=reduce_scatter`` trains the losses
 and parameters of the same run on one host, bit for bit, and its bytes per link class say what
 crossed the nodes: the gradients' replica all-reduce only (srun's ``SLURM_NTASKS_PER_NODE`` tells
 which ranks share a node), never the parameter exchange; on one host nothing does."""
@@ -21,7 +21,6 @@ HIER = (
     "progress=false",
     "steps=3",
     "optim=zero_adam",
-    "dist.shard_size=2",
     "grad_reduce=reduce_scatter",
     "exchange=broadcast",
 )
@@ -32,9 +31,17 @@ def runs(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hierarchy")
     srun = ("srun", "--nodes=2", "--ntasks-per-node=2")
     two_nodes, one_host = together(
-        functools.partial(train_on_cluster, slurm, *HIER, f"hydra.run.dir={root}/two_nodes", launcher=srun),
+        # node: srun's tasks per node (2)
         functools.partial(
-            train, *HIER, "dist.world_size=4", "dist.max_ranks_per_core=2", f"hydra.run.dir={root}/one_host"
+            train_on_cluster, slurm, *HIER, "dist.shard_size=node", f"hydra.run.dir={root}/two_nodes", launcher=srun
+        ),
+        functools.partial(
+            train,
+            *HIER,
+            "dist.shard_size=2",
+            "dist.world_size=4",
+            "dist.max_ranks_per_core=2",
+            f"hydra.run.dir={root}/one_host",
         ),
     )
     ok(two_nodes)
@@ -44,7 +51,7 @@ def runs(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_node_per_shard_group_trains_what_one_host_trains(runs):
     nodes, host = summary(runs / "two_nodes"), summary(runs / "one_host")
-    assert nodes["world_size"] == host["world_size"] == 4 and nodes["shard_size"] == 2
+    assert nodes["world_size"] == host["world_size"] == 4 and nodes["shard_size"] == host["shard_size"] == 2
     assert nodes["losses"] == host["losses"] and nodes["param_checksum"] == host["param_checksum"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zero_lab.comm import INTER_NODE, INTRA_NODE, CommStats, node_link, ranks_per_node
-from zero_lab.hierarchy import check_shard_size, replica_ranks, shard_ranks
+from zero_lab.hierarchy import check_shard_size, replica_ranks, resolve_shard_size, shard_ranks
 
 
 def test_groups_of_two_by_four() -> None:
@@ -35,6 +35,16 @@ def test_shard_size_refused_by_name() -> None:
         check_shard_size(True, 6)
 
 
+def test_node_is_the_launchers_ranks_per_node() -> None:
+    assert resolve_shard_size("node", 8, environ={"SLURM_NTASKS_PER_NODE": "4"}) == 4
+    assert resolve_shard_size("node", 2, environ={"LOCAL_WORLD_SIZE": "4"}) == 2  # a world inside one node
+    assert resolve_shard_size(None, 8, environ={}) == 8 and resolve_shard_size(2, 8, environ={}) == 2
+    with pytest.raises(ValueError, match=r"dist.shard_size=node: the launcher does not say how many ranks share"):
+        resolve_shard_size("node", 8, "dist.shard_size", environ={})
+    with pytest.raises(ValueError, match=r"shard_size=3 does not divide the world size 8"):
+        resolve_shard_size("node", 8, environ={"LOCAL_WORLD_SIZE": "3"})
+
+
 def test_ranks_per_node_from_each_launcher() -> None:
     assert ranks_per_node({}) is None
     assert ranks_per_node({"LOCAL_WORLD_SIZE": "4", "SLURM_NTASKS_PER_NODE": "2"}) == 4  # torchrun's first
@@ -61,7 +71,7 @@ def test_sent_bytes_split_per_link_axis() -> None:
 
 
 def test_dist_shard_size_is_checked_before_any_start() -> None:
-    from tests.preflight import problems
+    from tests.preflight import preflight, problems
 
     assert "dist.shard_size=3 does not divide the world size 4" in problems(
         "optim=zero_adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=3"
@@ -69,10 +79,15 @@ def test_dist_shard_size_is_checked_before_any_start() -> None:
     assert "dist.shard_size=2: optim=adam keeps no sharded state" in problems(
         "optim=adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=2"
     )
+    assert "dist.shard_size='four': must be a positive number" in problems(
+        "optim=zero_adam", "dist.world_size=4", "dist.max_ranks_per_core=8", "dist.shard_size=four"
+    )
     assert "dist.shard_size=2 with overlap=true" in problems(
         "optim=zero_adam", "overlap=true", "partitioner=ddp_bucket", "dist.world_size=4", "dist.max_ranks_per_core=8",
         "dist.shard_size=2",
     )  # fmt: skip
+    # node where zero_lab starts the ranks on this host: one node, the whole world (no problem)
+    preflight(["optim=zero_adam", "dist.world_size=2", "dist.shard_size=node"])
 
 
 def test_two_meters_add_up_link_by_link() -> None:

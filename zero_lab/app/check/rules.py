@@ -79,12 +79,11 @@ from zero_lab.app.config.schema import (
 )
 from zero_lab.app.config.targets import check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import RunPlan, attempt
+from zero_lab.app.plan.run_plan import RunPlan, attempt, shard_size_of
 from zero_lab.app.record.objective import check_objective
 from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
-from zero_lab.hierarchy import check_shard_size
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 from zero_lab.partition import bucket_use
 
@@ -295,14 +294,13 @@ def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
 def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``dist.shard_size``: divides ``dist.world_size``, and only where the state is sharded: by the
     engine (``dp=zero_lab``), or by a ZeRO optimizer on the DDP path without overlap (:mod:`zero_lab.hierarchy`)."""
-    size, world = cfg.dist.get("shard_size"), cfg.dist.world_size
-    if size is None or world < 1:
+    if cfg.dist.get("shard_size") is None or cfg.dist.world_size < 1:
         return []
     try:
-        check_shard_size(size, world, "dist.shard_size")
+        size = shard_size_of(cfg)
     except ValueError as error:
         return [str(error)]
-    if size == world:
+    if size == cfg.dist.world_size:
         return []
     if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
         return []  # the engine shards whatever class steps (optim=adam as optim=zero_adam)

@@ -51,8 +51,10 @@ from zero_lab.app.plan.grad_reach import params_without_grad
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.workloads.protocols import OUTPUT_KEY
+from zero_lab.comm import ranks_per_node
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
+from zero_lab.hierarchy import NODE, resolve_shard_size
 from zero_lab.partition import ParamSpec, Partition, Partitioner
 from zero_lab.planner import MemoryPlan, plan_memory
 
@@ -175,9 +177,13 @@ class RunPlan:
 
     @property
     def shard_size(self) -> int:
-        """The ranks the optimizer state is partitioned over: ``dist.shard_size``, else ``dist.world_size``."""
-        size = self.cfg.dist.get("shard_size")
-        return int(size) if size is not None else self.world_size
+        """The ranks the optimizer state is partitioned over: ``dist.shard_size`` (:func:`shard_size_of`),
+        else ``dist.world_size`` (also when it is refused: the checks report that)."""
+        try:
+            size = shard_size_of(self.cfg)
+        except ValueError:
+            return self.world_size
+        return size if size is not None else self.world_size
 
     @cached_property
     def classes(self) -> list[type] | None:
@@ -264,6 +270,19 @@ class RunPlan:
             master_weights=master_weights,
             group_optimizers=per_group,
         )
+
+
+def shard_size_of(cfg: DictConfig) -> int | None:
+    """``dist.shard_size`` as a number of ranks (``None``: unset): ``node`` is the launcher's ranks per
+    node (:func:`zero_lab.hierarchy.resolve_shard_size`), or all of ``dist.world_size`` where no
+    launcher says (zero_lab starts the ranks on this host, one node). Raises ``ValueError`` naming
+    ``dist.shard_size`` for a size that does not divide the world size."""
+    size, world = cfg.dist.get("shard_size"), int(cfg.dist.world_size)
+    if size is None:
+        return None
+    if size == NODE and ranks_per_node() is None:
+        return world
+    return resolve_shard_size(size, world, "dist.shard_size")
 
 
 def _optim_plan(cfg: DictConfig) -> tuple[OptimPlan | None, str | None]:

@@ -48,7 +48,7 @@ from zero_lab import overlap
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
 from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, PARAM_DTYPES, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import param_groups
+from zero_lab.app.plan.run_plan import param_groups, shard_size_of
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY
 from zero_lab.ddp_buckets import ddp_bucket_map
@@ -105,7 +105,7 @@ def build_training(
         overlap_with_ddp=cfg.overlap,
         exchange=exchange_name(cfg.exchange),
         ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
-        shard_size=cfg.dist.get("shard_size"),
+        shard_size=shard_size_of(cfg),
     )
     reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
     if cfg.overlap and reducer is None:
@@ -147,7 +147,7 @@ def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without
         grad_reduce=_unless_auto(grad_reduce_name(cfg.get("grad_reduce"))),
         exchange=_unless_auto(exchange_name(cfg.exchange)),
         prefetch=bool(cfg.prefetch),
-        shard_size=cfg.dist.get("shard_size"),
+        shard_size=shard_size_of(cfg),
     )
     return Training(
         model=model,

@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import shard_size_of
 from zero_lab.app.record.metrics import (
     MetricsGather,
     RankStep,
@@ -414,7 +415,7 @@ def _summary(
         **local_step_summary(timed, world),  # time/optim_step_s: per-rank medians, slowest ÷ mean
         state_vs_ddp=max(optim_state) / planned if planned else None,
         partition=training.strategy.partition_report(training.optimizer),
-        shard_size=cfg.dist.get("shard_size"),
+        shard_size=shard_size_of(cfg),
         provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
         **phase_summary(training, timed, world),
     )
