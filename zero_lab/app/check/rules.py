@@ -269,8 +269,6 @@ ENGINE_REFUSES = {
     "overlap": False,  # the engine overlaps its own reductions with backward; DDP's hooks are not there
     "bucket_view": False,  # its parameters are views of its buckets already
     "shard_grads": False,  # the engine releases unowned gradients per bucket itself
-    "checkpoint_every": 0,
-    "resume": None,
     "compile": False,
     "autocast": None,
 }
