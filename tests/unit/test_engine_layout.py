@@ -135,9 +135,10 @@ def test_refusals_name_the_problem(single_rank_group):
 def test_the_app_refuses_what_the_engine_does_not_take_and_lets_ddp_bucket_follow_its_buckets():
     from tests.preflight import preflight, problems
 
-    shown = problems("dp=zero_lab", "overlap=true", "checkpoint_every=5", "bucket_view=true")
-    for key in ("overlap=true", "bucket_view=true"):
+    shown = problems("dp=zero_lab", "overlap=true", "autocast=fp16", "bucket_view=true", "checkpoint_every=5")
+    for key in ("overlap=true", "autocast=fp16", "bucket_view=true"):
         assert f"{key}: dp=zero_lab does not take it yet" in shown, shown
     assert "checkpoint_every" not in shown  # the engine writes and resumes them (tests/e2e/test_engine_resume.py)
+    preflight(["optim=zero_adam", "dp=zero_lab", "autocast=bf16", "checkpoint_every=5"])  # the engine takes these
     preflight(["optim=zero_adam", "dp=zero_lab", "partitioner=ddp_bucket"])  # DDP's buckets not needed
     assert "add overlap=true or dp=zero_lab" in problems("partitioner=ddp_bucket")

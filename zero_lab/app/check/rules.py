@@ -270,23 +270,26 @@ ENGINE_REFUSES = {
     "bucket_view": False,  # its parameters are views of its buckets already
     "shard_grads": False,  # the engine releases unowned gradients per bucket itself
     "compile": False,
-    "autocast": None,
 }
 
 
 def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dp=zero_lab``: each key the engine does not take (:data:`ENGINE_REFUSES`) named with its off value."""
+    """``dp=zero_lab``: each key the engine does not take (:data:`ENGINE_REFUSES`) named with its off value,
+    and ``autocast=fp16`` (GradScaler unscales the gradients before the engine's step pre-hook reduces them)."""
     if enum_str(cfg.get("dp", "ddp")) != "zero_lab":
         return []
 
     def spelled(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(enum_str(value))
 
-    return [
+    out = [
         f"{key}={spelled(cfg.get(key))}: dp=zero_lab does not take it yet; set {key}={spelled(off)} or use dp=ddp"
         for key, off in ENGINE_REFUSES.items()
         if cfg.get(key) not in (off, None)
     ]
+    if cfg.get("autocast") is not None and enum_str(cfg.autocast) == "fp16":  # GradScaler unscales before the
+        out.append("autocast=fp16: dp=zero_lab does not take it yet (GradScaler); use autocast=bf16 or dp=ddp")
+    return out
 
 
 def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
