@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import zero_lab.dcp
 from tests.dist.training import OPTIMIZERS, accumulated_backward, make_model, max_diff
-from zero_lab import ShardedDataParallel, checkpoint
+from zero_lab import ChainedOptimizer, ShardedDataParallel, checkpoint, muon_param_groups
 from zero_lab.partition import Flat, SortedGreedy
 
 PARTITIONERS = {"flat": Flat, "sorted_greedy": SortedGreedy}
@@ -325,3 +325,64 @@ def test_checkpoints_with_shard_groups_round_trip_bitwise(world, tmp_path):
             "world_size": 2,
             "files": ["optim-rank00000.pt", "optim-rank00001.pt"],
         }, result
+
+
+# ---------------------------------------------------------------------------- Muon + AdamW
+def _muon_optimizer(model: torch.nn.Module) -> ChainedOptimizer:
+    groups = muon_param_groups(model, muon={"lr": 0.02}, adamw={"lr": 1e-2}, named=False)
+    return ChainedOptimizer(groups, torch.optim.AdamW, weight_decay=0.1)
+
+
+def _muon_engine(seed: int = 0, **kwargs: Any) -> tuple[ShardedDataParallel, ChainedOptimizer]:
+    model = make_model(seed=seed)
+    opt = _muon_optimizer(model)
+    return ShardedDataParallel(model, opt, bucket_cap_mb=0.001, **kwargs), opt
+
+
+def _muon_program(directory: str) -> dict[str, Any]:
+    """Muon on the hidden matrices (whole, each on its owner) + AdamW on the rest: the engine (sorted-greedy
+    by default) against DDP + the same ChainedOptimizer, with accumulation and clipping; then a native
+    round trip of Muon's momentum."""
+    rank = torch.distributed.get_rank()
+    reference = make_model()
+    ddp, plain = DDP(reference), _muon_optimizer(reference)
+    engine, opt = _muon_engine()
+    for step in range(4):
+        for wrapped, optimizer in ((ddp, plain), (engine, opt)):
+            optimizer.zero_grad()
+            accumulated_backward(wrapped, step, rank, accumulate=1 + step % 2)
+            if step == 3:
+                clip = torch.nn.utils.clip_grad_norm_ if wrapped is ddp else None
+                norm = clip(reference.parameters(), 0.05) if clip else engine.clip_grad_norm_(0.05)
+                assert norm > 0.05
+            optimizer.step()
+        if step == 1:
+            checkpoint.save_checkpoint(Path(directory) / "muon", engine.states(), engine.module)
+    engine.close()
+    again, opt2 = _muon_engine(seed=5)
+    checkpoint.load_checkpoint(Path(directory) / "muon", again.states(), again.module)
+    for step in range(2, 4):
+        opt2.zero_grad()
+        accumulated_backward(again, step, rank, accumulate=1 + step % 2)
+        if step == 3:
+            again.clip_grad_norm_(0.05)
+        opt2.step()
+    again.close()
+    stepped_whole = [
+        t for g, cls in zip(opt.param_groups, opt.group_classes()) if cls is torch.optim.Muon for t in g["params"]
+    ]
+    return {
+        "diff": max_diff(reference.parameters(), engine.module.parameters()),
+        "resumed": max_diff(engine.module.parameters(), again.module.parameters()),
+        "muon_shapes": sorted(tuple(t.shape) for t in stepped_whole),
+        "partitioner": repr(engine.partitioner),
+    }
+
+
+def test_muon_and_adamw_train_as_ddp_bitwise_and_round_trip(world, tmp_path):
+    results = world(_muon_program, 2, str(tmp_path))
+    for result in results:
+        assert result["diff"] == 0.0 and result["resumed"] == 0.0, result
+        assert result["partitioner"].startswith("SortedGreedy")
+    # each hidden matrix (24x12, 24x24, 6x24, 3x6) stepped whole by exactly one rank
+    assert sorted(results[0]["muon_shapes"] + results[1]["muon_shapes"]) == [(3, 6), (6, 24), (24, 12), (24, 24)]

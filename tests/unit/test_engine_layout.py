@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
-from zero_lab import ShardedDataParallel
+from zero_lab import ChainedOptimizer, ShardedDataParallel
 from zero_lab.engine.layout import grad_hold_bound, owned_bytes, plan_buckets
 from zero_lab.partition import DdpBucket, Flat, ParamSpec, SortedGreedy
 
@@ -116,8 +116,14 @@ def test_world_of_one_matches_adam_and_holds_at_most_the_bound(single_rank_group
 
 def test_refusals_name_the_problem(single_rank_group):
     model = _model()
-    with pytest.raises(ValueError, match="elementwise optimizer; Muon"):
-        ShardedDataParallel(model, torch.optim.Muon([p for p in model.parameters() if p.dim() == 2]))
+    with pytest.raises(
+        ValueError, match=r"Flat\(\) cuts parameters into element ranges, but '0\.weight' is stepped whole"
+    ):
+        groups = [
+            {"params": [p for p in model.parameters() if p.dim() == 2], "optimizer_class": torch.optim.Muon},
+            {"params": [p for p in model.parameters() if p.dim() != 2]},
+        ]
+        ShardedDataParallel(model, ChainedOptimizer(groups, torch.optim.AdamW), partitioner=Flat())
     with pytest.raises(ValueError, match=r"'4\.weight' requires grad but is in no param group"):
         ShardedDataParallel(model, torch.optim.Adam(list(model.parameters())[:4]))
     engine = ShardedDataParallel(model, torch.optim.Adam(model.parameters()))

@@ -7,7 +7,8 @@ Three small modules, each with one job (Megatron-Core's ``distributed/`` split):
 :class:`ShardedDataParallel` (:mod:`~zero_lab.engine.wrapper`) that ties them to a module and an
 optimizer; around them, one module per feature: :mod:`~zero_lab.engine.clip` (``clip_grad_norm_``),
 :mod:`~zero_lab.engine.state` (the optimizer's state per parameter: checkpoints and DCP),
-:mod:`~zero_lab.engine.main_params` (fp32 main copies and gradients for bf16 parameters).
+:mod:`~zero_lab.engine.main_params` (fp32 main copies and gradients for bf16 parameters),
+:mod:`~zero_lab.engine.whole` (whole matrices for Muon, each stepped by its owner).
 """
 
 from zero_lab.engine.wrapper import ShardedDataParallel, default_modes, engine_of

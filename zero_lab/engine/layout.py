@@ -71,7 +71,7 @@ def plan_buckets(
     backward = [dataclasses.replace(specs[i], elementwise=True) for i in reversed(trainable)]
     membership = Flat(bucket_cap_mb)(backward, world_size).layouts
     to_global = list(reversed(trainable))
-    if _cuts_elements(partitioner):
+    if cuts_elements(partitioner):
         return tuple(
             Bucket(
                 index,
@@ -95,7 +95,8 @@ def plan_buckets(
     )
 
 
-def _cuts_elements(partitioner: Partitioner) -> bool:
+def cuts_elements(partitioner: Partitioner) -> bool:
+    """Whether ``partitioner`` cuts parameters into element ranges (``Flat``), not whole parameters to owners."""
     inner = getattr(partitioner, "inner", partitioner)  # WithoutGradients(Flat(), ...)
     return isinstance(inner, Flat)
 

@@ -111,6 +111,27 @@ class EngineStates:
         self.partition = _Partition(
             [_Shard(self._index[p.param], p.first, p.first + p.stop - p.start) for p in self._pieces]
         )
+        self._stepped = self._stepped_tensors()
+
+    def _stepped_tensors(self) -> list[tuple[torch.Tensor, int | None, list[tuple[OwnedPiece, int, int]]]]:
+        """What the optimizer steps, in its own order (its local indices): each tensor, its bucket when it
+        is a bucket's owned range (``None``: a whole parameter of a class that steps whole matrices), and
+        its pieces with their element positions in the tensor."""
+        buffer = self.engine.buffer
+        bucket_of = {id(main): b for b, main in enumerate(buffer.main) if main is not None}
+        whole = {id(buffer.params[p.param]): p for p in self._pieces if p.whole}
+        stepped: list[tuple[torch.Tensor, int | None, list[tuple[OwnedPiece, int, int]]]] = []
+        for tensor in (t for group in self.optim.param_groups for t in group["params"]):
+            b = bucket_of.get(id(tensor))
+            if b is not None:
+                parts = [(p, p.start, p.stop) for p in self._pieces if p.bucket == b]
+            else:
+                parts = [(whole[id(tensor)], 0, tensor.numel())]
+            stepped.append((tensor, b, parts))
+        return stepped
+
+    def _is_main_copy(self, tensor: torch.Tensor, b: int | None) -> bool:
+        return b is not None and tensor is not self.engine.buffer.owned[b]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -134,34 +155,28 @@ class EngineStates:
         self.engine.wait_for_params()
 
     # ------------------------------------------------------------------ this rank's shard
-    def _views(self) -> list[tuple[int, torch.Tensor]]:
-        return [(b, main) for b, main in enumerate(self.engine.buffer.main) if main is not None]
-
     def local_shard_states(self) -> ShardStates:
         """This rank's state as ``{index: (start, stop, state on CPU)}`` (a whole parameter's
         elementwise entries shaped like it, a range's 1-D)."""
         self.wait_for_exchange()
         out: ShardStates = {}
-        for b, view in self._views():
-            state = self.optim.state.get(view)
+        for tensor, b, parts in self._stepped:
+            state = self.optim.state.get(tensor)
             if not state:
                 continue
-            if view is not self.engine.buffer.owned[b]:  # an fp32 main copy: saved as ZeRO saves its masters
-                state = {**state, MASTER_KEY: view}
-            for piece in (p for p in self._pieces if p.bucket == b):
-                out[self._index[piece.param]] = (
-                    piece.first,
-                    piece.first + piece.stop - piece.start,
-                    self._cut(state, view, piece),
-                )
+            if self._is_main_copy(tensor, b):  # an fp32 main copy: saved as ZeRO saves its masters
+                state = {**state, MASTER_KEY: tensor}
+            for piece, lo, hi in parts:
+                first = piece.first
+                out[self._index[piece.param]] = (first, first + hi - lo, self._cut(state, tensor, piece, lo, hi))
         return out
 
-    def _cut(self, state: State, view: torch.Tensor, piece: OwnedPiece) -> State:
+    def _cut(self, state: State, tensor: torch.Tensor, piece: OwnedPiece, lo: int, hi: int) -> State:
         shape = self.engine.buffer.params[piece.param].shape
         cut: State = {}
         for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == view.numel():
-                part = value.reshape(-1)[piece.start : piece.stop]
+            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == tensor.numel():
+                part = value.reshape(-1)[lo:hi]
                 cut[key] = (part.reshape(shape) if piece.whole else part).detach().cpu().clone()
             else:
                 cut[key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
@@ -170,27 +185,26 @@ class EngineStates:
     def load_shard_states(
         self, state_of: Callable[[int, int, int], State | None], groups: list[dict[str, Any]]
     ) -> None:
-        """Load this rank's views: ``state_of(index, start, stop)`` gives each piece's state (``None``:
+        """Load what this rank steps: ``state_of(index, start, stop)`` gives each piece's state (``None``:
         none saved); ``groups`` the hyper-parameters, one dict per param group."""
         self.wait_for_exchange()
         write_main(self.engine.buffer.owned, self.engine.buffer.main)  # fp32 main copies from the parameters
         local: dict[int, State] = {}
-        for position, (b, view) in enumerate(self._views()):
-            pieces = [p for p in self._pieces if p.bucket == b]
-            states = [state_of(self._index[p.param], p.first, p.first + p.stop - p.start) for p in pieces]
+        for position, (tensor, b, parts) in enumerate(self._stepped):
+            states = [state_of(self._index[p.param], p.first, p.first + hi - lo) for p, lo, hi in parts]
             if all(s is None for s in states):
                 continue
             if any(s is None for s in states):
-                missing = pieces[[s is None for s in states].index(True)].param
+                missing = parts[[s is None for s in states].index(True)][0].param
                 raise ValueError(
                     f"the state to load has no entry for parameter #{self._index[missing]} but has one for another "
                     "parameter the engine steps in the same bucket; load a state saved from a run of all of them"
                 )
-            local[position] = self._glue(view, pieces, states)  # type: ignore[arg-type]
+            local[position] = self._glue(tensor, parts, states)  # type: ignore[arg-type]
             master = local[position].pop(MASTER_KEY, None)
-            if master is not None and view is not self.engine.buffer.owned[b]:
+            if master is not None and self._is_main_copy(tensor, b):
                 with torch.no_grad():
-                    view.copy_(master)  # the saved fp32 main copy, finer than the bf16 parameter
+                    tensor.copy_(master)  # the saved fp32 main copy, finer than the bf16 parameter
         local_groups, offset = [], 0
         for group, live in zip(groups, self.optim.param_groups):
             hyper = {k: v for k, v in group.items() if k not in NOT_HYPERPARAMETERS}
@@ -199,14 +213,15 @@ class EngineStates:
         self.optim.load_state_dict({"state": local, "param_groups": local_groups})
 
     @staticmethod
-    def _glue(view: torch.Tensor, pieces: list[OwnedPiece], states: list[State]) -> State:
+    def _glue(tensor: torch.Tensor, parts: list[tuple[OwnedPiece, int, int]], states: list[State]) -> State:
         glued: State = {}
         for key, value in states[0].items():
-            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == pieces[0].stop - pieces[0].start:
-                flat = torch.zeros(view.numel(), dtype=value.dtype, device=view.device)
-                for piece, state in zip(pieces, states):
-                    flat[piece.start : piece.stop] = state[key].reshape(-1)
-                glued[key] = flat
+            first_length = parts[0][2] - parts[0][1]
+            if torch.is_tensor(value) and value.dim() > 0 and value.numel() == first_length:
+                flat = torch.zeros(tensor.numel(), dtype=value.dtype, device=tensor.device)
+                for (_, lo, hi), state in zip(parts, states):
+                    flat[lo:hi] = state[key].reshape(-1)
+                glued[key] = flat.view(tensor.shape)
             else:
                 glued[key] = value
         return glued
@@ -296,7 +311,7 @@ def _materialize(engine: EngineParts) -> None:
     optim = engine.optimizer
     if optim.state:
         return
-    views = [main for main in engine.buffer.main if main is not None]
+    views = [main for main in engine.buffer.main if main is not None]  # whole matrices get theirs at the step
     saved = [group["lr"] for group in optim.param_groups]
     for view in views:
         view.grad = torch.zeros_like(view)

@@ -16,6 +16,9 @@ optimizer, DeepSpeed's stage 2):
    param groups' ``params`` become one 1-D view per bucket it owns a part of, so its state is
    ≈ 1/W and its ``step()`` updates the parameter buffer in place (no proxy, no copy back). It must
    be elementwise (:func:`zero_lab.is_elementwise`: Adam, AdamW, SGD, ...) and not have stepped yet;
+   a param group whose class is not (Muon, in a :class:`~zero_lab.ChainedOptimizer`) keeps the
+   whole parameters this rank owns instead, each stepped on its owner (:mod:`zero_lab.engine.whole`;
+   a whole-parameter partitioner, ``SortedGreedy()`` by default then);
 2. **backward** — each parameter's post-accumulate-grad hook moves its gradient into its bucket;
    a complete bucket is reduced to its owners at once, overlapping the rest of backward, and its
    buffer is released when the reduction is done (:mod:`zero_lab.engine.bucket_group`). A rank
@@ -52,18 +55,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from zero_lab.chained import ChainedOptimizer
 from zero_lab.collectives import collective_named
 from zero_lab.comm import INTER_GROUP, CommStats, Communicator
 from zero_lab.elementwise import is_elementwise
 from zero_lab.engine import clip
 from zero_lab.engine.bucket_group import BucketGroup
 from zero_lab.engine.buffer import ParamAndGradBuffer
-from zero_lab.engine.layout import Bucket, grad_hold_bound, plan_buckets
-from zero_lab.engine.main_params import write_back
+from zero_lab.engine.layout import Bucket, cuts_elements, grad_hold_bound, plan_buckets
+from zero_lab.engine.main_params import LOW_PRECISION, write_back
 from zero_lab.engine.state import EngineStates
+from zero_lab.engine.whole import drop_grads, hand_grads, owned_whole
 from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.hierarchy import hierarchy_of
-from zero_lab.partition import Flat, ParamSpec, Partitioner
+from zero_lab.partition import Flat, ParamSpec, Partitioner, SortedGreedy
 
 __all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes", "engine_of"]
 
@@ -155,9 +160,14 @@ class ShardedDataParallel(nn.Module):
         self.prefetch = prefetch
         self.bucket_cap_mb = bucket_cap_mb
         self.broadcast_buffers = broadcast_buffers
-        self.partitioner = partitioner if partitioner is not None else Flat()
-        names, params, groups = _check_optimizer(module, optimizer)
-        specs = [ParamSpec.of(p, name=n, group=groups.get(id(p), 0), elementwise=True) for n, p in zip(names, params)]
+        names, params, groups, whole_groups = _check_optimizer(module, optimizer)
+        self.partitioner = partitioner if partitioner is not None else SortedGreedy() if whole_groups else Flat()
+        whole = {i for i, p in enumerate(params) if groups.get(id(p)) in whole_groups}
+        _check_whole(whole, params, names, self.partitioner)
+        specs = [
+            ParamSpec.of(p, name=n, group=groups.get(id(p), 0), elementwise=i not in whole)
+            for i, (n, p) in enumerate(zip(names, params))
+        ]
         self.buckets: tuple[Bucket, ...] = plan_buckets(specs, self.comm.world_size, self.partitioner, bucket_cap_mb)
         self._trainable = frozenset(id(p) for p in params if p.requires_grad)
         self._sync_module_states(params)
@@ -172,12 +182,16 @@ class ShardedDataParallel(nn.Module):
         )
         #: each param group's parameters as given (checkpoints name the state by them: :mod:`~zero_lab.engine.state`)
         self.group_params = [list(group["params"]) for group in optimizer.param_groups]
+        self._whole = owned_whole(self.buffer, self.comm.rank, whole)  # Muon's matrices this rank owns
+        mine = {id(params[w.param]) for w in self._whole}
         for index, group in enumerate(optimizer.param_groups):
-            group["params"] = [
-                owned
-                for bucket, owned in zip(self.buckets, self.buffer.main)
-                if bucket.group == index and owned is not None
-            ]
+            group["params"] = (
+                [p for p in group["params"] if id(p) in mine]
+                if index in whole_groups
+                else [
+                    owned for b, owned in zip(self.buckets, self.buffer.main) if b.group == index and owned is not None
+                ]
+            )
         self._sync = True
         self._handles = [
             self.buffer.params[i].register_post_accumulate_grad_hook(self._grad_hook)
@@ -220,6 +234,7 @@ class ShardedDataParallel(nn.Module):
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._finish_grads()
+        hand_grads(self.buffer, self._whole)
 
     def _finish_grads(self) -> None:
         """Finish this backward's reductions (idempotent): the owned gradients are then whole."""
@@ -234,6 +249,7 @@ class ShardedDataParallel(nn.Module):
         self.group.finish_grad_sync()
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        drop_grads(self.buffer, self._whole)
         write_back(self.buffer.owned, self.buffer.main)
         self.group.start_param_sync()
         if not self.prefetch:
@@ -352,14 +368,15 @@ class ShardedDataParallel(nn.Module):
 
 def _check_optimizer(
     module: nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[list[str], list[torch.Tensor], dict[int, int]]:
-    """``module``'s parameter names and tensors, and each optimizer parameter's group index; errors name the problem."""
-    if not is_elementwise(type(optimizer)):
-        raise ValueError(
-            "ShardedDataParallel steps element ranges, which needs an elementwise optimizer; "
-            f"{type(optimizer).__name__} is not one (Adam, AdamW, SGD, ...: zero_lab.ELEMENTWISE_OPTIMIZERS, "
-            "or zero_lab.register_elementwise)"
-        )
+) -> tuple[list[str], list[torch.Tensor], dict[int, int], set[int]]:
+    """``module``'s parameter names and tensors, each optimizer parameter's group index, and the groups
+    whose class steps whole matrices (Muon in a :class:`~zero_lab.ChainedOptimizer`); errors name the problem."""
+    classes = (
+        optimizer.group_classes()
+        if isinstance(optimizer, ChainedOptimizer)
+        else [type(optimizer)] * len(optimizer.param_groups)
+    )
+    whole_groups = {index for index, cls in enumerate(classes) if not is_elementwise(cls)}  # stepped whole
     if optimizer.state:
         raise ValueError("ShardedDataParallel needs an optimizer that has not stepped yet (its state is not empty)")
     named = list(module.named_parameters())
@@ -371,7 +388,23 @@ def _check_optimizer(
     missing = [n for n, p in named if p.requires_grad and id(p) not in groups]
     if missing:
         raise ValueError(f"parameter {missing[0]!r} requires grad but is in no param group of the optimizer")
-    return [n for n, _ in named], [p for _, p in named], groups
+    return [n for n, _ in named], [p for _, p in named], groups, whole_groups
+
+
+def _check_whole(whole: set[int], params: list[torch.Tensor], names: list[str], partitioner: Partitioner) -> None:
+    """Whole matrices need a partitioner that keeps each parameter on one rank, and fp32 or fp64 (the main
+    copies of bf16 ranges are elementwise)."""
+    if whole and cuts_elements(partitioner):
+        raise ValueError(
+            f"partitioner {partitioner!r} cuts parameters into element ranges, but {names[min(whole)]!r} is stepped "
+            "whole (a Muon group); use a whole-parameter partitioner: SortedGreedy() (the default then), Manual"
+        )
+    low = [names[i] for i in sorted(whole) if params[i].dtype in LOW_PRECISION]
+    if low:
+        raise ValueError(
+            f"parameter {low[0]!r} is {params[min(whole)].dtype} and stepped whole (a Muon group): the engine keeps "
+            "fp32 main copies of element ranges only; train those matrices in fp32"
+        )
 
 
 def _wait_hooks(module: nn.Module, buffer: ParamAndGradBuffer, group: BucketGroup) -> list[Any]:
