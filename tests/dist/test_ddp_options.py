@@ -18,8 +18,7 @@ from torch import nn
 from tests.preflight import compose_job
 from zero_lab.app.check.rules import to_container
 from zero_lab.app.plan.run_plan import RunPlan
-from zero_lab.app.run.build import build_training
-from zero_lab.app.run.grad_reach import params_never_reached
+from zero_lab.app.run.build import build_training, params_never_reached
 from zero_lab.app.workloads.protocols import batch_stream, call_model, loss_of
 
 MODES = {

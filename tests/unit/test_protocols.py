@@ -13,11 +13,13 @@ from torch.nn import functional as F
 from zero_lab.app.workloads.data import RegressionData
 from zero_lab.app.workloads.protocols import (
     GlobalBatchData,
+    MetaProbe,
     RankStreamData,
     batch_stream,
     call_model,
     forward_problems,
     loss_of,
+    probe_on_meta,
     protocol_problems,
     task_of,
 )
@@ -174,3 +176,55 @@ def test_a_backward_that_fails_for_its_own_reason_is_named():
         model = OwnBackward()
     (problem,) = forward_problems(model, data, 2, "logits")
     assert problem == ("model: its backward fails on the data's first batch: TypeError: no meta tensors of that kind")
+
+
+class Branchy(nn.Module):
+    """A forward whose behaviour the probe cannot or can judge, by what it does (never by its error's text)."""
+
+    task = "regression"
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.lin, self.mode = nn.Linear(4, 3), mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        if self.mode == "branch" and out.sum() > 0:  # reads a value: meta tensors have none
+            out = out * 2
+        if self.mode == "item":
+            out = out * out.abs().max().item()
+        if self.mode == "positions":  # a tensor made inside forward, without a device
+            out = out + torch.arange(3)
+        if self.mode == "raises":
+            raise ValueError("metadata of the batch is missing")  # the user's own error, "meta" in its text
+        if self.mode == "shape":
+            out = out @ torch.ones(4, 2)  # (N, 3) @ (4, 2): a batch the model cannot take
+        return out
+
+
+@pytest.mark.parametrize("mode", ["branch", "item", "positions"])
+def test_a_forward_the_meta_device_cannot_run_is_not_judged(mode: str):
+    data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
+    with torch.device("meta"):
+        model = Branchy(mode)
+    assert forward_problems(model, data, 2, "logits") == []
+    assert all(p.grad is None for p in model.parameters())  # the plan's model is left as it was
+
+
+def test_a_forward_that_fails_for_its_own_reason_is_named_whatever_its_message_says():
+    data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
+    with torch.device("meta"):
+        raises, shape = Branchy("raises"), Branchy("shape")
+    assert forward_problems(raises, data, 2, "logits") == [
+        "model: its forward fails on the data's first batch: ValueError: metadata of the batch is missing"
+    ]
+    (problem,) = forward_problems(shape, data, 2, "logits")
+    assert problem.startswith("model: its forward fails on the data's first batch: RuntimeError: ")
+
+
+def test_the_probe_lists_the_parameters_no_gradient_reaches():
+    data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
+    with torch.device("meta"):
+        spare, branchy = DictNet(unused=True), Branchy("branch")
+    assert probe_on_meta(spare, data, 2, "pred") == MetaProbe([], ["spare.weight", "spare.bias"])
+    assert probe_on_meta(branchy, data, 2, "logits") == MetaProbe([], None)  # not judged: nothing listed

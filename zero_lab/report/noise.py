@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zero_lab.app.record.summary import step_key
+from zero_lab.app.record.catalogue import OPTIM_STEP_S, STEP_S
 from zero_lab.report.runs import Run, percentile
 from zero_lab.report.table import format_ms
 
@@ -46,13 +46,13 @@ class Measure:
 
 def _ratio_per_step(run: Run) -> list[float]:
     """Slowest rank's local optimizer step ÷ the mean, step by step (as ``slowest ÷ mean``)."""
-    high, mean = step_key("optim_step_s", "max"), step_key("optim_step_s", "mean")
+    high, mean = OPTIM_STEP_S.at("max"), OPTIM_STEP_S.at("mean")
     timed = run.rows[1:] or run.rows
     return [float(r[high]) / float(r[mean]) for r in timed if r.get(high) is not None and r.get(mean)]
 
 
 MEASURES: tuple[Measure, ...] = (
-    Measure("step", lambda run: run.per_step(step_key("step_s", "max")), format_ms),
+    Measure("step", lambda run: run.per_step(STEP_S.at("max")), format_ms),
     Measure("slowest ÷ mean", _ratio_per_step, lambda r: f"{r:.2f}"),
 )
 

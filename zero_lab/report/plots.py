@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from zero_lab.app.record.summary import step_key
+from zero_lab.app.record.catalogue import EXCHANGE_S, OPTIM_STATE_BYTES, STEP_S
 from zero_lab.report.runs import WORLD_KEY, Run, percentile
 from zero_lab.report.table import byte_unit, ddp_baseline
 
@@ -62,7 +62,7 @@ def plot_memory(runs: list[Run], path: Path) -> None:
 
 def memory_figure(runs: list[Run]) -> plt.Figure:
     """The memory plot, drawn (:func:`plot_memory` saves it)."""
-    states = [run.per_rank("optim_state_bytes") or [0.0] for run in runs]
+    states = [run.per_rank(OPTIM_STATE_BYTES.name) or [0.0] for run in runs]
     div, unit = byte_unit(max(max(s) for s in states))
     worlds = sorted({run.world_size for run in runs})
     span = (worlds[-1] - worlds[0]) or 1
@@ -72,7 +72,7 @@ def memory_figure(runs: list[Run]) -> plt.Figure:
     for index, (name, group) in enumerate(groups.items()):
         offset = (index - (len(groups) - 1) / 2) * nudge
         marker = _MARKERS[index % len(_MARKERS)]
-        maxima = [max(r.per_rank("optim_state_bytes") or [0.0]) / div for r in group]
+        maxima = [max(r.per_rank(OPTIM_STATE_BYTES.name) or [0.0]) / div for r in group]
         line = ax.plot(
             [r.world_size + offset for r in group],
             maxima,
@@ -83,7 +83,7 @@ def memory_figure(runs: list[Run]) -> plt.Figure:
         style = {"color": line.get_color(), "linestyle": line.get_linestyle(), "markeredgecolor": "black"}
         ax.plot([], [], marker=marker, markersize=8, label=name, **style)  # the legend's entry: line + marker
         for run in group:
-            ranks = [b / div for b in run.per_rank("optim_state_bytes") or []]
+            ranks = [b / div for b in run.per_rank(OPTIM_STATE_BYTES.name) or []]
             spread = nudge * 0.6 / max(1, len(ranks))  # every rank its own point, side by side
             ax.scatter(
                 [run.world_size + offset + (r - (len(ranks) - 1) / 2) * spread for r in range(len(ranks))],
@@ -144,7 +144,7 @@ def plot_time(runs: list[Run], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, max(3.2, 0.55 * len(runs) + 1.8)))
     ys = list(range(len(runs)))
     for y, run in zip(ys, runs):
-        steps, exchanges = run.per_step(step_key("step_s", "max")), run.per_step(step_key("exchange_s", "max"))
+        steps, exchanges = run.per_step(STEP_S.at("max")), run.per_step(EXCHANGE_S.at("max"))
         exchanges = exchanges or [0.0] * len(steps)
         compute = [s - e for s, e in zip(steps, exchanges)]
         ex_mid, ex_low, ex_high = _spread(exchanges)

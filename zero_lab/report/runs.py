@@ -74,7 +74,7 @@ class Run:
         return [float(x) for x in self.summary.losses]
 
     def per_rank(self, key: str) -> list[float] | None:
-        """A per-rank list of the summary (:data:`~zero_lab.app.record.summary.PER_RANK`); ``None`` when absent."""
+        """A per-rank list of the summary (:data:`zero_lab.app.record.catalogue.SUMMARY_LISTS`), else ``None``."""
         values = getattr(self.summary, key)
         return [float(v) for v in values] if values else None
 

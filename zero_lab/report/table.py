@@ -23,7 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zero_lab.app.record.summary import MEDIAN_OF
+from zero_lab.app.record.catalogue import (
+    EXCHANGE_BYTES,
+    EXCHANGE_S,
+    IMBALANCE,
+    OPTIM_STATE_BYTES,
+    OPTIM_STEP_S,
+    PEAK_BYTES,
+    SAMPLES_PER_S,
+    STEP_S,
+    TENSOR_BYTES,
+)
 from zero_lab.report.runs import Run
 
 __all__ = [
@@ -101,7 +111,7 @@ def _ddp_key(run: Run) -> tuple[str, str, object, str]:
 def ddp_baseline(run: Run, runs: list[Run]) -> Baseline | None:
     """DDP + the plain optimizer's per-rank state for ``run``'s model (see the module docstring)."""
     measured = [
-        max(other.per_rank("optim_state_bytes") or [0.0])
+        max(other.per_rank(OPTIM_STATE_BYTES.name) or [0.0])
         for other in runs
         if not other.summary.zero and _ddp_key(other) == _ddp_key(run)
     ]
@@ -126,14 +136,14 @@ def _ratio(value: float | None, note: str = "") -> Cell:
 
 
 def _vs_ddp(run: Run, runs: list[Run]) -> Cell:
-    base, state = ddp_baseline(run, runs), _max(run.per_rank("optim_state_bytes"))
+    base, state = ddp_baseline(run, runs), _max(run.per_rank(OPTIM_STATE_BYTES.name))
     if base is None or state is None:
         return _ratio(None)
     return _ratio(state / base.state_bytes, " (plan)" if base.source == "plan" else "")
 
 
 def _vs_ideal(run: Run, runs: list[Run]) -> Cell:
-    base, state = ddp_baseline(run, runs), _max(run.per_rank("optim_state_bytes"))
+    base, state = ddp_baseline(run, runs), _max(run.per_rank(OPTIM_STATE_BYTES.name))
     if base is None or state is None:
         return _ratio(None)
     return _ratio(state / (base.state_bytes / run.world_size))
@@ -167,7 +177,7 @@ def _number(digits: str) -> Callable[[float | None], str]:
 
 def _local_steps(run: Run) -> Cell:
     """``12.1 / 30.4`` ms by rank (the median of ``time/optim_step_s/rank{r}``); sorts by the slowest."""
-    steps = run.per_rank("optim_step_s")
+    steps = run.per_rank(OPTIM_STEP_S.name)
     if not steps:
         return Cell("–", None)
     return Cell(" / ".join(f"{1000 * s:.1f}" for s in steps), max(steps))
@@ -206,30 +216,30 @@ COLUMNS: tuple[Column, ...] = (
     Column("W", _plain(lambda r: r.world_size, _number("d")), "world size (ranks)"),
     Column(
         "state/rank max",
-        lambda r, _: _bytes(_max(r.per_rank("optim_state_bytes"))),
+        lambda r, _: _bytes(_max(r.per_rank(OPTIM_STATE_BYTES.name))),
         "optimizer-state tensors, fullest rank",
     ),
     Column(
         "state/rank min",
-        lambda r, _: _bytes(min(r.per_rank("optim_state_bytes") or [0.0])),
+        lambda r, _: _bytes(min(r.per_rank(OPTIM_STATE_BYTES.name) or [0.0])),
         "optimizer-state tensors, emptiest rank",
     ),
     Column("÷ DDP", _vs_ddp, "state max / DDP + plain optimizer's state per rank ('plan': planner's prediction)"),
     Column("÷ ideal 1/W", _vs_ideal, "state max / (DDP's state / W); 1.00 is a perfect split"),
-    Column("imbalance", _plain(lambda r: r.summary.imbalance, _number(".3f")), "partition max / ideal"),
+    Column(IMBALANCE.name, _plain(lambda r: r.summary.imbalance, _number(".3f")), "partition max / ideal"),
     Column(
         "tensors/rank",
-        lambda r, _: _bytes(_max(r.per_rank("tensor_bytes"))),
+        lambda r, _: _bytes(_max(r.per_rank(TENSOR_BYTES.name))),
         "params + grads + buffers + state (+ master weights), measured from the tensors, max rank",
     ),
     Column(
         "peak RSS/CUDA",
-        lambda r, _: _bytes(_max(r.per_rank("peak_bytes"))),
+        lambda r, _: _bytes(_max(r.per_rank(PEAK_BYTES.name))),
         "process peak: RSS on CPU (mostly torch itself), CUDA peak allocated on GPU",
     ),
     Column(
         "exchanged/step",
-        _plain(lambda r: r.median(MEDIAN_OF["exchange_bytes_per_step"]), format_bytes),
+        _plain(lambda r: r.median(EXCHANGE_BYTES.at("max")), format_bytes),
         "parameter-exchange bytes per step (median)",
     ),
     Column(
@@ -250,12 +260,12 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "exchange",
-        _plain(lambda r: r.median(MEDIAN_OF["exchange_time_s"]), format_ms),
+        _plain(lambda r: r.median(EXCHANGE_S.at("max")), format_ms),
         "parameter-exchange time per step (median, slowest rank)",
     ),
     Column(
         "step",
-        _plain(lambda r: r.median(MEDIAN_OF["step_time_s"]), format_ms),
+        _plain(lambda r: r.median(STEP_S.at("max")), format_ms),
         "step time (median over steps after the first, slowest rank)",
     ),
     Column(
@@ -268,7 +278,7 @@ COLUMNS: tuple[Column, ...] = (
         _plain(lambda r: r.summary.optim_step_max_over_mean, _number(".2f")),
         "local optimizer step, slowest rank ÷ mean (median over steps): the partition's cost imbalance",
     ),
-    Column("samples/s", _plain(lambda r: r.median(MEDIAN_OF["samples_per_s"]), _number(".0f")), "global batch / step"),
+    Column("samples/s", _plain(lambda r: r.median(str(SAMPLES_PER_S.key)), _number(".0f")), "global batch / step"),
     Column("final loss", _plain(lambda r: float(r.summary.final_loss), _number(".6g")), "loss at the last step"),
     Column(
         "val loss",

@@ -18,8 +18,9 @@ computed once:
   every group priced by the class that steps it (Muon's groups as Muon, the rest as AdamW),
   so the memory and the partition answer for the same routing;
 * :attr:`~RunPlan.never_reached` — with ZeRO and unused parameters allowed, the parameters
-  rank 0's first batch leaves without a gradient (:mod:`zero_lab.app.plan.grad_reach`), probed
-  on the same meta model.
+  rank 0's first batch leaves without a gradient
+  (:func:`~zero_lab.app.workloads.protocols.probe_on_meta` on the same meta model), which the
+  ranks' partitioner prices at nothing.
 
 The ranks read the specs and the never-reached parameters from the run spec the job hands
 them (:class:`zero_lab.app.run.rank_loop.RunSpec`): the "÷ DDP" baseline is priced from these
@@ -36,10 +37,9 @@ plan; the check callback keeps it for the task (:func:`zero_lab.app.check.callba
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 from hydra.utils import get_object, instantiate
@@ -47,10 +47,10 @@ from omegaconf import DictConfig
 
 from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
 from zero_lab.app.config.targets import build
-from zero_lab.app.plan.grad_reach import params_without_grad
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import Strategy
-from zero_lab.app.workloads.protocols import OUTPUT_KEY
+from zero_lab.app.workloads.protocols import OUTPUT_KEY, probe_on_meta
+from zero_lab.app.workloads.user_code import Attempt, attempt
 from zero_lab.comm import ranks_per_node
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
@@ -59,27 +59,6 @@ from zero_lab.partition import ParamSpec, Partition, Partitioner
 from zero_lab.planner import MemoryPlan, plan_memory
 
 __all__ = ["Attempt", "RunPlan", "attempt", "buildable", "param_groups"]
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Attempt(Generic[T]):
-    """Something built from the config (``value``), or why it could not be (``error``)."""
-
-    value: T | None = None
-    error: Exception | None = None
-
-
-def attempt(make: Callable[[], T]) -> Attempt[T]:
-    """``make()`` — a constructor the config names: user code — kept with its value or its error.
-
-    Any exception a user's constructor raises is that config's problem, named by the check that
-    owns the object (``model=...: cannot be built: ...``); this is where the plan keeps it."""
-    try:
-        return Attempt(make())
-    except Exception as error:  # user code: whatever it raises is reported by the object's own check
-        return Attempt(error=error)
 
 
 def buildable(node: DictConfig, key: str, base: type) -> None:
@@ -225,10 +204,15 @@ class RunPlan:
 
     @cached_property
     def never_reached(self) -> tuple[str, ...] | None:
-        """The trainable parameters rank 0's first batch leaves without a gradient, which a ZeRO
-        partitioner prices at nothing (:mod:`zero_lab.app.plan.grad_reach`; empty when the meta
-        probe cannot run). ``None`` when that does not apply: a plain optimizer, ``overlap=true``,
-        or DDP that allows no unused parameter (a config fact, alike on every rank)."""
+        """The trainable parameters rank 0's first batch leaves without a gradient (a model's unused
+        ``aux`` layer): they never get optimizer state, so a ZeRO partitioner that priced them like
+        the rest would hand their owner nothing to hold; the ranks' partitioner prices them at
+        nothing (:class:`zero_lab.partition.WithoutGradients`). Found on the meta model before the
+        first step (a resume loads state into the partition), so a parameter only a later batch
+        leaves unused is still stepped, only less balanced; empty when the meta device cannot run
+        the model. ``None`` when that does not apply: a plain optimizer, ``overlap=true`` (the
+        shards are bound to DDP's hook first), or DDP that allows no unused parameter (a config
+        fact, alike on every rank)."""
         unused_allowed = bool(self.cfg.dist.get("find_unused_parameters") or self.cfg.dist.get("static_graph"))
         if self.strategy is None or not self.strategy.shards_state or not unused_allowed or self.cfg.get("overlap"):
             return None
@@ -237,7 +221,7 @@ class RunPlan:
             return ()
         dtype = PARAM_DTYPES[enum_str(self.cfg.param_dtype)]
         output_key = str(self.cfg.get("output_key", OUTPUT_KEY))
-        return tuple(params_without_grad(model, data, max(self.world_size, 1), output_key, dtype) or ())
+        return tuple(probe_on_meta(model, data, max(self.world_size, 1), output_key, dtype).unused or ())
 
     def partition(self, partitioner: Partitioner | None = None, world_size: int | None = None) -> Partition:
         """The partition of :attr:`specs` by ``partitioner`` (the configured one) at ``world_size``

@@ -116,8 +116,9 @@ class Strategy(ABC):
         """The collective the exchange runs with (``None``: no exchange)."""
         return None
 
-    def first_step_record(self, optimizer: Optimizer, keys: dict[str, str]) -> dict[str, Any]:
-        """Metrics recorded once, after the first step (``exchange=auto``'s timings); ``keys``: the record's names."""
+    def first_step_record(self, optimizer: Optimizer, mode_key: str) -> dict[str, Any]:
+        """Metrics recorded once, after the first step: the exchange's mode under ``mode_key``, ``exchange=auto``'s
+        timings."""
         return {}
 
     def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
@@ -248,10 +249,10 @@ class Zero(Strategy):
     def exchange_mode(self, optimizer: Optimizer) -> str | None:
         return _zero(optimizer).exchange_mode
 
-    def first_step_record(self, optimizer: Optimizer, keys: dict[str, str]) -> dict[str, Any]:
+    def first_step_record(self, optimizer: Optimizer, mode_key: str) -> dict[str, Any]:
         """The exchange's mode and, with ``exchange=auto``, each candidate's measured time."""
         report = _zero(optimizer).exchange_report()
-        record: dict[str, Any] = {keys["exchange_mode"]: report.mode}
+        record: dict[str, Any] = {mode_key: report.mode}
         record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
         return record
 

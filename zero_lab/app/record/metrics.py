@@ -1,30 +1,14 @@
 """Per-step measurements of every rank, gathered to rank 0 with one small collective.
 
-Each rank measures a fixed vector (:data:`FIELDS`): its loss, step time, time and bytes
-of the optimizer's parameter exchange (``opt.comm_stats.since(...)``), optimizer-state
-bytes (summed over the real state tensors), the bytes of every tensor it trains with
-(parameters, gradients, buffers, optimizer state, master weights — what ZeRO shrinks,
-without the interpreter's and torch's own memory), peak memory (CUDA peak allocated on
-GPU, peak RSS on CPU) and samples. One ``all_gather`` of that float64 vector per step brings
-every rank's values everywhere; :func:`step_record` turns them into namespaced keys
-(the per-rank ones named by :data:`zero_lab.app.record.summary.STEP_KEYS`)::
-
-    train/loss                      mean over ranks = the global-batch loss
-    train/loss/rank{r}
-    time/step_s/{rank{r},max,mean}  and time/exchange_s/..., comm/exchange_exposed_s/...,
-    time/optim_step_s/...           the local optimizer step alone (ZeRO: this rank's shards, no
-                                    exchange; a closure's forward/backward included): its max
-                                    against its mean is the cost imbalance of the partition
-    comm/exchange_bytes/...,
-    comm/grad_reduce_bytes/...,     bytes sent by phase (CommStats.sent_bytes): the gradient reduction
-    comm/exchange_sent_bytes/...    (grad_reduce=) and the parameter exchange; memory/grad_bytes/...
-    time/grad_reduce_s/...          the param.grad bytes held after backward (shard_grads=true: owned only);
-    comm/grad_reduce_exposed_s/...  the reduction in flight, and what of it backward waited for at its end
-    comm/exchange_calls/..., memory/optim_state_bytes/..., memory/master_weight_bytes/...,
-    memory/tensor_bytes/..., memory/peak_bytes/...
-    memory/imbalance                partition max / ideal (1.0 for plain optimizers)
-    train/samples_per_s             global batch / slowest rank's step time
-    train/grad_norm                 global gradient norm before clipping (optim.max_grad_norm set)
+Each rank measures a fixed vector (:class:`RankStep`): its loss, step time, the time and bytes
+of the optimizer's parameter exchange and of the gradient reduction (``CommStats.since(...)``),
+its local optimizer step (:class:`LocalStepClock`), optimizer-state bytes (the real state
+tensors), the bytes of every tensor it trains with (what ZeRO shrinks, without the
+interpreter's and torch's own memory), peak memory and samples. One ``all_gather`` of that
+float64 vector per step brings every rank's values everywhere; :func:`step_record` turns them
+into the catalogue's keys (:mod:`zero_lab.app.record.catalogue`: each ``per_rank`` metric as
+``<key>/rank{r}``, ``/max``, ``/mean``; the loss as the mean over ranks and per rank; samples/s
+as the global batch over the slowest rank's step)::
 
     gather = MetricsGather(device)
     per_rank = gather(RankStep(loss=..., step_s=..., ...))   # collective, every rank
@@ -43,7 +27,26 @@ from typing import Any
 
 import torch
 
-from zero_lab.app.record.summary import NAMESPACED, STEP_KEYS, step_key
+from zero_lab.app.record.catalogue import (
+    EXCHANGE_EXPOSED_S,
+    EXCHANGE_INTER_GROUP_BYTES,
+    EXCHANGE_INTER_NODE_BYTES,
+    EXCHANGE_S,
+    EXCHANGE_SENT_BYTES,
+    GRAD_BYTES,
+    GRAD_NORM,
+    GRAD_REDUCE_BYTES,
+    GRAD_REDUCE_EXPOSED_S,
+    GRAD_REDUCE_INTER_GROUP_BYTES,
+    GRAD_REDUCE_INTER_NODE_BYTES,
+    GRAD_REDUCE_S,
+    IMBALANCE,
+    LOSS,
+    OPTIM_STEP_S,
+    PER_RANK,
+    SAMPLES_PER_S,
+    Metric,
+)
 from zero_lab.comm import INTER_GROUP, INTER_NODE, INTRA_GROUP, INTRA_NODE, Communicator
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
@@ -61,30 +64,28 @@ __all__ = [
 
 @dataclass
 class RankStep:
-    """What one rank measured in one step."""
+    """What one rank measured in one step (the catalogue's meanings; ``stop_signal``: a SIGTERM/SIGINT
+    this rank received, :mod:`zero_lab.runtime.signals`, travelling with the metrics; 0 = none)."""
 
     loss: float
     step_s: float
     exchange_s: float = 0.0
-    exchange_exposed_s: float = 0.0  # of exchange_s, the time the loop was blocked (prefetch/overlap hide the rest)
+    exchange_exposed_s: float = 0.0
     exchange_bytes: float = 0.0
     exchange_calls: float = 0.0
     optim_state_bytes: float = 0.0
     master_weight_bytes: float = 0.0
-    tensor_bytes: float = 0.0  # params + grads + buffers + optimizer state, summed over distinct storages
+    tensor_bytes: float = 0.0
     peak_bytes: float = 0.0
     samples: float = 0.0
-    grad_norm: float = 0.0  # the global pre-clip norm (equal on every rank); 0 when not clipping
-    optim_step_s: float = 0.0  # this rank's local optimizer step (LocalStepClock)
-    stop_signal: float = 0.0  # a SIGTERM/SIGINT this rank received (zero_lab.runtime.signals); 0 = none
-    # bytes this rank sent (CommStats.sent_bytes) by phase: the gradient reduction (grad_reduce=; 0 without it:
-    # DDP's own all-reduce is not metered) and the parameter exchange
+    grad_norm: float = 0.0
+    optim_step_s: float = 0.0
+    stop_signal: float = 0.0
     grad_reduce_bytes: float = 0.0
     exchange_sent_bytes: float = 0.0
-    grad_reduce_s: float = 0.0  # the gradient reduction's collectives in flight (issue to last wait), in backward
-    grad_reduce_exposed_s: float = 0.0  # of it, what backward waited for after its own work was done
-    grad_bytes: float = 0.0  # gradient storage held after backward: param.grad (+ DDP's buckets, with grad_reduce=)
-    # of the bytes sent by phase, those that crossed shard groups (dist.shard_size) and nodes (CommStats.sent_by_link)
+    grad_reduce_s: float = 0.0
+    grad_reduce_exposed_s: float = 0.0
+    grad_bytes: float = 0.0
     grad_reduce_inter_group_bytes: float = 0.0
     grad_reduce_inter_node_bytes: float = 0.0
     exchange_inter_group_bytes: float = 0.0
@@ -151,46 +152,52 @@ class MetricsGather:
         return [RankStep(*row) for row in rows]
 
 
-def _per_rank(prefix: str, values: list[float]) -> dict[str, float]:
-    out = {f"{prefix}/rank{r}": v for r, v in enumerate(values)}
-    out[f"{prefix}/max"] = max(values)
-    out[f"{prefix}/mean"] = sum(values) / len(values)
+def _per_rank(key: Callable[[str], str], values: list[float]) -> dict[str, float]:
+    out = {key(f"rank{r}"): v for r, v in enumerate(values)}
+    out[key("max")] = max(values)
+    out[key("mean")] = sum(values) / len(values)
     return out
 
 
 def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, grad_norm: bool = False) -> dict[str, Any]:
-    """The namespaced metrics of one step (see the module docstring); ``grad_norm``: the
-    loop clips, so ``train/grad_norm`` is recorded (rank 0's; every rank has the same)."""
+    """The catalogue's keys of one step (see the module docstring); ``grad_norm``: the loop clips,
+    so the gradient norm is recorded (rank 0's; every rank has the same)."""
     losses = [r.loss for r in per_rank]
-    record: dict[str, Any] = {"step": step, "train/loss": sum(losses) / len(losses)}
-    record.update({f"train/loss/rank{r}": loss for r, loss in enumerate(losses)})
-    for field, prefix in STEP_KEYS.items():
-        record.update(_per_rank(prefix, [getattr(r, field) for r in per_rank]))
+    record: dict[str, Any] = {"step": step, LOSS.key: sum(losses) / len(losses)}
+    record.update({LOSS.at(f"rank{r}"): loss for r, loss in enumerate(losses)})
+    for metric in PER_RANK:
+        record.update(_per_rank(metric.at, [getattr(r, metric.name) for r in per_rank]))
     slowest = max(r.step_s for r in per_rank)
-    record[NAMESPACED["samples_per_s"]] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
-    record[NAMESPACED["imbalance"]] = imbalance
+    record[SAMPLES_PER_S.key] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
+    record[IMBALANCE.key] = imbalance
     if grad_norm:
-        record["train/grad_norm"] = per_rank[0].grad_norm
+        record[GRAD_NORM.key] = per_rank[0].grad_norm
     return record
+
+
+def _medians(records: list[dict[str, Any]], key: Callable[[str], str], world_size: int) -> list[float]:
+    """Each rank's median over ``records`` of the per-rank metric whose keys ``key`` makes."""
+    return [statistics.median(r[key(f"rank{k}")] for r in records) for k in range(world_size)]
 
 
 def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """summary.json's local-step figures over ``records`` (the timed steps): each rank's median
-    ``time/optim_step_s`` (``optim_step_s``, a list by rank) and the median over steps of the
-    slowest rank's ÷ the mean (``optim_step_max_over_mean``: 1.0 when the partition's cost is even)."""
+    local optimizer step (a list by rank) and the median over steps of the slowest rank's ÷ the
+    mean (``optim_step_max_over_mean``: 1.0 when the partition's cost is even)."""
     if not records:
-        return {"optim_step_s": None, "optim_step_max_over_mean": None}
-    per_rank = [statistics.median(r[step_key("optim_step_s", f"rank{k}")] for r in records) for k in range(world_size)]
-    high, mean = step_key("optim_step_s", "max"), step_key("optim_step_s", "mean")
+        return {OPTIM_STEP_S.name: None, "optim_step_max_over_mean": None}
+    high, mean = OPTIM_STEP_S.at("max"), OPTIM_STEP_S.at("mean")
     ratios = [r[high] / r[mean] for r in records if r[mean] > 0]
-    return {"optim_step_s": per_rank, "optim_step_max_over_mean": statistics.median(ratios) if ratios else None}
+    return {
+        OPTIM_STEP_S.name: _medians(records, OPTIM_STEP_S.at, world_size),
+        "optim_step_max_over_mean": statistics.median(ratios) if ratios else None,
+    }
 
 
-def _per_link(per_rank: Callable[[str], list[float]], sent: str, phase: str) -> dict[str, list[float]]:
-    """One phase's bytes sent per rank by link class (:data:`zero_lab.comm.LINK_CLASSES`): what
-    crossed shard groups and nodes, and the rest of what was sent (inside a group, inside a node)."""
-    total = per_rank(sent)
-    inter_group, inter_node = per_rank(f"{phase}_inter_group_bytes"), per_rank(f"{phase}_inter_node_bytes")
+def _per_link(records: list[dict[str, Any]], world_size: int, sent: Metric, group: Metric, node: Metric) -> dict:
+    """One phase's bytes sent per rank (medians) by link class (:data:`zero_lab.comm.LINK_CLASSES`): what
+    crossed shard groups (``group``) and nodes (``node``), and the rest of ``sent`` (inside a group, a node)."""
+    total, inter_group, inter_node = (_medians(records, m.at, world_size) for m in (sent, group, node))
     return {
         INTRA_GROUP: [t - i for t, i in zip(total, inter_group)],
         INTER_GROUP: inter_group,
@@ -202,34 +209,41 @@ def _per_link(per_rank: Callable[[str], list[float]], sent: str, phase: str) -> 
 def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """summary.json's figures by phase over ``records`` (the timed steps): ``bytes_per_step``
     (each rank's median bytes sent, ``grad_reduce`` only with ``grad_reduce=``), ``phase_time_s``
-    (the slowest rank's medians), ``grad_bytes`` (the last step's, per rank), the reducer's report."""
+    (the slowest rank's medians), the gradient bytes (the last step's, per rank), the reducer's report."""
     if not records:
         return {}
-    reducer = training.grad_reducer
+    reducer, of_exchange = training.grad_reducer, training.strategy.of_exchange
 
-    def per_rank(measurement: str) -> list[float]:
-        return [statistics.median(r[step_key(measurement, f"rank{k}")] for r in records) for k in range(world_size)]
+    def slowest(metric: Metric) -> float | None:
+        return statistics.median(r[metric.at("max")] for r in records)
 
-    def slowest(measurement: str) -> float:
-        return statistics.median(r[step_key(measurement, "max")] for r in records)
+    def reduced(value: Any) -> Any:
+        return value if reducer is not None else None
 
-    last = records[-1]
     return {
         "grad_reduce": reducer.report() if reducer is not None else None,
         "shard_grads": bool(reducer is not None and reducer.shard_grads),
-        "grad_bytes": [last[step_key("grad_bytes", f"rank{k}")] for k in range(world_size)],
+        GRAD_BYTES.name: [records[-1][GRAD_BYTES.at(f"rank{k}")] for k in range(world_size)],
         "bytes_per_step": {
-            "grad_reduce": per_rank("grad_reduce_bytes") if reducer is not None else None,
-            "param_exchange": training.strategy.of_exchange(per_rank("exchange_sent_bytes")),
+            "grad_reduce": reduced(_medians(records, GRAD_REDUCE_BYTES.at, world_size)),
+            "param_exchange": of_exchange(_medians(records, EXCHANGE_SENT_BYTES.at, world_size)),
         },
         "bytes_per_link": {
-            "grad_reduce": _per_link(per_rank, "grad_reduce_bytes", "grad_reduce") if reducer is not None else None,
-            "param_exchange": training.strategy.of_exchange(_per_link(per_rank, "exchange_sent_bytes", "exchange")),
+            "grad_reduce": reduced(
+                _per_link(
+                    records, world_size, GRAD_REDUCE_BYTES, GRAD_REDUCE_INTER_GROUP_BYTES, GRAD_REDUCE_INTER_NODE_BYTES
+                )
+            ),
+            "param_exchange": of_exchange(
+                _per_link(
+                    records, world_size, EXCHANGE_SENT_BYTES, EXCHANGE_INTER_GROUP_BYTES, EXCHANGE_INTER_NODE_BYTES
+                )
+            ),
         },
         "phase_time_s": {
-            "grad_reduce": slowest("grad_reduce_s") if reducer is not None else None,
-            "grad_reduce_exposed": slowest("grad_reduce_exposed_s") if reducer is not None else None,
-            "param_exchange": training.strategy.of_exchange(slowest("exchange_s")),
-            "param_exchange_exposed": training.strategy.of_exchange(slowest("exchange_exposed_s")),
+            "grad_reduce": reduced(slowest(GRAD_REDUCE_S)),
+            "grad_reduce_exposed": reduced(slowest(GRAD_REDUCE_EXPOSED_S)),
+            "param_exchange": of_exchange(slowest(EXCHANGE_S)),
+            "param_exchange_exposed": of_exchange(slowest(EXCHANGE_EXPOSED_S)),
         },
     }

@@ -19,21 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zero_lab.app.record.catalogue import CATALOGUE, FINAL_LOSS
 from zero_lab.app.record.summary import RunSummary
 
 __all__ = ["OBJECTIVES", "check_directions", "check_objective", "objective_names", "objective_value"]
 
-#: name -> what it is. Each name is a field of :class:`~zero_lab.app.record.summary.RunSummary`, read
-#: as it is, a per-rank list as its largest value (the fullest or slowest rank).
+#: name -> what it is: the catalogue's metrics a sweeper may minimize or maximize, by their summary.json
+#: field (a median's, else the metric's own); a per-rank list is read as its largest value (fullest rank).
 OBJECTIVES: dict[str, str] = {
-    "final_loss": "the last step's loss (minimize)",
-    "step_time_s": "median step time, slowest rank, s (minimize)",
-    "exchange_time_s": "median parameter-exchange time, slowest rank, s (minimize)",
-    "exchange_exposed_s": (
-        "median exchange time the loop waited for, slowest rank, s (minimize; < exchange_time_s with prefetch)"
-    ),
-    "optim_state_bytes": "optimizer-state bytes of the fullest rank (minimize)",
-    "samples_per_s": "median throughput, samples/s (maximize)",
+    (m.median or m.name): f"{m.meaning}{' (median)' if m.median else ''}; {m.unit}, {m.objective}"
+    for m in sorted(CATALOGUE, key=lambda m: m is not FINAL_LOSS)  # final_loss first: the default
+    if m.objective
 }
 
 

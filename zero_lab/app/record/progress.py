@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from zero_lab.app.record.catalogue import LOSS
+
 __all__ = ["Progress"]
 
 
@@ -42,7 +44,7 @@ class Progress:
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=f"{record['train/loss']:.4g}")  # redraws: step and loss agree
+            self._bar.set_postfix(loss=f"{record[LOSS.key]:.4g}")  # redraws: step and loss agree
 
     def __enter__(self) -> Progress:
         return self

@@ -1,15 +1,10 @@
-"""What a run records: the per-step metric keys and :class:`RunSummary`, its ``summary.json``.
+"""What a run ends with: :class:`RunSummary`, its ``summary.json``.
 
-One place for both facts, pure (no torch, no Hydra), so every reader imports it: the loop
-(:mod:`zero_lab.app.run.rank_loop`) writes a :class:`RunSummary`; the objective
-(:mod:`zero_lab.app.record.objective`), the closing lines (:mod:`zero_lab.app.record.closing`), the W&B
-summary (:mod:`zero_lab.app.record.wandb_run`) and the report (:mod:`zero_lab.report`) read one.
-
-:data:`STEP_KEYS` maps each per-rank measurement (a field of
-:class:`~zero_lab.app.record.metrics.RankStep`, and the summary's per-rank list of the same name) to
-its namespaced key prefix; a step record holds ``<prefix>/rank{r}``, ``/max`` and ``/mean``.
-:data:`MEDIAN_OF` says which step key each summary median is taken of, :data:`NAMESPACED`
-the namespaced key of a summary scalar (in the step records and in W&B).
+Pure (no torch, no Hydra), so every reader imports it: the loop (:mod:`zero_lab.app.run.rank_loop`)
+writes a :class:`RunSummary`; the objective (:mod:`zero_lab.app.record.objective`), the closing
+lines (:mod:`zero_lab.app.record.closing`), the W&B summary (:mod:`zero_lab.app.record.wandb_run`)
+and the report (:mod:`zero_lab.report`) read one. Its metrics' names, units and meanings are the
+catalogue's (:mod:`zero_lab.app.record.catalogue`).
 
 ``summary.json`` is :meth:`RunSummary.as_dict`, key for key and in this order (scripts and
 dashboards read it); :meth:`RunSummary.from_dict` reads it back, also from an older run that
@@ -29,65 +24,10 @@ from typing import Any
 
 from zero_lab.app.record.run_files import SUMMARY_FILE
 
-__all__ = ["MEDIAN_OF", "NAMESPACED", "PER_RANK", "PROVENANCE", "STEP_KEYS", "SUMMARY_FILE", "RunSummary", "step_key"]
+__all__ = ["PROVENANCE", "SUMMARY_FILE", "RunSummary"]
 
-#: A per-rank measurement -> its metric key prefix (``memory/tensor_bytes/rank0``, ``/max``, ``/mean``).
-STEP_KEYS: dict[str, str] = {
-    "step_s": "time/step_s",
-    "exchange_s": "time/exchange_s",
-    "optim_step_s": "time/optim_step_s",
-    "exchange_exposed_s": "comm/exchange_exposed_s",
-    "exchange_bytes": "comm/exchange_bytes",
-    "exchange_calls": "comm/exchange_calls",
-    "optim_state_bytes": "memory/optim_state_bytes",
-    "master_weight_bytes": "memory/master_weight_bytes",
-    "tensor_bytes": "memory/tensor_bytes",
-    "peak_bytes": "memory/peak_bytes",
-    "grad_reduce_bytes": "comm/grad_reduce_bytes",
-    "exchange_sent_bytes": "comm/exchange_sent_bytes",
-    "grad_reduce_s": "time/grad_reduce_s",
-    "grad_reduce_exposed_s": "comm/grad_reduce_exposed_s",
-    "grad_bytes": "memory/grad_bytes",
-    "grad_reduce_inter_group_bytes": "comm/grad_reduce_inter_group_bytes",
-    "grad_reduce_inter_node_bytes": "comm/grad_reduce_inter_node_bytes",
-    "exchange_inter_group_bytes": "comm/exchange_inter_group_bytes",
-    "exchange_inter_node_bytes": "comm/exchange_inter_node_bytes",
-}
-#: The summary's per-rank lists (one value per rank; ``optim_step_s``: each rank's median).
-PER_RANK: tuple[str, ...] = (
-    "optim_state_bytes",
-    "master_weight_bytes",
-    "tensor_bytes",
-    "peak_bytes",
-    "optim_step_s",
-    "grad_bytes",
-)
 #: The job's ``meta.json`` entries the summary repeats, so a summary alone says what ran.
 PROVENANCE: tuple[str, ...] = ("choices", "git", "command", "name", "group", "requeued")
-
-
-def step_key(measurement: str, which: str) -> str:
-    """``step_key("step_s", "max")`` -> ``"time/step_s/max"`` (``which``: ``max``, ``mean``, ``rank0``, ...)."""
-    return f"{STEP_KEYS[measurement]}/{which}"
-
-
-#: Summary fields with a namespaced key: in the step records (``memory/imbalance``,
-#: ``train/samples_per_s``, step 0's ``comm/exchange_mode``) and in W&B's summary.
-NAMESPACED: dict[str, str] = {
-    "imbalance": "memory/imbalance",
-    "state_vs_ddp": "memory/state_vs_ddp",
-    "ddp_state_bytes": "memory/ddp_state_bytes",
-    "exchange_mode": "comm/exchange_mode",
-    "samples_per_s": "train/samples_per_s",
-}
-#: Summary fields that are the median over the timed steps of a step key.
-MEDIAN_OF: dict[str, str] = {
-    "step_time_s": step_key("step_s", "max"),
-    "exchange_time_s": step_key("exchange_s", "max"),
-    "exchange_exposed_s": step_key("exchange_exposed_s", "max"),
-    "exchange_bytes_per_step": step_key("exchange_bytes", "max"),
-    "samples_per_s": NAMESPACED["samples_per_s"],
-}
 
 
 @dataclass

@@ -25,14 +25,15 @@ from typing import Any
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import HYDRA_KEYS
 from zero_lab.app.plan.strategy import Strategy
-from zero_lab.app.record.summary import NAMESPACED, PER_RANK, STEP_KEYS, RunSummary
+from zero_lab.app.record.catalogue import DDP_STATE_BYTES, EXCHANGE_MODE, IMBALANCE, STATE_VS_DDP, SUMMARY_LISTS
+from zero_lab.app.record.summary import RunSummary
 
 __all__ = ["identity", "run_config", "run_summary", "where"]
 
 _GETTERS = frozenset({"hydra.utils.get_class", "hydra.utils.get_method", "hydra.utils.get_object"})
 MAX_TAG = 64  # W&B refuses longer tags
 #: Summary scalars W&B also shows under their namespaced key (memory/imbalance, ...).
-_NAMESPACED_TOO = ("imbalance", "state_vs_ddp", "ddp_state_bytes", "exchange_mode")
+_NAMESPACED_TOO = (IMBALANCE, STATE_VS_DDP, DDP_STATE_BYTES, EXCHANGE_MODE)
 
 
 def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -81,12 +82,12 @@ def run_summary(summary: RunSummary) -> dict[str, Any]:
     """W&B summary keys of ``summary.json`` (see the module docstring)."""
     values = summary.as_dict()
     out = {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
-    for key in PER_RANK:
-        prefix, per_rank = STEP_KEYS[key], values.get(key) or []
-        out.update({f"{prefix}/rank{r}": v for r, v in enumerate(per_rank)})
+    for metric in SUMMARY_LISTS:
+        per_rank = values.get(metric.name) or []
+        out.update({metric.at(f"rank{r}"): v for r, v in enumerate(per_rank)})
         if per_rank:
-            out[f"{prefix}/max"], out[f"{prefix}/min"] = max(per_rank), min(per_rank)
-    out.update({NAMESPACED[k]: values[k] for k in _NAMESPACED_TOO if values.get(k) is not None})
+            out[metric.at("max")], out[metric.at("min")] = max(per_rank), min(per_rank)
+    out.update({m.key: values[m.name] for m in _NAMESPACED_TOO if values.get(m.name) is not None})
     for phase, per_rank in (values.get("bytes_per_step") or {}).items():  # comm/bytes_per_step/grad_reduce/rank0
         out.update({f"comm/bytes_per_step/{phase}/rank{r}": v for r, v in enumerate(per_rank or [])})
     for phase, links in (values.get("bytes_per_link") or {}).items():  # comm/bytes_per_link/<phase>/<link>/rank0

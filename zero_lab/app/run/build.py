@@ -32,10 +32,12 @@ three together (the optimizer steps inside DDP's communication hook):
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -64,7 +66,26 @@ __all__ = [
     "make_scaler",
     "make_scheduler",
     "optimizer_factory",
+    "params_never_reached",
 ]
+
+
+log = logging.getLogger(__name__)
+
+
+def params_never_reached(planned: Sequence[str] | None) -> list[str]:
+    """Rank 0's ``planned`` names (:attr:`~zero_lab.app.plan.run_plan.RunPlan.never_reached`, which the
+    run spec carries) on every rank — under torchrun or srun every rank planned its own job — so every
+    rank partitions alike; ``[]`` when the plan says nothing applies (``None``: a config fact, alike on
+    every rank). Collective when it applies: call on every rank, before :func:`build_training`."""
+    if planned is None:
+        return []
+    found = [list(planned) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(found, src=0)  # bounded by the group's timeout
+    names = found[0] or []
+    if names:
+        log.info("parameters without gradients, priced at nothing when partitioning: %s", ", ".join(names))
+    return names
 
 
 def build_training(
@@ -73,7 +94,7 @@ def build_training(
     """Model -> DDP -> optimizer (-> overlap hook); see the module docstring for why. ``plan``: the
     job's :class:`~zero_lab.app.plan.optim_plan.OptimPlan` (made from ``cfg.optim`` when not given).
     ``without_grad``: names of parameters that never get a gradient
-    (:func:`zero_lab.app.run.grad_reach.params_never_reached`), which the partitioner prices at nothing."""
+    (:func:`params_never_reached`), which the partitioner prices at nothing."""
     torch.manual_seed(cfg.seed)
     model = instantiate(cfg.model)
     if cfg.dist.get("sync_batchnorm"):

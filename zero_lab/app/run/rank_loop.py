@@ -4,15 +4,15 @@
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
 2. the data; with unused parameters allowed, the parameters that never get a gradient (the job
-   plan's, :func:`zero_lab.app.run.grad_reach.params_never_reached`), so the ZeRO owners are
+   plan's, :func:`zero_lab.app.run.build.params_never_reached`), so the ZeRO owners are
    balanced over the others from construction; then model -> DDP -> optimizer
    (:func:`zero_lab.app.run.build.build_training`);
 3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
 4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
    uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.workloads.protocols.batch_stream`:
-   its slice of the global batch, or its next batch of a stream sharded by rank), forward,
-   backward (DDP all-reduces gradients), ``optimizer.step()`` (ZeRO: local step +
-   parameter exchange), then one all-gather of every rank's measurements;
+   its slice of the global batch, or its next batch of a stream sharded by rank), one measured
+   optimizer step (:func:`zero_lab.app.run.step.measured_step`), then one all-gather of every
+   rank's measurements (:mod:`zero_lab.app.record.metrics`);
 5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`,
    before any checkpoint of the diverged state); every ``checkpoint_every`` steps, save
    atomically (:mod:`zero_lab.app.run.checkpoints`: each rank its shard for ZeRO, rank 0 the
@@ -20,9 +20,8 @@
    after a SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank
    finishes the step, saves (whatever ``checkpoint_every`` says: a requeued job resumes
    from it) and leaves the loop in the same step;
-6. at the end, hash the parameters on every rank and check all ranks agree, then rank 0
-   writes ``summary.json`` (its "÷ DDP" baseline priced from the job plan's specs, over the
-   parameters some rank holds state for).
+6. at the end, check all ranks hold the same parameters, then rank 0 writes ``summary.json``
+   (:mod:`zero_lab.app.run.finish`).
 
 Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model and the
 checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
@@ -30,12 +29,9 @@ checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
-import statistics
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,39 +44,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import shard_size_of
-from zero_lab.app.record.metrics import (
-    MetricsGather,
-    RankStep,
-    local_step_summary,
-    peak_memory_bytes,
-    phase_summary,
-    step_record,
-)
+from zero_lab.app.record.catalogue import EXCHANGE_MODE, LOSS, LR, VAL_LOSS
+from zero_lab.app.record.metrics import MetricsGather, RankStep, step_record
 from zero_lab.app.record.progress import Progress
-from zero_lab.app.record.run_files import LOGS_DIR, METRICS_FILE
+from zero_lab.app.record.run_files import METRICS_FILE, SUMMARY_FILE
 from zero_lab.app.record.sinks import JsonlSink, MetricSink, make_logger_sink
-from zero_lab.app.record.summary import MEDIAN_OF, NAMESPACED, PROVENANCE, SUMMARY_FILE, RunSummary, step_key
 from zero_lab.app.run import checkpoints as run_checkpoints
-from zero_lab.app.run.build import build_training
-from zero_lab.app.run.grad_reach import params_never_reached
-from zero_lab.app.run.memory import (
-    ddp_state_bytes,
-    master_weight_bytes,
-    optimizer_classes,
-    params_with_state,
-    training_tensor_bytes,
-)
+from zero_lab.app.run.build import build_training, params_never_reached
+from zero_lab.app.run.finish import agreed_checksum, held_anywhere, summarize
 from zero_lab.app.run.rank_errors import next_batch, unused_parameters
-from zero_lab.app.run.step import StepOptions, apply_step, forward_backward, unscale_and_clip, validation_loss
+from zero_lab.app.run.rank_log import log_to_file
+from zero_lab.app.run.step import StepOptions, measured_step, validation_loss
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.data import stream_seed
-from zero_lab.app.workloads.protocols import Batch, batch_rows, batch_stream
-from zero_lab.comm import INTER_GROUP, INTER_NODE
-from zero_lab.elementwise import is_elementwise
+from zero_lab.app.workloads.protocols import batch_stream
 from zero_lab.files import write_json
-from zero_lab.grad_reduce import held_grad_bytes
-from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.signals import StopRequest, signal_name
@@ -144,7 +122,7 @@ def train_rank(spec: RunSpec) -> RankResult:
 def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(spec.run_dir)
-    log_path = _log_to_file(run_dir, rank)
+    log_path = log_to_file(run_dir, rank)
     cfg = OmegaConf.create(spec.config)
     device = _device(str(cfg.dist.device))
     torch.set_num_threads(cfg.dist.threads_per_rank)
@@ -176,7 +154,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             torch.manual_seed(stream_seed(cfg.seed, "rank", rank, "step", step))
             batch = next_batch(batches, rank, step, cfg.steps, _data_option(spec, cfg))
             try:
-                measured = _train_step(training, data, batch, options, device)
+                measured = measured_step(training, data, batch, options, device)
             except RuntimeError as error:  # DDP's unused-parameter error, in the app's words
                 if (explained := unused_parameters(error, training.ddp, step)) is None:
                     raise
@@ -184,15 +162,15 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             measured.stop_signal = stop.signum  # travels with the metrics: every rank sees every request
             per_rank = gather(measured)
             record = step_record(step, per_rank, imbalance, grad_norm=training.max_grad_norm is not None)
-            losses.append(record["train/loss"])
+            losses.append(record[LOSS.key])
             diverged = not all(math.isfinite(r.loss) for r in per_rank)  # every rank sees every loss: all stop
             if rank == 0 and step == start:  # exchange=auto decides in the first step
-                record.update(training.strategy.first_step_record(training.optimizer, NAMESPACED))
+                record.update(training.strategy.first_step_record(training.optimizer, EXCHANGE_MODE.key))
             if training.scheduler is not None:
-                record["train/lr"] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
+                record[LR.key] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 val = validation_loss(training, data, rank, world, cfg.eval_batches, options, device, gather.comm)
-                record["val/loss"] = val
+                record[VAL_LOSS.key] = val
             if rank == 0:
                 records.append(record)
                 progress.update(record)
@@ -214,15 +192,12 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
                 break
         _settle(training)
-        checksum = _agreed_checksum(training.model, gather)
-        held = _held_anywhere(training, gather)  # every rank: the parameters with state, for "÷ DDP"
+        checksum = agreed_checksum(training.model, gather)
+        held = held_anywhere(training, gather)  # every rank: the parameters with state, for "÷ DDP"
         if rank == 0:
-            summary = _summary(cfg, spec, training, losses, records, checksum, start, held)
-            summary.stopped_by = signal_name(stopped_by) if stopped_by else None
-            if resumed is not None:
-                summary.resume_optimizer = str(cfg.resume_optimizer)
-                summary.resume_overridden = resumed.overridden
-                summary.resumed_checkpoint = str(resumed.path)
+            summary = summarize(
+                cfg, spec.specs, spec.meta, training, losses, records, checksum, start, held, stopped_by, resumed
+            )
             write_json(run_dir / SUMMARY_FILE, summary.as_dict())
             for sink in sinks:
                 sink.summary(summary)
@@ -249,54 +224,6 @@ def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
     return bool(stopped_by) or bool(every and (step + 1) % every == 0)
 
 
-def _train_step(training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device) -> RankStep:
-    """One optimizer step on this rank's batch (:mod:`zero_lab.app.run.step`); returns what it measured."""
-    comm = training.exchange_stats
-    before = comm.snapshot() if comm is not None else None
-    reducer = training.grad_reducer
-    grads = reducer.stats if reducer is not None else None
-    grads_before = grads.snapshot() if grads is not None else None
-    exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
-    local_before = training.step_clock.seconds()
-    start = time.perf_counter()
-    training.optimizer.zero_grad(set_to_none=True)
-    loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
-    grad_bytes = held_grad_bytes(list(training.model.parameters()), reducer)  # + DDP's buckets, with grad_reduce=
-    grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
-    if grad_norm is not None and comm is not None:
-        before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
-    apply_step(training)  # ZeRO: step own shards, then exchange parameters; then the LR scheduler
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
-    exchange = comm.since(before) if comm is not None and before is not None else None
-    reduced = grads.since(grads_before) if grads is not None and grads_before is not None else None
-    return RankStep(
-        loss=loss.item(),
-        step_s=elapsed,
-        exchange_s=exchange.seconds if exchange else 0.0,
-        exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
-        exchange_bytes=exchange.bytes if exchange else 0.0,
-        exchange_calls=exchange.calls if exchange else 0.0,
-        optim_state_bytes=optimizer_state_bytes(training.optimizer),
-        master_weight_bytes=master_weight_bytes(training.optimizer),
-        tensor_bytes=training_tensor_bytes(training),
-        peak_bytes=peak_memory_bytes(device),
-        samples=batch_rows(batch[0]),
-        grad_norm=grad_norm if grad_norm is not None else 0.0,
-        optim_step_s=training.step_clock.seconds() - local_before,
-        grad_reduce_bytes=reduced.sent_bytes if reduced else 0.0,
-        exchange_sent_bytes=exchange.sent_bytes if exchange else 0.0,
-        grad_reduce_s=reduced.seconds if reduced else 0.0,
-        grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
-        grad_bytes=grad_bytes,
-        grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0) if reduced else 0.0,
-        grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0) if reduced else 0.0,
-        exchange_inter_group_bytes=exchange.sent_by_link.get(INTER_GROUP, 0) if exchange else 0.0,
-        exchange_inter_node_bytes=exchange.sent_by_link.get(INTER_NODE, 0) if exchange else 0.0,
-    )
-
-
 def _settle(training: Training) -> None:
     """Finish a parameter exchange still in flight (``prefetch=true`` leaves the last step's to
     the next forward) before the parameters are read whole: a checkpoint, the final checksum."""
@@ -314,142 +241,9 @@ def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[Metric
     return sinks
 
 
-def param_checksum(model: torch.nn.Module) -> str:
-    """SHA-256 over every parameter's name, shape, dtype and bytes, in registration order."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        tensor = param.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
-    """Every rank hashes its replica; all-gather the hashes and fail if any rank differs."""
-    mine = param_checksum(model)
-    words = torch.tensor(
-        [int.from_bytes(bytes.fromhex(mine)[i : i + 8], "little", signed=True) for i in range(0, 32, 8)],
-        dtype=torch.int64,
-        device=gather.device,
-    )
-    everyone = torch.zeros(4 * gather.world_size, dtype=torch.int64, device=gather.device)
-    gather.comm.all_gather_into(everyone, words, op="checksum")
-    rows = everyone.view(gather.world_size, 4).cpu().tolist()
-    differing = [r for r, row in enumerate(rows) if row != rows[0]]
-    if differing:
-        raise RuntimeError(f"replicas diverged: ranks {differing} hold different parameters than rank 0")
-    return mine
-
-
-def _held_anywhere(training: Training, gather: MetricsGather) -> list[bool]:
-    """Per parameter of the optimizer's param groups: whether any rank holds state for it
-    (:func:`~zero_lab.app.run.memory.params_with_state`, a MAX all-reduce under the dist timeout)."""
-    mine = torch.tensor(params_with_state(training.optimizer), dtype=torch.float32, device=gather.device)
-    gather.comm.all_reduce(mine, dist.ReduceOp.MAX, op="state_mask")
-    return [bool(flag) for flag in mine.cpu().tolist()]
-
-
-def _summary(
-    cfg: DictConfig,
-    spec: RunSpec,
-    training: Training,
-    losses: list[float],
-    records: list[dict[str, Any]],
-    checksum: str,
-    start: int,
-    held: list[bool] | None = None,
-) -> RunSummary:
-    """summary.json (:class:`~zero_lab.app.record.summary.RunSummary`): the contract scripts and dashboards read."""
-    world = dist.get_world_size()
-    timed = records[1:] or records  # the first step pays one-off allocation costs
-    last = records[-1] if records else {}
-
-    def per_rank(measurement: str) -> list[float]:
-        return [last.get(step_key(measurement, f"rank{r}"), 0.0) for r in range(world)]
-
-    def median(key: str) -> float | None:
-        return statistics.median(r[key] for r in timed) if timed else None
-
-    optim_state = per_rank("optim_state_bytes")
-    planned = ddp_state_bytes(spec.specs, training.optimizer, held)  # planned, for "÷ DDP": like with like
-    classes = optimizer_classes(training.optimizer)
-    evaluated = [r["val/loss"] for r in records if "val/loss" in r]
-    return RunSummary(
-        final_loss=losses[-1],
-        losses=losses,
-        world_size=world,
-        steps=cfg.steps,
-        param_checksum=checksum,
-        start_step=start,
-        resumed_from=str(cfg.resume) if cfg.resume is not None else None,
-        zero=training.zero,
-        dp=training.dp,
-        engine=training.strategy.engine_report(training.optimizer),
-        bucket_view=bool(cfg.bucket_view),
-        overlap=bool(cfg.overlap),
-        exchange_mode=training.strategy.exchange_mode(training.optimizer),
-        exchange=training.strategy.exchange_report(training.optimizer),
-        prefetch=bool(cfg.get("prefetch", False)),
-        model_params=sum(p.numel() for p in training.model.parameters()),
-        global_batch=cfg.data.global_batch,
-        param_dtype=str(cfg.param_dtype),
-        master_weights=bool(cfg.optim.get("master_weights", False)),
-        max_grad_norm=cfg.optim.get("max_grad_norm"),
-        optim_state_bytes=optim_state,
-        master_weight_bytes=per_rank("master_weight_bytes"),
-        tensor_bytes=per_rank("tensor_bytes"),
-        peak_bytes=per_rank("peak_bytes"),
-        ddp_state_bytes=planned,
-        optimizer_classes=[cls.__name__ for cls in classes],
-        elementwise=all(is_elementwise(cls) for cls in classes),
-        imbalance=last.get(NAMESPACED["imbalance"], 1.0),
-        **{name: median(key) for name, key in MEDIAN_OF.items()},  # step_time_s, exchange_time_s, ...
-        final_val_loss=evaluated[-1] if evaluated else None,
-        best_val_loss=min(evaluated) if evaluated else None,
-        accumulate=cfg.get("accumulate", 1),
-        eval_every=int(cfg.get("eval_every") or 0),
-        eval_batches=cfg.get("eval_batches") if cfg.get("eval_every") else None,
-        autocast=str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
-        compile=bool(cfg.get("compile", False)),
-        compiled_graphs=_compiled_graphs() if cfg.get("compile") else None,
-        **local_step_summary(timed, world),  # time/optim_step_s: per-rank medians, slowest ÷ mean
-        state_vs_ddp=max(optim_state) / planned if planned else None,
-        partition=training.strategy.partition_report(training.optimizer),
-        shard_size=shard_size_of(cfg),
-        provenance={k: v for k, v in spec.meta.items() if k in PROVENANCE},
-        **phase_summary(training, timed, world),
-    )
-
-
-def _compiled_graphs() -> int:
-    """How many graphs ``torch.compile`` made on this rank (1 + graph breaks + recompiles)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
 def _device(kind: str) -> torch.device:
     if kind == "cuda":
         index = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
-
-
-def _log_to_file(run_dir: Path, rank: int) -> Path:
-    """Send the ``zero_lab`` loggers of this process to ``<run dir>/logs/rank{r}.log``."""
-    path = run_dir / LOGS_DIR / f"rank{rank}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(name)s %(levelname)s: %(message)s"))
-    root = logging.getLogger("zero_lab")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    _enable_zero_lab_loggers()
-    return path
-
-
-def _enable_zero_lab_loggers() -> None:
-    """Undo Hydra's ``disable_existing_loggers: true`` for zero_lab's own loggers: under torchrun
-    or srun, ranks > 0 configure Hydra's logging as disabled, which would leave their rank log empty."""
-    for name, logger in logging.Logger.manager.loggerDict.items():
-        if (name == "zero_lab" or name.startswith("zero_lab.")) and isinstance(logger, logging.Logger):
-            logger.disabled = False

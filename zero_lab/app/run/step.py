@@ -11,7 +11,8 @@ torch's ``GradScaler`` scaling the loss).
 
 :func:`unscale_and_clip` then unscales (fp16) and clips (``optim.max_grad_norm``), and
 :func:`apply_step` steps through the scaler or directly and steps the LR scheduler once; the
-rank loop (:mod:`zero_lab.app.run.rank_loop`) calls the three in that order, timing between them.
+rank loop (:mod:`zero_lab.app.run.rank_loop`) calls :func:`measured_step`, which runs the three in
+that order and measures between them (:class:`~zero_lab.app.record.metrics.RankStep`).
 :func:`validation_loss` averages the loss of ``eval_batches`` held-out batches
 (``data.val_shard``) over every rank, without gradients.
 
@@ -23,6 +24,7 @@ rank loop (:mod:`zero_lab.app.run.rank_loop`) calls the three in that order, tim
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,16 +32,21 @@ from typing import Any
 import torch
 
 from zero_lab.app.config.schema import enum_str
+from zero_lab.app.record.metrics import RankStep, peak_memory_bytes
 from zero_lab.app.run.build import clip_gradients
+from zero_lab.app.run.memory import master_weight_bytes, training_tensor_bytes
 from zero_lab.app.run.training import Training
-from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, call_model, loss_of, to_device
-from zero_lab.comm import Communicator
+from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, batch_rows, call_model, loss_of, to_device
+from zero_lab.comm import INTER_GROUP, INTER_NODE, Communicator
+from zero_lab.grad_reduce import held_grad_bytes
+from zero_lab.measure import optimizer_state_bytes
 
 __all__ = [
     "AUTOCAST_DTYPES",
     "StepOptions",
     "apply_step",
     "forward_backward",
+    "measured_step",
     "micro_batches",
     "unscale_and_clip",
     "validation_loss",
@@ -161,5 +168,54 @@ def validation_loss(
                 total += loss.double()
     finally:
         model.train(was_training)
-    comm.all_reduce(total, op="val_loss")
+    comm.all_reduce(total, op="validation")
     return float(total) / (batches * world_size)
+
+
+def measured_step(training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device) -> RankStep:
+    """One optimizer step on this rank's batch — zero the gradients, :func:`forward_backward`,
+    :func:`unscale_and_clip`, :func:`apply_step` — timed, with what it sent and holds measured."""
+    comm = training.exchange_stats
+    before = comm.snapshot() if comm is not None else None
+    reducer = training.grad_reducer
+    grads = reducer.stats if reducer is not None else None
+    grads_before = grads.snapshot() if grads is not None else None
+    exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
+    local_before = training.step_clock.seconds()
+    start = time.perf_counter()
+    training.optimizer.zero_grad(set_to_none=True)
+    loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
+    grad_bytes = held_grad_bytes(list(training.model.parameters()), reducer)  # + DDP's buckets, with grad_reduce=
+    grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
+    if grad_norm is not None and comm is not None:
+        before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
+    apply_step(training)  # ZeRO: step own shards, then exchange parameters; then the LR scheduler
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    exchange = comm.since(before) if comm is not None and before is not None else None
+    reduced = grads.since(grads_before) if grads is not None and grads_before is not None else None
+    return RankStep(
+        loss=loss.item(),
+        step_s=elapsed,
+        exchange_s=exchange.seconds if exchange else 0.0,
+        exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
+        exchange_bytes=exchange.bytes if exchange else 0.0,
+        exchange_calls=exchange.calls if exchange else 0.0,
+        optim_state_bytes=optimizer_state_bytes(training.optimizer),
+        master_weight_bytes=master_weight_bytes(training.optimizer),
+        tensor_bytes=training_tensor_bytes(training),
+        peak_bytes=peak_memory_bytes(device),
+        samples=batch_rows(batch[0]),
+        grad_norm=grad_norm if grad_norm is not None else 0.0,
+        optim_step_s=training.step_clock.seconds() - local_before,
+        grad_reduce_bytes=reduced.sent_bytes if reduced else 0.0,
+        exchange_sent_bytes=exchange.sent_bytes if exchange else 0.0,
+        grad_reduce_s=reduced.seconds if reduced else 0.0,
+        grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
+        grad_bytes=grad_bytes,
+        grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0) if reduced else 0.0,
+        grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0) if reduced else 0.0,
+        exchange_inter_group_bytes=exchange.sent_by_link.get(INTER_GROUP, 0) if exchange else 0.0,
+        exchange_inter_node_bytes=exchange.sent_by_link.get(INTER_NODE, 0) if exchange else 0.0,
+    )

@@ -33,9 +33,10 @@ and optionally ``loss(output, targets) -> scalar tensor`` (else the model's own 
 (``eval_every``). Inputs and targets are tensors (or, for inputs, a mapping of tensors).
 
 :func:`protocol_problems` checks the classes (a missing ``task``, ``shard``/``batches``), and
-:func:`forward_problems` runs the model's forward and the loss on ``meta`` tensors shaped as a
-real batch, before any rank starts; the runner calls the same :func:`call_model`,
-:func:`loss_of` and :func:`batch_stream`.
+:func:`probe_on_meta` runs the model's forward, the loss and backward on ``meta`` tensors shaped
+as a real batch, before any rank starts: the pre-start check reads its problems
+(:func:`forward_problems`), the run plan the parameters no gradient reaches; the runner calls the
+same :func:`call_model`, :func:`loss_of` and :func:`batch_stream`.
 
     output = call_model(ddp, inputs)
     loss = loss_of(output, targets, data, output_key="logits")
@@ -44,16 +45,23 @@ real batch, before any rank starts; the runner calls the same :func:`call_model`
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from zero_lab.app.workloads.user_code import attempt, first_line
 
 __all__ = [
+    "CANNOT_JUDGE",
     "OUTPUT_KEY",
     "Batch",
     "GlobalBatchData",
     "Inputs",
+    "MetaLimit",
+    "MetaProbe",
     "ProtocolError",
     "RankStreamData",
     "TrainableModel",
@@ -63,6 +71,7 @@ __all__ = [
     "embedding_rows",
     "forward_problems",
     "loss_of",
+    "probe_on_meta",
     "protocol_problems",
     "select_output",
     "task_of",
@@ -246,6 +255,84 @@ def embedding_rows(model: nn.Module) -> int | None:
     return None if found is None else int(found.num_embeddings)
 
 
+class MetaLimit(Exception):
+    """The forward read a tensor's values (``.item()``, ``if tensor:``, ...), which meta tensors do not have."""
+
+
+class _NoValuesOnMeta(TorchFunctionMode):
+    """Raises :class:`MetaLimit` where code reads a tensor's values: on meta tensors there are none,
+    so the probe cannot judge that code (torch's own error for it is a plain ``RuntimeError``)."""
+
+    READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__"})
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", None) in self.READS:
+            raise MetaLimit(f"{func.__name__} reads a tensor's values")
+        return func(*args, **(kwargs or {}))
+
+
+#: What only says the meta device cannot run the code: an op without a meta kernel, a read of values.
+CANNOT_JUDGE = (NotImplementedError, MetaLimit)
+
+
+@dataclass(frozen=True)
+class MetaProbe:
+    """What rank 0's first batch did on the model built on ``meta``: the problems found (one line
+    each, prefixed with the key of the code at fault) and the trainable parameters backward left
+    without a gradient (``None``: the meta device could not run that far, nothing judged)."""
+
+    problems: list[str]
+    unused: list[str] | None
+
+
+def probe_on_meta(
+    model: nn.Module, data: Any, world_size: int, output_key: str, float_dtype: torch.dtype | None = None
+) -> MetaProbe:
+    """Run rank 0's first batch through ``model`` (built on ``meta``: no memory, no arithmetic),
+    the loss and backward, on meta tensors; the gradients are cleared again (the model is left as
+    it was). Finds, before any rank starts, a forward that returns something the loss cannot read,
+    a batch the model cannot take, a loss that is not a scalar, an error of the data's or the
+    model's own code (each under its key), and the parameters no gradient reaches. Code the meta
+    device cannot run (:data:`CANNOT_JUDGE`, decided by the error's type) is not judged."""
+    read = attempt(lambda: next(batch_stream(data, 0, world_size, 0)))
+    if read.error is not None:
+        return MetaProbe([f"data: reading the first batch failed: {first_line(read.error)}"], None)
+    inputs, targets = read.value  # type: ignore[misc]
+    meta_targets = targets.to("meta") if torch.is_tensor(targets) else targets
+    try:
+        with torch.device("meta"), _NoValuesOnMeta():  # tensors the forward makes itself are meta too
+            return _forward_backward(model, to_device(inputs, torch.device("meta"), float_dtype), meta_targets, data,
+                                     output_key)  # fmt: skip
+    finally:
+        for param in model.parameters():
+            param.grad = None  # the plan's model stays as its other readers found it
+
+
+def _forward_backward(model: nn.Module, inputs: Inputs, targets: Any, data: Any, output_key: str) -> MetaProbe:
+    output = attempt(lambda: call_model(model, inputs))
+    if isinstance(output.error, CANNOT_JUDGE):
+        return MetaProbe([], None)
+    if output.error is not None:
+        return MetaProbe([f"model: its forward fails on the data's first batch: {first_line(output.error)}"], None)
+    loss = attempt(lambda: loss_of(output.value, targets, data, output_key))
+    if isinstance(loss.error, CANNOT_JUDGE):
+        return MetaProbe([], None)
+    if isinstance(loss.error, ProtocolError):
+        return MetaProbe([str(loss.error)], None)
+    if loss.error is not None:
+        return MetaProbe([f"data: its loss fails on the model's output: {first_line(loss.error)}"], None)
+    value = loss.value
+    if not torch.is_tensor(value) or value.numel() != 1:
+        shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+        return MetaProbe([f"data: its loss must be a scalar tensor; it returned {shape} ({DOC})"], None)
+    backward = attempt(value.backward)
+    if isinstance(backward.error, (*CANNOT_JUDGE, RuntimeError)):  # torch's backward kernels on meta: not judged
+        return MetaProbe([], None)
+    if backward.error is not None:  # the model's own backward (a custom autograd.Function)
+        return MetaProbe([f"model: its backward fails on the data's first batch: {first_line(backward.error)}"], None)
+    return MetaProbe([], [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None])
+
+
 def forward_problems(
     model: nn.Module,
     data: Any,
@@ -254,59 +341,16 @@ def forward_problems(
     float_dtype: torch.dtype | None = None,
     find_unused_parameters: bool = False,
 ) -> list[str]:
-    """Run rank 0's first batch through ``model`` (built on ``meta``) and the loss, on meta tensors.
-
-    Finds, before any rank starts, a forward that returns something the loss cannot read (a
-    dict without ``output_key``), a data source whose batch the model cannot take, a loss that
-    is not a scalar, and (backward on meta too) parameters the forward leaves unused, which
-    DDP refuses unless ``dist.find_unused_parameters=true`` (or ``dist.static_graph=true``). A
-    model whose forward cannot run on meta tensors at all (data-dependent Python control flow)
-    is not judged here.
-    """
-    try:
-        inputs, targets = next(batch_stream(data, 0, world_size, 0))
-    except Exception as error:  # user code: the data source's; reported with its key (data:)
-        return [f"data: reading the first batch failed: {type(error).__name__}: {_first_line(error)}"]
-    meta_inputs = to_device(inputs, torch.device("meta"), float_dtype)
-    meta_targets = targets.to("meta") if torch.is_tensor(targets) else targets
-    try:
-        output = call_model(model, meta_inputs)
-    except NotImplementedError:  # an op without a meta kernel: cannot be judged here
-        return []
-    except Exception as error:  # user code: the model's forward; reported with its key (model:)
-        if "meta" in str(error).lower():
-            return []
-        return [f"model: its forward fails on the data's first batch: {type(error).__name__}: {_first_line(error)}"]
-    try:
-        loss = loss_of(output, meta_targets, data, output_key)
-    except ProtocolError as error:
-        return [str(error)]
-    except Exception as error:  # user code: the data source's loss; reported with its key (data:)
-        if "meta" in str(error).lower():
-            return []
-        return [f"data: its loss fails on the model's output: {type(error).__name__}: {_first_line(error)}"]
-    if not torch.is_tensor(loss) or loss.numel() != 1:
-        shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-        return [f"data: its loss must be a scalar tensor; it returned {shape} ({DOC})"]
-    if find_unused_parameters:
-        return []
-    try:
-        loss.backward()
-    except (NotImplementedError, RuntimeError):  # a backward without meta kernels: cannot be judged here
-        return []
-    except Exception as error:  # user code: the model's own backward (a custom autograd.Function); reported
-        return [f"model: its backward fails on the data's first batch: {type(error).__name__}: {_first_line(error)}"]
-    unused = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
-    if unused:
-        shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-        return [
-            f"model: its forward leaves {len(unused)} parameter(s) unused ({shown}), which DDP refuses after the "
-            "first step; set dist.find_unused_parameters=true (or dist.static_graph=true), or freeze them "
-            "(requires_grad=False)"
-        ]
-    return []
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    """The pre-start check's reading of :func:`probe_on_meta`: its problems, and parameters the
+    forward leaves unused, which DDP refuses unless ``dist.find_unused_parameters=true`` (or
+    ``dist.static_graph=true``: ``find_unused_parameters``)."""
+    probe = probe_on_meta(model, data, world_size, output_key, float_dtype)
+    if probe.problems or find_unused_parameters or not probe.unused:
+        return probe.problems
+    unused = probe.unused
+    shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+    return [
+        f"model: its forward leaves {len(unused)} parameter(s) unused ({shown}), which DDP refuses after the "
+        "first step; set dist.find_unused_parameters=true (or dist.static_graph=true), or freeze them "
+        "(requires_grad=False)"
+    ]

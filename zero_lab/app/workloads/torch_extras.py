@@ -35,6 +35,8 @@ import sys
 
 import torch
 
+from zero_lab.app.workloads.user_code import attempt
+
 __all__ = [
     "CPU_INDEX",
     "NEEDS_TORCHVISION",
@@ -157,12 +159,9 @@ def model_extras_problem(target: str) -> str | None:
     module, _, name = target.rpartition(".")
     if not module:
         return None
-    try:
-        getattr(importlib.import_module(module), name)
-    except Exception as error:  # user code: importing the model's module runs it; other errors: the target check's
-        explained = explain_import_error(error, f"model._target_={target}")
-        return None if explained is None else str(explained)
-    return None
+    imported = attempt(lambda: getattr(importlib.import_module(module), name))  # user code: importing runs it
+    explained = None if imported.error is None else explain_import_error(imported.error, f"model._target_={target}")
+    return None if explained is None else str(explained)  # other errors: the target check's
 
 
 def main() -> int:
