@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from zero_lab import Flat, SortedGreedy, ZeroRedundancyOptimizer
+from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.closing import closing_lines
 from zero_lab.app.record.summary import RunSummary
-from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes, params_with_state
+from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.planner import specs_from_module
 
@@ -151,7 +152,7 @@ def test_the_ddp_baseline_prices_only_the_parameters_that_get_state(single_rank_
     else:
         optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=partitioner, lr=1e-3)
     _stepped(optimizer, model)
-    held = params_with_state(optimizer)
+    held = Strategy.of_optimizer(optimizer).params_with_state(optimizer)
     assert held == [True, True, True, True, False, False]  # inp, out: weight and bias; aux: none
     measured = optimizer_state_bytes(optimizer)
     specs = specs_from_module(model)  # what the run plan's specs are for this model

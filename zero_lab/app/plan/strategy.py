@@ -82,9 +82,13 @@ class Strategy(ABC):
 
     def group_classes(self, optimizer: Optimizer) -> list[type]:
         """The class stepping each param group (a :class:`~zero_lab.ChainedOptimizer` names one per
-        group; any other optimizer is its own class)."""
+        group; any other optimizer is its own class), one per param group."""
         local = self.local_optimizer(optimizer)
-        return list(local.group_classes()) if isinstance(local, ChainedOptimizer) else [type(local)]
+        return (
+            list(local.group_classes())
+            if isinstance(local, ChainedOptimizer)
+            else [type(local)] * len(local.param_groups)
+        )
 
     def master_weight_bytes(self, optimizer: Optimizer) -> int:
         """Bytes of this rank's fp32 master shards (``optim.master_weights``; plain DDP keeps none)."""

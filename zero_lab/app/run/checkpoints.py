@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,6 @@ import torch
 
 from zero_lab import checkpoint as sharded
 from zero_lab.app.config.schema import FORMATS, POLICIES
-from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
@@ -65,11 +65,6 @@ class ResumeMismatch(CheckpointError):
     """The run resumes a checkpoint whose optimizer differs from the configured one."""
 
 
-def checkpoint_path(run_dir: str | Path, step: int, zero: bool) -> Path:
-    """``<run_dir>/checkpoints/step_<step>`` (a directory for ZeRO, ``.pt`` otherwise)."""
-    return Strategy.of(zero).checkpoint_path(run_dir, step)
-
-
 def save(
     training: Training,
     run_dir: str | Path,
@@ -85,19 +80,9 @@ def save(
     if checkpoint_format == "dcp":
         return _save_dcp(training, run_dir, next_step, losses, keep)
     path = training.strategy.checkpoint_path(run_dir, next_step)
-    world = torch.distributed.get_world_size()
-    rank = torch.distributed.get_rank()
-    whole = {
-        "format": FORMAT,
-        "step": next_step,
-        GROUP_CLASS_KEY: optimizer_class(training),
-        "losses": list(losses),
-        "rng": torch.get_rng_state(),
-        "world_size": world,
-        **_loop_state(training),
-    }  # ZeRO's manifest takes the step, losses, world size and loop state; a plain file all of it
-    training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)
-    if rank == 0 and keep:
+    whole = {"format": FORMAT, **_record(training, next_step, losses), "rng": torch.get_rng_state()}
+    training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)  # ZeRO: a manifest's extras
+    if torch.distributed.get_rank() == 0 and keep:
         sharded.prune_checkpoints(path.parent, keep)
     return path
 
@@ -107,13 +92,9 @@ def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: l
     path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
     path.parent.mkdir(parents=True, exist_ok=True)
     extra = {
-        "step": next_step,
-        "losses": list(losses),
-        "world_size": torch.distributed.get_world_size(),
+        **_record(training, next_step, losses),
         "zero": training.strategy.shards_state,
-        GROUP_CLASS_KEY: optimizer_class(training),
         "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
-        **_loop_state(training),
     }
     dcp_checkpoints.save(training, path, extra)
     if torch.distributed.get_rank() == 0 and keep:
@@ -134,9 +115,15 @@ def step_of_any(path: str | Path) -> int | None:
     return dcp_checkpoints.step_of(path) if dcp_checkpoints.is_dcp(path) else checkpoint_step(path)
 
 
-def _loop_state(training: Training) -> dict[str, Any]:
-    """The LR scheduler's and the fp16 GradScaler's state (plain numbers: JSON in a manifest)."""
-    state = {}
+def _record(training: Training, next_step: int, losses: list[float]) -> dict[str, Any]:
+    """What every format records besides the tensors: the step, the stepping class, the losses, the
+    world size, and the LR scheduler's and the fp16 GradScaler's state (plain numbers: JSON in a manifest)."""
+    state = {
+        "step": next_step,
+        GROUP_CLASS_KEY: optimizer_class(training),
+        "losses": list(losses),
+        "world_size": torch.distributed.get_world_size(),
+    }
     if training.scheduler is not None:
         state["scheduler"] = json.loads(json.dumps(training.scheduler.state_dict()))
     if training.scaler is not None:
@@ -170,54 +157,31 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
     found = find_any(path)
     if found is None:
         raise FileNotFoundError(f"no checkpoint found at {path}")
+    keep_state = policy != "reset"
     if dcp_checkpoints.is_dcp(found):
-        return _restore_dcp(training, found, steps, policy)
-    if found.is_dir():
+        saved = dcp_checkpoints.read_extra(found)
+        groups = saved["param_groups"]
+        load = partial(dcp_checkpoints.load, training, found, load_optimizer=keep_state)
+    elif found.is_dir():
         manifest = sharded.read_manifest(found)
-        step, losses = manifest["extra"]["step"], manifest["extra"]["losses"]
-        saved_class, saved_groups = manifest.get(GROUP_CLASS_KEY), manifest["param_groups"]
+        saved, groups = {**manifest["extra"], GROUP_CLASS_KEY: manifest.get(GROUP_CLASS_KEY)}, manifest["param_groups"]
+        load = partial(_load_sharded, training, found, manifest, load_optimizer=keep_state)
     else:
-        state = sharded.load_checked_file(found)
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
+        saved = sharded.load_checked_file(found)
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise CheckpointError(f"{found} is not a zero_lab app checkpoint (format {FORMAT})")
-        step, losses = state["step"], state["losses"]
-        saved_class, saved_groups = state.get(GROUP_CLASS_KEY), state["optimizer"]["param_groups"]
+        groups = saved["optimizer"]["param_groups"]
+        load = partial(_load_plain, training, found, saved, load_optimizer=keep_state)
+    step = saved["step"]
     _check_step(found, step, steps)
     mine = _hyperparameters(training.optimizer.param_groups)
-    if policy != "reset":
-        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
-    if found.is_dir():
-        _load_sharded(training, found, manifest, load_optimizer=policy != "reset")
-    else:
-        training.model.load_state_dict(state["model"])
-        if policy != "reset":
-            _check_plain_state(training, found, state["optimizer"])
-            training.optimizer.load_state_dict(state["optimizer"])
-    if policy != "reset":
-        _load_loop_state(training, manifest["extra"] if found.is_dir() else state)
+    if keep_state:
+        _check_optimizer(found, saved.get(GROUP_CLASS_KEY), groups, optimizer_class(training), mine, policy, training)
+    load()
+    if keep_state:
+        _load_loop_state(training, saved)
     overridden = _override(training, mine) if policy == "override" else {}
-    return Restored(found, step, list(losses)[:step], overridden)
-
-
-def _restore_dcp(training: Training, found: Path, steps: int, policy: str) -> Restored:
-    """:func:`restore` of a ``step_N.dcp`` directory: the same checks, then torch's DCP load."""
-    extra = dcp_checkpoints.read_extra(found)
-    step = extra["step"]
-    if dcp_checkpoints.step_of(found) != step:
-        raise CheckpointError(
-            f"{found}: its name says step {dcp_checkpoints.step_of(found)} but it holds step {step}; rename it "
-            f"back to step_{step:08d}{dcp_checkpoints.SUFFIX} (a renamed checkpoint would skip or repeat steps)"
-        )
-    _check_step(found, step, steps)
-    mine = _hyperparameters(training.optimizer.param_groups)
-    if policy != "reset":
-        saved_class, saved_groups = extra[GROUP_CLASS_KEY], extra["param_groups"]
-        _check_optimizer(found, saved_class, saved_groups, optimizer_class(training), mine, policy, training)
-    dcp_checkpoints.load(training, found, load_optimizer=policy != "reset")
-    if policy != "reset":
-        _load_loop_state(training, extra)
-    overridden = _override(training, mine) if policy == "override" else {}
-    return Restored(found, step, list(extra["losses"])[:step], overridden)
+    return Restored(found, step, list(saved["losses"])[:step], overridden)
 
 
 def describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None:
@@ -240,24 +204,16 @@ def describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None
     return f"{' + '.join(unique)} + the default class (a {path})" if unique else path
 
 
-def _stepping_classes(training: Training) -> list[type[torch.optim.Optimizer]]:
-    """The class stepping each param group of this run's optimizer."""
-    optimizer = training.optimizer
-    if hasattr(optimizer, "group_classes"):  # ZeRO, or a plain chain
-        return list(optimizer.group_classes())  # type: ignore[operator]
-    return [type(optimizer)] * len(optimizer.param_groups)
-
-
 def _check_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
     """A whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
     optimizer) fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
     groups = [list(g["params"]) for g in training.optimizer.param_groups]
     names = {id(p): n for n, p in training.model.named_parameters()}
-    sharded.check_state_dict(found, state_dict, groups, _stepping_classes(training), names)
+    sharded.check_state_dict(found, state_dict, groups, training.strategy.group_classes(training.optimizer), names)
 
 
 def _check_step(found: Path, step: int, steps: int) -> None:
-    named = checkpoint_step(found)
+    named = step_of_any(found)
     if named is not None and named != step:
         raise CheckpointError(
             f"{found}: its name says step {named} but it holds step {step}; rename it back to "
@@ -320,6 +276,13 @@ def _override(training: Training, mine: list[dict[str, Any]]) -> dict[str, list[
         for key, value in values.items():
             group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
     return changed
+
+
+def _load_plain(training: Training, found: Path, state: dict[str, Any], load_optimizer: bool) -> None:
+    training.model.load_state_dict(state["model"])
+    if load_optimizer:
+        _check_plain_state(training, found, state["optimizer"])
+        training.optimizer.load_state_dict(state["optimizer"])
 
 
 def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any], load_optimizer: bool) -> None:

@@ -36,7 +36,7 @@ from zero_lab.app.record.catalogue import (
 from zero_lab.app.record.metrics import MetricsGather, local_step_summary, phase_summary
 from zero_lab.app.record.summary import PROVENANCE, RunSummary
 from zero_lab.app.run.checkpoints import Restored
-from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes, params_with_state
+from zero_lab.app.run.memory import ddp_state_bytes, optimizer_classes
 from zero_lab.app.run.training import Training
 from zero_lab.elementwise import is_elementwise
 from zero_lab.partition import ParamSpec
@@ -74,8 +74,9 @@ def agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
 
 def held_anywhere(training: Training, gather: MetricsGather) -> list[bool]:
     """Per parameter of the optimizer's param groups: whether any rank holds state for it
-    (:func:`~zero_lab.app.run.memory.params_with_state`, a MAX all-reduce under the dist timeout)."""
-    mine = torch.tensor(params_with_state(training.optimizer), dtype=torch.float32, device=gather.device)
+    (the strategy's ``params_with_state``, a MAX all-reduce under the dist timeout)."""
+    held = training.strategy.params_with_state(training.optimizer)
+    mine = torch.tensor(held, dtype=torch.float32, device=gather.device)
     gather.comm.all_reduce(mine, dist.ReduceOp.MAX, op="state_mask")
     return [bool(flag) for flag in mine.cpu().tolist()]
 

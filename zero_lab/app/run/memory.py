@@ -25,12 +25,7 @@ from zero_lab.app.run.training import Training
 from zero_lab.partition import ParamSpec
 from zero_lab.planner import plan_memory
 
-__all__ = ["ddp_state_bytes", "master_weight_bytes", "optimizer_classes", "params_with_state", "training_tensor_bytes"]
-
-
-def master_weight_bytes(optimizer: Optimizer) -> int:
-    """Bytes of this rank's fp32 master shards (``optim.master_weights``; 0 otherwise)."""
-    return Strategy.of_optimizer(optimizer).master_weight_bytes(optimizer)
+__all__ = ["ddp_state_bytes", "optimizer_classes", "training_tensor_bytes"]
 
 
 def training_tensor_bytes(training: Training) -> int:
@@ -63,13 +58,6 @@ def training_tensor_bytes(training: Training) -> int:
     return sum(storages.values())
 
 
-def params_with_state(optimizer: Optimizer) -> list[bool]:
-    """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds optimizer
-    state for any of its elements. ZeRO: each local shard's tensor looked up in the local
-    optimizer's state; a plain optimizer: the parameter in its ``state``."""
-    return Strategy.of_optimizer(optimizer).params_with_state(optimizer)
-
-
 def optimizer_classes(optimizer: Optimizer) -> list[type]:
     """The classes that hold the state, each once, in param-group order (``[Muon, AdamW]``)."""
     return list(dict.fromkeys(Strategy.of_optimizer(optimizer).group_classes(optimizer)))
@@ -81,7 +69,7 @@ def ddp_state_bytes(specs: Sequence[ParamSpec], optimizer: Optimizer, held: Sequ
 
     ``specs``: the job plan's (:attr:`zero_lab.app.plan.run_plan.RunPlan.specs`, carried by the
     run spec), one per parameter of ``optimizer.param_groups`` in order, each with its group.
-    ``held``: per parameter, whether any rank holds state for it (:func:`params_with_state`
+    ``held``: per parameter, whether any rank holds state for it (``Strategy.params_with_state``
     OR-ed over the ranks); only those are priced. ``None``: every trainable parameter. The
     optimizer answers which class steps each group and with which options."""
     strategy = Strategy.of_optimizer(optimizer)

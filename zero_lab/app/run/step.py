@@ -34,7 +34,7 @@ import torch
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.record.metrics import RankStep, peak_memory_bytes
 from zero_lab.app.run.build import clip_gradients
-from zero_lab.app.run.memory import master_weight_bytes, training_tensor_bytes
+from zero_lab.app.run.memory import training_tensor_bytes
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, batch_rows, call_model, loss_of, to_device
 from zero_lab.comm import INTER_GROUP, INTER_NODE, Communicator
@@ -203,7 +203,7 @@ def measured_step(training: Training, data: Any, batch: Batch, options: StepOpti
         exchange_bytes=exchange.bytes if exchange else 0.0,
         exchange_calls=exchange.calls if exchange else 0.0,
         optim_state_bytes=optimizer_state_bytes(training.optimizer),
-        master_weight_bytes=master_weight_bytes(training.optimizer),
+        master_weight_bytes=training.strategy.master_weight_bytes(training.optimizer),
         tensor_bytes=training_tensor_bytes(training),
         peak_bytes=peak_memory_bytes(device),
         samples=batch_rows(batch[0]),
