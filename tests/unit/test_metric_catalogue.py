@@ -108,3 +108,9 @@ def test_summary_fields_objectives_and_wandb_summary_follow_the_catalogue():
 def test_per_rank_keys_are_namespaced(metric: Metric):
     assert metric.key is not None and metric.key.split("/")[0] in {"time", "comm", "memory"}
     assert metric.at("max") == f"{metric.key}/max"
+
+
+def test_docs_metrics_lists_every_key_a_step_logs():
+    table = (PACKAGE.parent / "docs" / "metrics.md").read_text()
+    missing = [m.key for m in CATALOGUE if m.key and "wandb" in m.shows and f"`{m.key}" not in table]
+    assert missing == []

@@ -26,8 +26,8 @@ The ranks read the specs and the never-reached parameters from the run spec the 
 them (:class:`zero_lab.app.run.rank_loop.RunSpec`): the "÷ DDP" baseline is priced from these
 specs, and no rank builds a meta model or a spec of its own.
 
-What could not be built is kept with its error (:class:`Attempt`): the check that owns it
-reports it (:mod:`zero_lab.app.check.rules`), every other reader skips what is missing. The
+What could not be built is kept with its error (:class:`~zero_lab.app.workloads.user_code.Attempt`):
+the check that owns it reports it (:mod:`zero_lab.app.check.rules`), every other reader skips what is missing. The
 checks, the job's notices, the W&B config and the Slurm launcher's memory estimate read one
 plan; the check callback keeps it for the task (:func:`zero_lab.app.check.callback.checked_plan`).
 
@@ -58,7 +58,7 @@ from zero_lab.hierarchy import NODE, resolve_shard_size
 from zero_lab.partition import ParamSpec, Partition, Partitioner
 from zero_lab.planner import MemoryPlan, plan_memory
 
-__all__ = ["Attempt", "RunPlan", "attempt", "buildable", "param_groups"]
+__all__ = ["RunPlan", "buildable", "param_groups"]
 
 
 def buildable(node: DictConfig, key: str, base: type) -> None:
