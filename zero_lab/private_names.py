@@ -93,7 +93,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch",
         "torch._dynamo.utils.counters",
         ("_dynamo",),
-        ("zero_lab.app.run.rank_loop",),
+        ("zero_lab.app.run.finish",),
         "how many graphs torch.compile made on a rank (compile=true's closing line and summary); "
         "torch has no public counter of compiled graphs",
     ),
