@@ -336,6 +336,7 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
                 "bucket over one group; pass shard_size=None (the whole world) or overlap_with_ddp=False"
             )
         self.process_group = self.hierarchy.shard_group
+        self._data_parallel_group = process_group if process_group is not None else dist.group.WORLD
         self._comm = Communicator(self.process_group)
         check_same_params_on_every_rank(self._comm, self.all_params)  # one small all-gather; raises on every rank
         self._replica_comm: Communicator | None = None
@@ -912,13 +913,10 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         Ranks that ran out of inputs keep stepping their shards with the gradients the
         active ranks computed (DDP's join averages with zeros from joined ranks), so
         the parameters end as with DDP + the plain optimizer on the active ranks.
-        List the DDP model before this optimizer in ``Join([...])``.
+        List the DDP model before this optimizer in ``Join([...])``. With ``shard_size`` < W a
+        rank that actually runs out first raises (it cannot shadow another group's steps); even
+        inputs under ``Join`` train as without it.
         """
-        if self.hierarchy.hierarchical:
-            raise RuntimeError(
-                f"Join with shard_size={self.shard_size} < {self.hierarchy.world_size} ranks: a joined rank cannot "
-                "shadow the steps of two groups; use shard_size=None (the whole world) with Join"
-            )
         if not self._pipeline.grad_reduce.joinable:
             raise RuntimeError(
                 "Join with grad_reduce (zero_lab.grad_reduce.reduce_gradients): a joined rank cannot shadow the "
@@ -937,9 +935,17 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
 
     @property
     def join_process_group(self) -> Any:
-        return self.process_group
+        """The data-parallel group (with ``shard_size`` < W not ``process_group``, the shard group):
+        Join counts the ranks still training over the group DDP spans."""
+        return self._data_parallel_group
 
     def _step_as_joined(self) -> None:
+        if self.hierarchy.hierarchical:
+            raise RuntimeError(
+                f"Join with shard_size={self.shard_size} < {self.hierarchy.world_size} ranks: this rank ran out of "
+                "inputs, and a joined rank cannot shadow the steps of its shard group; give every rank the same "
+                "number of batches, or use shard_size=None (the whole world) with uneven inputs"
+            )
         self._pipeline.wait_for_exchange()
         share_grads_with_joined(self._comm, self.all_params, self.partition, active=False)
         self._pipeline.step()

@@ -147,6 +147,22 @@ def _dcp_round_trip(model: torch.nn.Module, opt: ZeroRedundancyOptimizer, path: 
     return max((mine[i][k].float() - theirs[i][k].float()).abs().max().item() for i in mine for k in mine[i])
 
 
+def _muon() -> dict[str, Any]:
+    """Muon beside AdamW (whole matrices, balanced by Newton–Schulz cost) at 2 × 2 against DDP + torch's
+    Muon and AdamW routed by hand (tests/dist/test_muon.py's model and reference)."""
+    from tests.dist.test_muon import MuonCase, train
+
+    case = MuonCase(partitioner=SortedGreedy(cost="newton_schulz"), shard_size=2)
+    ours, (zero,), _ = train(case, zero=True)
+    theirs, _, _ = train(case, zero=False)
+    assert isinstance(zero, ZeroRedundancyOptimizer)
+    return {
+        "diff": max_diff(ours.parameters(), theirs.parameters()),
+        "owners": zero.partition.owners(),
+        "classes": sorted(type(o).__name__ for o in zero.optim.optimizers),
+    }
+
+
 def _refusals() -> list[str]:
     model = make_model()
     errors = []
@@ -170,6 +186,7 @@ def hierarchical_world(directory: str) -> dict[str, Any]:
         "refusals": _refusals(),
         "engine": _engine(Flat()),
         "engine_sorted_greedy": _engine(SortedGreedy()),
+        "muon": _muon(),
     }
     model = make_model()
     ddp = DDP(model, bucket_cap_mb=0.002)
@@ -249,6 +266,11 @@ def test_two_by_two(tmp_path: Any) -> None:
             assert case["grad_links"] == {INTRA_GROUP: intra, INTER_GROUP: inter, INTRA_NODE: intra + inter}
 
     assert [out["dcp"] for out in ranks] == [0.0] * 4  # DCP at 2 × 2 (Flat) into 2 × 2 (sorted-greedy): exact
+
+    muon = [out["muon"] for out in ranks]
+    assert [m["diff"] for m in muon] == [0.0] * 4  # DDP's all-reduce, Muon on whole matrices: bitwise
+    assert muon[0]["owners"] == muon[2]["owners"] and set(muon[0]["owners"]) == {0, 1}  # a partition over 2 ranks
+    assert {c for m in muon for c in m["classes"]} == {"AdamW", "Muon"}
 
     errors = ranks[0]["refusals"]
     assert len(errors) == 2

@@ -46,6 +46,7 @@ class MuonCase:
     clip: float | None = None
     join: bool = False
     round_trip: bool = False  # state dict through the plain chained optimizers and back, mid-run
+    shard_size: int | None = None  # hierarchical sharding (tests/dist/test_hierarchy.py runs it at 2 x 2)
 
 
 class MixedLM(nn.Module):
@@ -129,6 +130,7 @@ def build(case: MuonCase, zero: bool) -> tuple[DDP, list[torch.optim.Optimizer],
         partitioner=case.partitioner,
         parameters_as_bucket_view=case.bucket_view,
         overlap_with_ddp=case.overlap,
+        shard_size=case.shard_size,
     )
     if case.overlap:
         ddp.register_comm_hook(None, hook_with_zero_step_interleaved(allreduce_hook, ddp, opt))
