@@ -163,6 +163,24 @@ def _muon() -> dict[str, Any]:
     }
 
 
+def _auto_prefetch() -> float:
+    """``grad_reduce="auto"`` (trials inside the shard group) and ``exchange="auto"`` with the exchange
+    prefetched behind the next forward, at 2 × 2: the largest difference from DDP + Adam."""
+    from zero_lab.overlap import prefetch_exchange
+
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, partitioner=Flat(), shard_size=2, lr=LR)
+    handle = reduce_gradients(ddp, opt, "auto")
+    prefetch = prefetch_exchange(model, opt)
+    _train(opt, ddp)
+    opt.wait_for_exchange()
+    prefetch.remove()
+    handle.close()
+    ref_model, _ = _reference()
+    return max_diff(model.parameters(), ref_model.parameters())
+
+
 def _refusals() -> list[str]:
     model = make_model()
     errors = []
@@ -187,6 +205,7 @@ def hierarchical_world(directory: str) -> dict[str, Any]:
         "engine": _engine(Flat()),
         "engine_sorted_greedy": _engine(SortedGreedy()),
         "muon": _muon(),
+        "auto_prefetch": _auto_prefetch(),
     }
     model = make_model()
     ddp = DDP(model, bucket_cap_mb=0.002)
@@ -271,6 +290,8 @@ def test_two_by_two(tmp_path: Any) -> None:
     assert [m["diff"] for m in muon] == [0.0] * 4  # DDP's all-reduce, Muon on whole matrices: bitwise
     assert muon[0]["owners"] == muon[2]["owners"] and set(muon[0]["owners"]) == {0, 1}  # a partition over 2 ranks
     assert {c for m in muon for c in m["classes"]} == {"AdamW", "Muon"}
+
+    assert all(out["auto_prefetch"] <= 1e-6 for out in ranks), [out["auto_prefetch"] for out in ranks]
 
     errors = ranks[0]["refusals"]
     assert len(errors) == 2
