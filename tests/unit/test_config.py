@@ -54,8 +54,6 @@ def _overrides_for(group: str, option: str) -> list[str]:
         overrides.append(f"data={DATA_FOR_MODEL[option]}")
     if group == "data":
         overrides.append(f"model={MODEL_FOR_DATA[option]}")
-    if option == "ddp_bucket":
-        overrides.append("overlap=true")  # its buckets come from the overlap hook
     return overrides
 
 
@@ -215,7 +213,6 @@ BAD_INPUT = [
     ),
     (["resume=/nonexistent/run"], ["resume=/nonexistent/run", "checkpoint"]),
     (["dist.backend=nccl"], ["dist.backend=nccl", "dist.device=cuda"]),
-    (["partitioner=ddp_bucket"], ["partitioner=ddp_bucket", "overlap=true"]),
     (["overlap_hook=sideways"], ["overlap_hook=sideways", "zero_step, interleaved"]),
     (["optim.max_grad_norm=0"], ["optim.max_grad_norm=0", "> 0", "null"]),
     (["optim.max_grad_norm=1.0", "overlap=true"], ["optim.max_grad_norm", "overlap=false"]),

@@ -25,7 +25,7 @@ from zero_lab.app.plan.run_plan import buildable
 from zero_lab.optimizer import check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 
-__all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "without_ddp_buckets", "zero_options"]
+__all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "zero_options"]
 
 
 def either(group: str, names: Sequence[str]) -> str:
@@ -43,11 +43,6 @@ def zero_options() -> list[str]:
 def on_device(device: str) -> list[str]:
     """The ``dist`` options that put the ranks on ``device``."""
     return _options_where("dist", lambda node: node.get("device") == device)
-
-
-def without_ddp_buckets() -> list[str]:
-    """The ``partitioner`` options that partition without DDP's buckets (need no ``overlap=true``)."""
-    return _options_where("partitioner", lambda node: not bucket_use(_target(node)).needs_ddp_buckets)
 
 
 def data_for_task(task: Any) -> list[str]:

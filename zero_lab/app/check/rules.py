@@ -59,7 +59,6 @@ from zero_lab.app.check.options import (
     either,
     fitting_partitioners,
     on_device,
-    without_ddp_buckets,
     zero_options,
 )
 from zero_lab.app.check.scheduler import resumed_scheduler_problems, scheduler_problems
@@ -85,7 +84,6 @@ from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
-from zero_lab.partition import bucket_use
 
 __all__ = ["ConfigError", "check", "to_container"]
 
@@ -573,12 +571,6 @@ def _check_partition(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
         return [f"{name}: cannot be built: {refusal('partitioner', cfg.partitioner, error)}"]
     partitioner = plan.partitioner.value
     assert partitioner is not None
-    engine = enum_str(cfg.get("dp", "ddp")) == "zero_lab"  # the engine's own buckets: it follows those
-    if bucket_use(partitioner).needs_ddp_buckets and not cfg.overlap and not engine:
-        return [
-            f"{name}: follows DDP's gradient buckets, which only the overlap hooks attach; "
-            f"add overlap=true or dp=zero_lab, or pick {either('partitioner', without_ddp_buckets())}"
-        ]
     specs, classes, cls = plan.specs, plan.classes, plan.optim.optimizer_class
     try:
         partition = plan.partition()

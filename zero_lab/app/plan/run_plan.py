@@ -8,8 +8,9 @@ computed once:
 
 * :attr:`~RunPlan.specs` — one :class:`~zero_lab.partition.ParamSpec` per parameter, in the
   optimizer's order: shape, dtype, trainability, the param group and the class that steps it
-  (routing: elementwise or not), and with ``overlap=true`` the DDP bucket it lands in
-  (:class:`~zero_lab.ddp_buckets.DdpBuckets` at ``dist.bucket_cap_mb``, DDP's bucket map);
+  (routing: elementwise or not), and with ``overlap=true`` or ``partitioner=ddp_bucket`` the DDP
+  bucket it lands in (:class:`~zero_lab.ddp_buckets.DdpBuckets` at ``dist.bucket_cap_mb``, DDP's
+  bucket map);
   the app's one place that builds specs for a config;
 * :attr:`~RunPlan.classes` — the optimizer class of each param group (``None``: one group);
 * :meth:`~RunPlan.partition` — the real partitioner's partition of those specs at
@@ -55,7 +56,7 @@ from zero_lab.comm import ranks_per_node
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.elementwise import is_elementwise
 from zero_lab.hierarchy import NODE, resolve_shard_size
-from zero_lab.partition import ParamSpec, Partition, Partitioner
+from zero_lab.partition import ParamSpec, Partition, Partitioner, bucket_use
 from zero_lab.planner import MemoryPlan, plan_memory
 
 __all__ = ["RunPlan", "buildable", "param_groups"]
@@ -134,6 +135,16 @@ class RunPlan:
             return Attempt()
         return attempt(lambda: _partitioner(self.cfg))
 
+    @property
+    def _follows_ddp_buckets(self) -> bool:
+        """The specs carry DDP's buckets: with the overlap hooks, and on the DDP path for a partitioner
+        that follows them (``ddp_bucket``; the engine follows its own buckets)."""
+        if self.cfg.overlap:
+            return True
+        partitioner = self.partitioner.value
+        engine = enum_str(self.cfg.get("dp", "ddp")) == "zero_lab"
+        return partitioner is not None and not engine and bucket_use(partitioner).needs_ddp_buckets
+
     @cached_property
     def data(self) -> Attempt[Any]:
         """The data source, built once (its constructor's checks run: a missing corpus)."""
@@ -195,7 +206,7 @@ class RunPlan:
                 for index, group in enumerate(groups)
                 for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
             ]
-        if self.cfg.overlap:  # the optimizer partitions along the buckets DDP will make
+        if self._follows_ddp_buckets:  # the optimizer partitions along the buckets DDP will make
             buckets = iter(DdpBuckets.from_bucket_cap_mb(self.cfg.dist.bucket_cap_mb).assign(
                 [s.nbytes for s in specs if s.trainable]
             ))  # fmt: skip

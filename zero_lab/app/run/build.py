@@ -119,13 +119,17 @@ def build_training(
             scheduler=make_scheduler(cfg, optimizer),
             scaler=make_scaler(cfg, device),
         )
+    partitioner = _partitioner(cfg, without_grad)
+    # DDP's buckets, modelled with its real caps (no hook needed): for the overlap hooks, and for a
+    # partitioner that follows them (partitioner=ddp_bucket) with or without overlap
+    follows = cfg.overlap or bucket_use(getattr(partitioner, "inner", partitioner)).needs_ddp_buckets
     optimizer = make_optimizer(
         groups if groups is not None else model.named_parameters(),
-        partitioner=_partitioner(cfg, without_grad),
+        partitioner=partitioner,
         parameters_as_bucket_view=cfg.bucket_view,
         overlap_with_ddp=cfg.overlap,
         exchange=exchange_name(cfg.exchange),
-        ddp_buckets=ddp_bucket_map(ddp) if cfg.overlap else None,
+        ddp_buckets=ddp_bucket_map(ddp) if follows else None,
         shard_size=shard_size_of(cfg),
     )
     reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
