@@ -52,7 +52,7 @@ from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, PARAM_DTYPES, enum_
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import param_groups, shard_size_of
 from zero_lab.app.run.training import Training
-from zero_lab.chained import GROUP_CLASS_KEY
+from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.engine import ShardedDataParallel
 from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
@@ -164,7 +164,12 @@ def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without
         raise ValueError(
             f"dp=zero_lab: optim.{foreign[0]} is not an argument of {plan.name}; the engine takes the class's own"
         )
-    optimizer = plan.optimizer_class(model.parameters(), **OmegaConf.to_container(OmegaConf.create(options)))
+    kwargs = OmegaConf.to_container(OmegaConf.create(options))
+    groups = param_groups(cfg.optim, model)  # optim=zero_muon: hidden matrices to Muon (stepped whole by their owners)
+    if groups is not None and any(GROUP_CLASS_KEY in group for group in groups):
+        optimizer: Any = ChainedOptimizer(groups, plan.optimizer_class, **kwargs)
+    else:
+        optimizer = plan.optimizer_class(groups if groups is not None else model.parameters(), **kwargs)
     engine = ShardedDataParallel(
         model,
         optimizer,
