@@ -386,3 +386,37 @@ def test_muon_and_adamw_train_as_ddp_bitwise_and_round_trip(world, tmp_path):
         assert result["partitioner"].startswith("SortedGreedy")
     # each hidden matrix (24x12, 24x24, 6x24, 3x6) stepped whole by exactly one rank
     assert sorted(results[0]["muon_shapes"] + results[1]["muon_shapes"]) == [(3, 6), (6, 24), (24, 12), (24, 24)]
+
+
+def _bf16_round_trip(directory: str) -> dict[str, Any]:
+    """bf16 parameters: the native checkpoint keeps the fp32 main copies (ZeRO's master key), so a fresh
+    engine loaded from it trains on bitwise as the uninterrupted run (without them it would not)."""
+    rank = torch.distributed.get_rank()
+
+    def build(seed: int) -> tuple[ShardedDataParallel, torch.optim.Optimizer]:
+        model = make_model(seed=seed).to(torch.bfloat16)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        return ShardedDataParallel(model, opt, bucket_cap_mb=0.001), opt
+
+    def steps(engine: ShardedDataParallel, opt: torch.optim.Optimizer, span: range) -> None:
+        for step in span:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                accumulated_backward(engine, step, rank)
+            opt.step()
+
+    engine, opt = build(0)
+    steps(engine, opt, range(2))
+    checkpoint.save_checkpoint(Path(directory) / "bf16", engine.states(), engine.module)
+    steps(engine, opt, range(2, 4))
+    engine.close()
+    again, opt2 = build(5)
+    checkpoint.load_checkpoint(Path(directory) / "bf16", again.states(), again.module)
+    steps(again, opt2, range(2, 4))
+    again.close()
+    return {"diff": max_diff(engine.module.parameters(), again.module.parameters())}
+
+
+def test_bf16_native_checkpoint_keeps_the_main_copies(world, tmp_path):
+    for result in world(_bf16_round_trip, 2, str(tmp_path)):
+        assert result["diff"] == 0.0, result
