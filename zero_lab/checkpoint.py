@@ -48,23 +48,24 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, canonical_class_path, class_path
+from zero_lab.comm import Communicator
 from zero_lab.elementwise import is_elementwise
 from zero_lab.files import fsync_dir, write_atomic, write_json
-from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.shard_state import reslice, restrict_state
 from zero_lab.state_probe import expected_state, state_problem
 
 __all__ = [
     "FORMAT",
     "CheckpointError",
+    "ShardedStates",
     "check_digest",
     "check_saved_states",
     "check_state_dict",
@@ -93,6 +94,36 @@ FORMAT = "zero_lab.sharded/1"
 MANIFEST = "manifest.json"
 _STEP_NAME = re.compile(r"step_(\d+)(\.pt)?")  # sharded directories; ``.pt``: the app's plain-optimizer files
 _SWAP_TRIES = 10
+
+
+class ShardedStates(Protocol):
+    """What a sharded checkpoint reads and writes of an optimizer: a
+    :class:`~zero_lab.ZeroRedundancyOptimizer`, or the engine's
+    :class:`~zero_lab.engine.state.EngineStates` (``engine.states()``)."""
+
+    rank: int
+    world_size: int
+    partitioner: Any
+    optim: Any
+    param_groups: list[dict[str, Any]]
+    all_params: list[torch.Tensor]
+    partition: Any  # ``shards_of(rank)``: this rank's ranges (``.param``, ``.start``, ``.stop``)
+    communicator: Communicator
+    replica_communicator: Communicator | None  # shard groups: the ranks holding the same shards elsewhere
+    hierarchy: Any  # ``.group_index``: which shard group this rank is in
+
+    @property
+    def join_device(self) -> torch.device: ...
+
+    def wait_for_exchange(self) -> None: ...
+
+    def group_classes(self) -> list[type[torch.optim.Optimizer]]: ...
+
+    def local_shard_states(self) -> dict[int, tuple[int, int, dict[str, Any]]]: ...
+
+    def load_shard_states(
+        self, state_of: Callable[[int, int, int], dict[str, Any] | None], groups: list[dict[str, Any]]
+    ) -> None: ...
 
 
 class CheckpointError(RuntimeError):
@@ -384,7 +415,7 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- save
-def _agreed_token(optimizer: ZeroRedundancyOptimizer) -> str:
+def _agreed_token(optimizer: ShardedStates) -> str:
     """A random hex token drawn on rank 0 and broadcast, the same on every rank."""
     word = torch.tensor([int.from_bytes(os.urandom(7), "little") if optimizer.rank == 0 else 0], dtype=torch.int64)
     word = word.to(optimizer.join_device)
@@ -392,7 +423,7 @@ def _agreed_token(optimizer: ZeroRedundancyOptimizer) -> str:
     return f"{int(word.item()):014x}"
 
 
-def _param_table(optimizer: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
+def _param_table(optimizer: ShardedStates) -> list[dict[str, Any]]:
     table = []
     for group_index, group in enumerate(optimizer.param_groups):
         names = group.get("param_names", [None] * len(group["params"]))
@@ -417,7 +448,7 @@ def hyperparameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def save_checkpoint(
     directory: str | Path,
-    optimizer: ZeroRedundancyOptimizer,
+    optimizer: ShardedStates,
     model: nn.Module | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
@@ -473,7 +504,7 @@ def save_checkpoint(
 
 # ---------------------------------------------------------------------------- load
 def _check_fits(
-    manifest: dict[str, Any], optimizer: ZeroRedundancyOptimizer, directory: Path, model: nn.Module | None = None
+    manifest: dict[str, Any], optimizer: ShardedStates, directory: Path, model: nn.Module | None = None
 ) -> None:
     """The saved parameters are this optimizer's (shapes and groups, in order); else name the
     first that differs, by its name where the manifest or ``model`` knows it."""
@@ -500,7 +531,7 @@ def _check_fits(
 def _param_name(
     manifest: dict[str, Any],
     table: list[dict[str, Any]],
-    optimizer: ZeroRedundancyOptimizer,
+    optimizer: ShardedStates,
     model: nn.Module | None,
     index: int,
 ) -> str:
@@ -547,7 +578,7 @@ def check_saved_states(
     file: str,
     saved: dict[int, tuple[int, int, dict[str, Any]]],
     manifest: dict[str, Any],
-    optimizer: ZeroRedundancyOptimizer,
+    optimizer: ShardedStates,
     directory: Path,
     model: nn.Module | None = None,
 ) -> None:
@@ -642,9 +673,7 @@ def _optimizer_files(manifest: dict[str, Any]) -> Iterator[tuple[str, list[tuple
             yield name, [tuple(r) for r in info["ranges"]]
 
 
-def load_checkpoint(
-    directory: str | Path, optimizer: ZeroRedundancyOptimizer, model: nn.Module | None = None
-) -> dict[str, Any]:
+def load_checkpoint(directory: str | Path, optimizer: ShardedStates, model: nn.Module | None = None) -> dict[str, Any]:
     """Load a checkpoint saved at any world size / partitioner into ``optimizer`` (and ``model``).
 
     Each rank reads only the optimizer files whose ranges overlap its own shards,
