@@ -120,6 +120,24 @@ def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
     )
 
 
+def _save_both(engine: ShardedDataParallel, opt: torch.optim.Optimizer, directory: Path, **extra: Any) -> None:
+    """A native checkpoint at ``directory/native`` and a DCP one at ``directory/dcp``."""
+    checkpoint.save_checkpoint(directory / "native", engine.states(), engine.module, extra=extra)
+    osd = zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)
+    zero_lab.dcp.save({"model": engine.module.state_dict(), "optim": osd}, directory / "dcp")
+
+
+def _load(engine: ShardedDataParallel, opt: torch.optim.Optimizer, directory: Path, form: str) -> dict[str, Any]:
+    """Load ``directory/<form>`` (native or DCP, as :func:`_save_both` wrote) into a fresh engine; the
+    native manifest's ``extra`` (DCP: empty)."""
+    if form == "native":
+        return checkpoint.load_checkpoint(directory / "native", engine.states(), engine.module)
+    template = {"model": engine.module.state_dict(), "optim": zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)}
+    zero_lab.dcp.load(template, directory / "dcp")
+    zero_lab.dcp.set_optimizer_state_dict(engine.module, opt, template["optim"])
+    return {}
+
+
 def _round_trips(directory: str) -> list[dict[str, Any]]:
     """Per partitioner: 2 steps, the consolidated state against DDP + Adam's, a native and a DCP save,
     2 more steps; fresh engines loaded from each save run the same 2 steps."""
@@ -134,25 +152,14 @@ def _round_trips(directory: str) -> list[dict[str, Any]]:
         _steps(engine, opt, range(2))
         full = engine.states().full_state_dict(to=0)
         consolidated = _same_state(full, plain.state_dict()) if rank == 0 else full is None
-        native = Path(directory) / f"native-{partitioner}"
-        checkpoint.save_checkpoint(native, engine.states(), engine.module, extra={"step": 2})
-        osd = zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)
-        zero_lab.dcp.save({"model": engine.module.state_dict(), "optim": osd}, Path(directory) / f"dcp-{partitioner}")
+        saved = Path(directory) / partitioner
+        _save_both(engine, opt, saved, step=2)
         _steps(engine, opt, range(2, 4))
         engine.close()
         loaded = {}
         for form in ("native", "dcp"):
             again, opt2 = _engine_of(partitioner, seed=5)  # other weights: the load must replace them
-            if form == "native":
-                extra = checkpoint.load_checkpoint(native, again.states(), again.module)
-                assert extra == {"step": 2}
-            else:
-                template = {
-                    "model": again.module.state_dict(),
-                    "optim": zero_lab.dcp.get_optimizer_state_dict(again.module, opt2),
-                }
-                zero_lab.dcp.load(template, Path(directory) / f"dcp-{partitioner}")
-                zero_lab.dcp.set_optimizer_state_dict(again.module, opt2, template["optim"])
+            assert _load(again, opt2, saved, form) == ({"step": 2} if form == "native" else {})
             _steps(again, opt2, range(2, 4))
             again.close()
             loaded[form] = max_diff(engine.module.parameters(), again.module.parameters())
@@ -177,7 +184,7 @@ def _resharded(directory: str) -> dict[str, Any]:
     """A 2-rank Flat checkpoint loaded at 3 ranks: the engine's state is the exported plain state, and it
     trains on as DDP + Adam loaded from that plain state."""
     rank = torch.distributed.get_rank()
-    saved = Path(directory) / "native-flat"
+    saved = Path(directory) / "flat" / "native"
     engine, opt = _engine_of("sorted_greedy", seed=5)
     checkpoint.load_checkpoint(saved, engine.states(), engine.module)
     full = engine.states().full_state_dict(to=0)
@@ -288,28 +295,18 @@ def _grouped_round_trip(directory: str) -> dict[str, Any]:
     fresh engines loaded from it and from a DCP save train on bitwise as the uninterrupted run."""
     engine, opt = _engine_of("flat", shard_size=2)
     _steps(engine, opt, range(2))
-    native = Path(directory) / "grouped-native"
-    checkpoint.save_checkpoint(native, engine.states(), engine.module)
-    osd = zero_lab.dcp.get_optimizer_state_dict(engine.module, opt)
-    zero_lab.dcp.save({"model": engine.module.state_dict(), "optim": osd}, Path(directory) / "grouped-dcp")
+    saved = Path(directory) / "grouped"
+    _save_both(engine, opt, saved)
     _steps(engine, opt, range(2, 4))
     engine.close()
     diffs = {}
     for form in ("native", "dcp"):
         again, opt2 = _engine_of("flat", seed=5, shard_size=2)
-        if form == "native":
-            checkpoint.load_checkpoint(native, again.states(), again.module)
-        else:
-            template = {
-                "model": again.module.state_dict(),
-                "optim": zero_lab.dcp.get_optimizer_state_dict(again.module, opt2),
-            }
-            zero_lab.dcp.load(template, Path(directory) / "grouped-dcp")
-            zero_lab.dcp.set_optimizer_state_dict(again.module, opt2, template["optim"])
+        _load(again, opt2, saved, form)
         _steps(again, opt2, range(2, 4))
         again.close()
         diffs[form] = max_diff(engine.module.parameters(), again.module.parameters())
-    manifest = checkpoint.read_manifest(native)
+    manifest = checkpoint.read_manifest(saved / "native")
     return {
         **diffs,
         "world_size": manifest["world_size"],
@@ -341,8 +338,8 @@ def _muon_engine(seed: int = 0, **kwargs: Any) -> tuple[ShardedDataParallel, Cha
 
 def _muon_program(directory: str) -> dict[str, Any]:
     """Muon on the hidden matrices (whole, each on its owner) + AdamW on the rest: the engine (sorted-greedy
-    by default) against DDP + the same ChainedOptimizer, with accumulation and clipping; then a native
-    round trip of Muon's momentum."""
+    by default) against DDP + the same ChainedOptimizer, with accumulation and clipping; then a native and
+    a DCP round trip of Muon's momentum."""
     rank = torch.distributed.get_rank()
     reference = make_model()
     ddp, plain = DDP(reference), _muon_optimizer(reference)
@@ -357,23 +354,26 @@ def _muon_program(directory: str) -> dict[str, Any]:
                 assert norm > 0.05
             optimizer.step()
         if step == 1:
-            checkpoint.save_checkpoint(Path(directory) / "muon", engine.states(), engine.module)
+            _save_both(engine, opt, Path(directory) / "muon")
     engine.close()
-    again, opt2 = _muon_engine(seed=5)
-    checkpoint.load_checkpoint(Path(directory) / "muon", again.states(), again.module)
-    for step in range(2, 4):
-        opt2.zero_grad()
-        accumulated_backward(again, step, rank, accumulate=1 + step % 2)
-        if step == 3:
-            again.clip_grad_norm_(0.05)
-        opt2.step()
-    again.close()
+    resumed = {}
+    for form in ("native", "dcp"):
+        again, opt2 = _muon_engine(seed=5)
+        _load(again, opt2, Path(directory) / "muon", form)
+        for step in range(2, 4):
+            opt2.zero_grad()
+            accumulated_backward(again, step, rank, accumulate=1 + step % 2)
+            if step == 3:
+                again.clip_grad_norm_(0.05)
+            opt2.step()
+        again.close()
+        resumed[form] = max_diff(engine.module.parameters(), again.module.parameters())
     stepped_whole = [
         t for g, cls in zip(opt.param_groups, opt.group_classes()) if cls is torch.optim.Muon for t in g["params"]
     ]
     return {
         "diff": max_diff(reference.parameters(), engine.module.parameters()),
-        "resumed": max_diff(engine.module.parameters(), again.module.parameters()),
+        "resumed": resumed,
         "muon_shapes": sorted(tuple(t.shape) for t in stepped_whole),
         "partitioner": repr(engine.partitioner),
     }
@@ -382,7 +382,7 @@ def _muon_program(directory: str) -> dict[str, Any]:
 def test_muon_and_adamw_train_as_ddp_bitwise_and_round_trip(world, tmp_path):
     results = world(_muon_program, 2, str(tmp_path))
     for result in results:
-        assert result["diff"] == 0.0 and result["resumed"] == 0.0, result
+        assert result["diff"] == 0.0 and result["resumed"] == {"native": 0.0, "dcp": 0.0}, result
         assert result["partitioner"].startswith("SortedGreedy")
     # each hidden matrix (24x12, 24x24, 6x24, 3x6) stepped whole by exactly one rank
     assert sorted(results[0]["muon_shapes"] + results[1]["muon_shapes"]) == [(3, 6), (6, 24), (24, 12), (24, 24)]
