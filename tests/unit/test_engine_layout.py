@@ -148,3 +148,15 @@ def test_the_app_refuses_what_the_engine_does_not_take_and_lets_ddp_bucket_follo
     preflight(["optim=zero_adam", "dp=zero_lab", "autocast=bf16", "checkpoint_every=5"])  # the engine takes these
     preflight(["optim=zero_adam", "dp=zero_lab", "partitioner=ddp_bucket"])  # DDP's buckets not needed
     preflight(["optim=zero_adam", "partitioner=ddp_bucket"])  # on the DDP path too: its buckets are modelled
+
+
+def test_bf16_parameters_step_fp32_main_copies_the_app_reports(single_rank_group):
+    from zero_lab.app.plan.strategy import ENGINE
+
+    for dtype, main_bytes in ((torch.float32, 0), (torch.bfloat16, 4)):
+        model = _model().to(dtype)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        with ShardedDataParallel(model, opt, bucket_cap_mb=0.001):
+            numel = sum(p.numel() for p in model.parameters())
+            assert ENGINE.master_weight_bytes(opt) == main_bytes * numel  # one rank owns every element
+            assert {t.dtype for g in opt.param_groups for t in g["params"]} == {torch.float32}

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["LOW_PRECISION", "accumulate_grad", "main_tensors", "write_back", "write_main"]
+__all__ = ["LOW_PRECISION", "accumulate_grad", "main_copy_bytes", "main_tensors", "write_back", "write_main"]
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -27,6 +27,11 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 def main_tensors(owned: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """The tensor the optimizer steps for each owned view: an fp32 copy of a low-precision one, else the view."""
     return [view.detach().float() if view is not None and view.dtype in LOW_PRECISION else view for view in owned]
+
+
+def main_copy_bytes(owned: Sequence[torch.Tensor | None], main: Sequence[torch.Tensor | None]) -> int:
+    """Bytes of the fp32 main copies (0 when every bucket is fp32: the views are stepped in place)."""
+    return sum(m.numel() * m.element_size() for v, m in zip(owned, main) if m is not None and m is not v)
 
 
 def accumulate_grad(main: torch.Tensor, reduced: torch.Tensor, into: torch.Tensor) -> None:

@@ -33,6 +33,7 @@ from torch.optim import Optimizer
 from zero_lab import checkpoint as sharded
 from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.engine import ShardedDataParallel, engine_of
+from zero_lab.engine.main_params import main_copy_bytes
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = ["Engine", "GradMode", "PlainDdp", "Strategy", "Zero"]
@@ -310,6 +311,11 @@ class Engine(Strategy):
     def params_with_state(self, optimizer: Optimizer) -> list[bool]:
         """Per parameter of the wrapped module: whether this rank steps any of its elements."""
         return _engine(optimizer).owned_params() if optimizer.state else [False] * len(_engine(optimizer).buffer.params)
+
+    def master_weight_bytes(self, optimizer: Optimizer) -> int:
+        """The fp32 main copies of this rank's bf16 / fp16 ranges (:mod:`zero_lab.engine.main_params`)."""
+        buffer = _engine(optimizer).buffer
+        return main_copy_bytes(buffer.owned, buffer.main)
 
     def clip_grad_norm(self, model: nn.Module, optimizer: Optimizer, max_norm: float) -> torch.Tensor:
         """Each rank's norm of the gradients it owns, one all-reduce (:mod:`zero_lab.engine.clip`)."""
