@@ -25,7 +25,7 @@ print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'ncc
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv 2>/dev/null || true
 
 # The engine with CUDA tensors: W=1 NCCL, W=2 Gloo on one GPU (tests/dist/test_engine_cuda.py).
-step 180 "engine, CUDA tensors (W=1 nccl, W=2 gloo)" "$PY" -m pytest -q -n 0 -p no:cacheprovider \
+step 180 "engine, CUDA tensors (W=1 nccl, W=2 gloo)" "$PY" -m pytest -q -n 0 -p no:cacheprovider -m cuda \
     tests/dist/test_engine_cuda.py
 # The core's single-rank layer and the engine's unit layer (CPU; they must still pass on that host).
 step 120 "core + engine unit layer" "$PY" -m pytest -q -n 0 -p no:cacheprovider \

@@ -245,15 +245,6 @@ def register_grad_reduce(cls: G) -> G:
     return _REGISTRY.register(cls)
 
 
-def unregister_grad_reduce(name: str) -> None:
-    """Forget a registered strategy (built-in ones stay). Transitional, for the one test module that
-    still imports it (tests/unit/test_grad_reduce_unit.py, being rewritten); tests undo their
-    registrations with tests/registries.py. Remove with that import."""
-    if name in GRAD_REDUCES:
-        raise ValueError(f"grad_reduce={name!r} is built in and cannot be unregistered")
-    _REGISTRY._entries.pop(name, None)
-
-
 def registered_grad_reduces() -> tuple[str, ...]:
     """Every registered strategy's name, built-in ones first."""
     return _REGISTRY.names()

@@ -1,4 +1,4 @@
-"""The engine with CUDA tensors (skipped without a GPU; ``scripts/device_check.sh`` runs it on one):
+"""The engine with CUDA tensors (marked ``cuda``, outside the default run; scripts/device_check.sh runs it):
 W=1 over NCCL and W=2 over Gloo with both ranks' tensors on one GPU, parity with DDP + Adam on the
 same device, and every engine buffer on the parameters' device."""
 
@@ -12,7 +12,7 @@ from tests.dist.training import batch, loss_of, make_model
 from zero_lab import ShardedDataParallel
 from zero_lab.runtime import spawn
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _cuda_parity(steps: int = 4) -> dict[str, object]:
