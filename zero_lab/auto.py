@@ -33,6 +33,12 @@ Algorithm, :func:`tune`:
    same choice), and only a clearly faster one displaces it. :attr:`Decision.within_noise`
    lists the other candidates neither clearly faster nor clearly slower than the choice; the
    phase's report carries it, so a summary says when the choice was a near-tie.
+5. **Confirmed.** When the rule displaces the preferred candidate, a second round of as many
+   samples is timed and the rule decides again on both rounds together (the report's figures are
+   theirs). A displacement that one disturbed round produced between candidates doing the same
+   work (two rounds' worth of pairs must still say 80 %) is not taken; a clearly faster candidate
+   stays clearly faster. Every rank decides from the same agreed figures, so every rank times the
+   second round or none does.
 
     decision = tune(key, comm, ["broadcast", "p2p_all_gather"], trial, device=dev, sample_bytes=n, label="tune")
     decision.choice, decision.within_noise   # "broadcast", ("p2p_all_gather",)
@@ -181,14 +187,22 @@ def tune(
     warm = max(timed(name) for name in candidates)
     slowest = comm.all_reduce(torch.tensor([warm], dtype=torch.float64, device=device), dist.ReduceOp.MAX, op=label)
     trials = max(1, min(MAX_TRIALS, math.ceil(SAMPLE_S / max(float(slowest.item()), 1e-9))))
-    samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for rep in range(TUNE_REPS):
-        shift = rep % len(candidates)
-        for name in [*candidates[shift:], *candidates[:shift]]:
-            samples[name].append(timed(name, trials))
-    mine = torch.tensor([samples[n] for n in candidates], dtype=torch.float64, device=device)
-    agreed = dict(zip(candidates, comm.all_reduce(mine, dist.ReduceOp.MAX, op=label).cpu().tolist()))
+
+    def agreed_round() -> dict[str, list[float]]:
+        samples: dict[str, list[float]] = {name: [] for name in candidates}
+        for rep in range(TUNE_REPS):
+            shift = rep % len(candidates)
+            for name in [*candidates[shift:], *candidates[:shift]]:
+                samples[name].append(timed(name, trials))
+        mine = torch.tensor([samples[n] for n in candidates], dtype=torch.float64, device=device)
+        return dict(zip(candidates, comm.all_reduce(mine, dist.ReduceOp.MAX, op=label).cpu().tolist()))
+
+    agreed = agreed_round()
     choice, within = decide(agreed)
+    if choice != candidates[0]:  # step 5: a displacement is decided again on twice the samples
+        again = agreed_round()
+        agreed = {name: agreed[name] + again[name] for name in candidates}
+        choice, within = decide(agreed)
     timings = {n: statistics.median(agreed[n]) for n in candidates}
     noise = {n: _half_iqr(agreed[n]) for n in candidates}
     decision = Decision(choice, timings, noise, within, sample_bytes)
