@@ -10,6 +10,7 @@ The same job is ``zero-lab-train`` once the package is installed. The loop lives
 inside the Hydra job (one run dir per job); under torchrun each process is one rank.
 """
 
+import os
 import signal
 import sys
 
@@ -21,6 +22,17 @@ def _stopped_while_importing(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _stopped_while_exiting(signum: int, _frame: object) -> None:
+    """SIGTERM / SIGINT after the job has returned (its files written; the interpreter is ending
+    W&B's and zero_lab's threads): one line, exit 128 + signal at once, nothing left to unwind."""
+    print(
+        f"zero_lab: stopped by {signal.Signals(signum).name} while exiting; the job had ended, its files are kept",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)
+
+
 if __name__ == "__main__":
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _stopped_while_importing)
@@ -28,4 +40,8 @@ if __name__ == "__main__":
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    main()
+    try:
+        main()
+    finally:
+        for _sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(_sig, _stopped_while_exiting)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from zero_lab.runtime.signals import (
     STOP_SIGNALS,
@@ -17,6 +18,8 @@ from zero_lab.runtime.signals import (
     hand_back,
     stopping_raises,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sigusr2_is_recorded_then_handed_back_to_the_handler_it_replaced_with_sigterm_ignored():
@@ -96,3 +99,23 @@ def test_hand_back_calls_no_keyboard_interrupt_and_looks_through_its_own_handler
         assert seen == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stop_signal_after_the_job_returned_is_one_line_and_128_plus_the_signal(tmp_path):
+    """train.py's last window: the job has returned and the interpreter is ending (atexit: W&B's and
+    zero_lab's threads). A SIGTERM there, sent here from an atexit hook that outlives it, is one line
+    and rc 143, not a silent death by the signal (rc -15)."""
+    script = tmp_path / "exiting.py"
+    script.write_text(
+        "import atexit, os, runpy, signal, sys, time\n"
+        "import zero_lab.app.launch.entry as entry\n"
+        "entry.main = lambda: None  # the job itself is not what this test is about\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(60)))\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr)
+    assert done.stderr.strip().splitlines() == [
+        "zero_lab: stopped by SIGTERM while exiting; the job had ended, its files are kept"
+    ], done.stderr
