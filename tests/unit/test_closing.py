@@ -161,3 +161,18 @@ def test_the_ddp_baseline_prices_only_the_parameters_that_get_state(single_rank_
     with pytest.raises(ValueError, match="specs: 5 for the optimizer's 6 parameters; pass the run plan's"):
         ddp_state_bytes(specs[:5], optimizer, held)
     assert optimizer_classes(optimizer) == [torch.optim.Adam]
+
+
+def test_exchange_auto_names_its_choice_and_a_near_tie_kept_by_preference():
+    exchange_line = (
+        "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB of parameters exchanged per step "
+    )
+    tie = {"requested": "auto", "collective": "broadcast", "within_noise": ["p2p_all_gather"]}
+    assert lines(exchange=tie)[2] == (
+        exchange_line + "(the model's); exchange=auto chose broadcast; p2p_all_gather within the noise of it, "
+        "the preferred one kept"
+    )
+    clear = {"requested": "auto", "collective": "p2p_all_gather", "within_noise": []}
+    assert lines(exchange=clear)[2] == exchange_line + "(the model's); exchange=auto chose p2p_all_gather"
+    named = {"requested": "broadcast", "collective": "broadcast", "within_noise": []}
+    assert lines(exchange=named)[2] == exchange_line + "(the model's)"

@@ -41,7 +41,8 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
     if _local_steps_differ(summary):
         lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
     exchange = Strategy.of(summary.zero, summary.dp).exchange_line(_exchange_share(summary))
-    lines += [f"  parameter exchange: {exchange}", *grad_reduce_lines(summary), *_engine_lines(summary)]
+    lines += [f"  parameter exchange: {exchange}{_auto_choice(summary)}", *grad_reduce_lines(summary)]
+    lines += _engine_lines(summary)
     return [*lines, f"  run dir: {run_dir}"]
 
 
@@ -128,6 +129,17 @@ def grad_reduce_lines(summary: RunSummary) -> list[str]:
     if summary.shard_grads and summary.grad_bytes:
         lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
     return lines
+
+
+def _auto_choice(summary: RunSummary) -> str:
+    """``exchange=auto``: which collective it chose and, when others timed within the noise of it,
+    that the choice was a near-tie kept by preference (zero_lab.auto: the same config, the same choice)."""
+    report = summary.exchange or {}
+    if report.get("requested") != "auto" or report.get("collective") in (None, "auto", "none"):
+        return ""
+    ties = report.get("within_noise") or []
+    tie = f"; {', '.join(ties)} within the noise of it, the preferred one kept" if ties else ""
+    return f"; exchange=auto chose {report['collective']}{tie}"
 
 
 def _exchange_share(summary: RunSummary) -> str:
