@@ -139,7 +139,7 @@ def test_refusals_name_the_problem(single_rank_group):
 
 
 def test_the_app_refuses_what_the_engine_does_not_take_and_lets_ddp_bucket_follow_its_buckets():
-    pytest.importorskip("hydra", reason="the app's config check; scripts/device_check.sh runs this file with torch alone")
+    pytest.importorskip("hydra", reason="the app config check; device_check.sh runs this file with torch alone")
     from tests.preflight import preflight, problems
 
     shown = problems("dp=zero_lab", "overlap=true", "autocast=fp16", "bucket_view=true", "checkpoint_every=5")
