@@ -35,9 +35,13 @@ def test_default_job_ends_with_loss_state_saved_and_exchange_share(default_run, 
     share = ran["exchange_time_s"] / ran["step_time_s"]
     assert 0 < share < 1
     assert exchange.startswith(f"  parameter exchange: {share:.0%} of the step (median ")
-    assert exchange.endswith(
-        f"{ran['exchange_bytes_per_step'] / MIB:.2f} MiB of parameters exchanged per step (the model's)"
-    )
+    volume = f"{ran['exchange_bytes_per_step'] / MIB:.2f} MiB of parameters exchanged per step (the model's)"
+    auto = ran["exchange"]  # the default exchange=auto: the line names its choice and any near-tie
+    assert auto["requested"] == "auto" and auto["collective"] in ("broadcast", "p2p_all_gather"), auto
+    chose = f"; exchange=auto chose {auto['collective']}"
+    if auto["within_noise"]:
+        chose += f"; {', '.join(auto['within_noise'])} within the noise of it, the preferred one kept"
+    assert exchange.endswith(volume + chose), (exchange, auto)
 
 
 def test_a_plain_optimizer_run_says_every_rank_holds_all_of_it(sweep):
