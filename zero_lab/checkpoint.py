@@ -233,22 +233,28 @@ def refused_global(error: pickle.UnpicklingError) -> str | None:
 
 def load_file(path: str | Path, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` on CPU, every failure one :class:`CheckpointError`
-    line naming the file: a refused pickle global is named (torch's own message ends in a
-    documentation link), a truncated or corrupt file says so."""
-    path = Path(path)
+    line naming the file (:func:`load_plain`)."""
+    return load_plain(Path(path), str(path), mmap=mmap)
+
+
+def load_plain(source: Path | io.BytesIO, where: str, mmap: bool = False) -> Any:
+    """``torch.load(source, weights_only=True)`` on CPU, every failure one :class:`CheckpointError`
+    line starting with ``where``: a refused pickle global is named (torch's own message ends in a
+    documentation link), a truncated or corrupt file says so. The native format's files and DCP's
+    non-tensor values (:mod:`zero_lab.dcp_reader`) are read through it."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         refused = refused_global(error)
         what = f"the global {refused}" if refused else "a pickle that is not plain tensors and containers"
         raise CheckpointError(
-            f"{path}: refused to load {what} (weights_only=True loads tensors and plain containers only; "
-            "a checkpoint that needs more was not written by zero_lab or was tampered with)"
+            f"{where}: refused to load {what} (weights_only=True loads tensors and plain containers only; "
+            "a checkpoint that needs more was not written by zero_lab or DCP, or was tampered with)"
         ) from error
     except Exception as error:  # torch raises OSError, RuntimeError, EOFError... for a bad file
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(
-            f"{path}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
+            f"{where}: cannot read it, the file is truncated or corrupt ({type(error).__name__}: {first})"
         ) from error
 
 

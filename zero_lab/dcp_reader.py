@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.futures import Future
 
-from zero_lab.checkpoint import CheckpointError, refused_global, regular_file_size
+from zero_lab.checkpoint import CheckpointError, load_plain, regular_file_size
 from zero_lab.dcp_record import read_record, verify_file
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes 1-3 s to import: only where a DCP checkpoint is read
@@ -153,18 +153,9 @@ def cause(error: BaseException) -> str:
 
 
 def check_value(data: bytes, where: str) -> None:
-    """Raise unless ``data`` loads with ``torch.load(weights_only=True)`` (naming a refused global)."""
-    try:
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        refused = refused_global(error)
-        what = f"the global {refused}" if refused else "a pickle that is not plain data"
-        raise CheckpointError(
-            f"{where}: refused to load {what} (a non-tensor value is read weights_only: plain numbers, strings and "
-            "containers; this checkpoint was not written by DCP from a state dict of those, or was tampered with)"
-        ) from None
-    except Exception as error:  # torch raises RuntimeError, EOFError... for broken bytes
-        raise CheckpointError(f"{where}: cannot read it, the file is truncated or corrupt ({cause(error)})") from error
+    """Raise unless ``data`` loads with ``torch.load(weights_only=True)`` (naming a refused global):
+    the native format's loader, :func:`zero_lab.checkpoint.load_plain`, on the value's bytes."""
+    load_plain(io.BytesIO(data), where)
 
 
 class _WeightsOnlyBytes:
