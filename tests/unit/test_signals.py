@@ -61,6 +61,25 @@ def test_children_started_inside_blocked_for_children_begin_with_sigusr2_blocked
         child.wait(timeout=10)
 
 
+def test_the_forkserver_starts_with_every_stop_signal_blocked_in_a_fresh_process():
+    """Starting multiprocessing's resource tracker unblocks SIGINT and SIGTERM in the starting
+    thread; a forkserver started after that gave its ranks a Ctrl-C as a KeyboardInterrupt
+    mid-start (a traceback, or a rank stuck on a lock the exception left held: CI's run hung).
+    A fresh interpreter, so the tracker is not running yet."""
+    start = "from multiprocessing import forkserver; from zero_lab.runtime import spawn; spawn.start_forkserver()"
+    report = "print(forkserver._forkserver._forkserver_pid, flush=True); import sys; sys.stdin.read()"
+    job = subprocess.Popen(
+        [sys.executable, "-c", f"{start}; {report}"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        server = int(job.stdout.readline())
+        blocked = _blocked(server)
+        assert all(blocked & (1 << (sig - 1)) for sig in STOP_SIGNALS), hex(blocked)
+    finally:
+        job.communicate("", timeout=30)
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
 def test_stopping_raises_names_what_the_job_was_doing_and_kept_then_restores_the_handlers():
     before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
     caught: list[Stopped] = []

@@ -34,6 +34,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any
 
@@ -153,10 +154,16 @@ def blocked_for_children(signums: tuple[int, ...] = (signal.SIGUSR2,)) -> Iterat
     """Block ``signums`` in this thread inside the block, so processes started in it begin with
     them blocked (the mask survives fork and exec): Slurm's SIGUSR2 reaches every process of a
     job step, and a rank still importing torch would die of it. The rank's :class:`StopRequest`
-    unblocks them, and a signal that came meanwhile is delivered to it then."""
+    unblocks them, and a signal that came meanwhile is delivered to it then.
+
+    multiprocessing's resource tracker is started first: the call that starts it (made by the
+    first forkserver, spawned process or queue of a process) unblocks SIGINT and SIGTERM in the
+    calling thread once the tracker runs, which inside the block would start the children after
+    it (a forkserver, and so every rank forked from it) with both unblocked."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         yield

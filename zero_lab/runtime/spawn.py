@@ -265,7 +265,8 @@ def _context(start_method: str):
 #: survives fork): SIGUSR2 as in :func:`~zero_lab.runtime.signals.blocked_for_children`, and
 #: SIGTERM, which Slurm's ``scancel`` and a process-group kill send to every process: the
 #: forkserver must not die of it (its ranks would then die of ``PR_SET_PDEATHSIG`` mid-step,
-#: unsaved), and a rank still starting takes it once its loop handles it; and SIGINT, which a
+#: unsaved; a rank unblocks it as it starts, so the SIGTERM the job forwards ends a rank that has
+#: not reached its loop); and SIGINT, which a
 #: Ctrl-C sends to the whole process group: the server would print a ``KeyboardInterrupt``
 #: traceback while it imports, and a rank waits with it until its loop records it (the job
 #: process forwards SIGTERM to the ranks).
