@@ -136,6 +136,7 @@ class BucketGroup:
         self._issue_ready()
         while self._reducing:
             self._finish_oldest()
+        self.buffer.note_held(exact=True)
         for arrived in self._arrived:
             arrived.clear()
         self._ready = [False] * len(self._ready)

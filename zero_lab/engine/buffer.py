@@ -68,6 +68,7 @@ class ParamAndGradBuffer:
         #: what the optimizer steps for each owned range: the view, or its fp32 copy for bf16/fp16 (main_params)
         self.main: list[torch.Tensor | None] = main_tensors(self.owned)
         self.peak_grad_bytes = 0
+        self._own_bytes = 0  # bytes of the pool's buffers and the owned gradients: only ever grows
 
     @property
     def live(self) -> int:
@@ -84,6 +85,7 @@ class ParamAndGradBuffer:
                 like = self.param_data[b]
                 free.append(torch.empty(self._largest[bucket.kind], dtype=like.dtype, device=like.device))
                 self._made.append(free[-1])
+                self._own_bytes += free[-1].numel() * free[-1].element_size()
             base = free.pop()
             data = base[: bucket.numel]
             data[bucket.offsets[-1] + bucket.sizes[-1] :].zero_()  # offsets increase: the tail is padding
@@ -98,6 +100,7 @@ class ParamAndGradBuffer:
             main = self.main[b]
             assert main is not None, "a bucket this rank owns nothing of has no owned gradient"
             grad = self._owned_grads[b] = torch.empty_like(main)  # fp32 for a bf16 bucket (main_params)
+            self._own_bytes += grad.numel() * grad.element_size()
         return grad
 
     def write_grad(self, b: int, position: int, grad: torch.Tensor | None, scale: float) -> None:
@@ -125,5 +128,10 @@ class ParamAndGradBuffer:
         other = [t.grad for t in self.main if t is not None and t.grad is not None and t.grad.data_ptr() not in ptrs]
         return sum(t.numel() * t.element_size() for t in [*mine, *other])
 
-    def note_held(self) -> None:
-        self.peak_grad_bytes = max(self.peak_grad_bytes, self.held_grad_bytes())
+    def note_held(self, exact: bool = False) -> None:
+        """Raise ``peak_grad_bytes`` to what is held now. Per bucket (``exact=False``) it counts only
+        zero_lab's own tensors, kept as a running sum (O(1): the pool and the owned gradients only
+        grow); once per step (``exact=True``) it also walks the optimizer's tensors for a ``.grad``
+        set from outside (:meth:`held_grad_bytes`)."""
+        held = self.held_grad_bytes() if exact else self._own_bytes
+        self.peak_grad_bytes = max(self.peak_grad_bytes, held)
