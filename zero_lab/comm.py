@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -71,13 +72,38 @@ __all__ = [
     "CommStats",
     "Communicator",
     "Pending",
+    "group_timeout",
+    "new_group",
     "node_link",
     "ranks_per_node",
+    "set_group_timeout",
 ]
 
 #: Link classes of ``CommStats.sent_by_link``: the group axis, then the node axis.
 INTRA_GROUP, INTER_GROUP, INTRA_NODE, INTER_NODE = "intra_group", "inter_group", "intra_node", "inter_node"
 LINK_CLASSES = (INTRA_GROUP, INTER_GROUP, INTRA_NODE, INTER_NODE)
+
+#: The timeout of every process group zero_lab creates (``None``: torch's default for the backend,
+#: 30 minutes, not the world's): the app sets ``dist.timeout_s`` as each rank joins its world, so a
+#: collective on a shard, replica or exchange group is bounded as the world's are.
+_group_timeout: timedelta | None = None
+
+
+def set_group_timeout(timeout: timedelta | None) -> None:
+    """The timeout of the process groups zero_lab creates from now on (:func:`new_group`)."""
+    global _group_timeout
+    _group_timeout = timeout
+
+
+def group_timeout() -> timedelta | None:
+    return _group_timeout
+
+
+def new_group(ranks: Sequence[int], like: Any) -> Any:
+    """A process group over the global ``ranks`` on ``like``'s backend, with :func:`group_timeout`
+    (every rank of the world calls it, in the same order: ``torch.distributed.new_group``'s rule)."""
+    return dist.new_group(ranks=list(ranks), backend=dist.get_backend(like), timeout=_group_timeout)
+
 
 # torch >= 2.13 renamed all_gather_into_tensor; keep working on older releases.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

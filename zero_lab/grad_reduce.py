@@ -89,7 +89,7 @@ import torch.distributed as dist
 
 from zero_lab import background
 from zero_lab.auto import Decision, tune
-from zero_lab.comm import INTER_GROUP, CommStats, Communicator, Pending
+from zero_lab.comm import INTER_GROUP, CommStats, Communicator, Pending, new_group
 from zero_lab.ddp_buckets import DdpBuckets
 from zero_lab.hierarchy import hierarchy_of
 from zero_lab.partition import Partition, bucket_use
@@ -631,7 +631,7 @@ def _reduction_comms(ddp: Any, pipeline: StepPipeline | None) -> tuple[Communica
     outer = pipeline.comm if pipeline is not None else Communicator(ddp.process_group)
     ranks = [outer.global_rank(r) for r in range(outer.world_size)]
     if outer.world_size == dist.get_world_size(ddp.process_group):
-        return Communicator(dist.new_group(ranks=ranks, backend=dist.get_backend(outer.group))), None
+        return Communicator(new_group(ranks, like=outer.group)), None
     own = hierarchy_of(ddp.process_group, outer.world_size, tag="grad_reduce")
     comm = Communicator(own.shard_group)
     if [comm.global_rank(r) for r in range(comm.world_size)] != ranks:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from zero_lab.comm import ranks_per_node
+from zero_lab.comm import group_timeout, ranks_per_node
 
 __all__ = [
     "NODE",
@@ -148,9 +148,9 @@ def hierarchy_of(process_group: Any, shard_size: int | str | None, *, tag: str =
     known = _CREATED.get(key)
     if known is not None and _live(known.shard_group) and _live(known.replica_group):
         return known
-    backend = dist.get_backend(group)
-    shard, _ = dist.new_subgroups_by_enumeration(_global(ranks, shard_ranks(world, size)), backend=backend)
-    replica, _ = dist.new_subgroups_by_enumeration(_global(ranks, replica_ranks(world, size)), backend=backend)
+    made_with = {"timeout": group_timeout(), "backend": dist.get_backend(group)}
+    shard, _ = dist.new_subgroups_by_enumeration(_global(ranks, shard_ranks(world, size)), **made_with)
+    replica, _ = dist.new_subgroups_by_enumeration(_global(ranks, replica_ranks(world, size)), **made_with)
     made = Hierarchy(world, size, position // size, shard, replica)
     _CREATED[key] = made
     return made

@@ -81,7 +81,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zero_lab.comm import Communicator
+from zero_lab.comm import Communicator, new_group
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.exchange import InFlight, issue_owner_broadcast
 from zero_lab.optimizer import ZeroRedundancyOptimizer
@@ -143,7 +143,7 @@ class _OverlapEngine:
         ranks = [own.global_rank(r) for r in range(own.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces;
         # it is metered where the optimizer's exchange is.
-        group = dist.new_group(ranks=ranks, backend=dist.get_backend(own.group))
+        group = new_group(ranks, like=own.group)
         self.comm = Communicator(group, stats=own.stats)
         self.trainable = [p.requires_grad for p in pipeline.params]
         self.index_of = {id(p): i for i, p in enumerate(pipeline.params)}

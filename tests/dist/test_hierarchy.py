@@ -303,3 +303,27 @@ def test_two_by_two(tmp_path: Any) -> None:
     resumed = run_ranks(resume_world, 2, directory)
     for params in resumed:
         assert max_diff(params, ranks[0]["resume_reference"]) <= 1e-6
+
+
+def one_rank_skips_a_replica_collective() -> str:
+    """Rank 0 all-reduces over its replica group ([0, 1] at S=1); rank 1 never does and outlives the
+    world's timeout: rank 0's wait must end at the world's timeout (3 s), not torch's 30 minutes."""
+    from zero_lab.hierarchy import hierarchy_of
+
+    groups = hierarchy_of(None, 1)
+    if dist.get_rank() == 1:
+        import time
+
+        time.sleep(8)
+        return ""
+    try:
+        dist.all_reduce(torch.ones(4), group=groups.replica_group)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+def test_the_groups_zero_lab_creates_time_out_as_the_world_does() -> None:
+    # without the world's timeout the wait would outlive the world's deadline (timeout_s + 30 s)
+    waited = run_ranks(one_rank_skips_a_replica_collective, 2, timeout_s=3)[0]
+    assert "Timed out" in waited and "3000" in waited, waited

@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from zero_lab.comm import Communicator
+from zero_lab.comm import Communicator, set_group_timeout
 from zero_lab.runtime.slurm import slurm_world
 
 __all__ = [
@@ -205,6 +205,7 @@ def join(backend: str, timeout_s: float, port: int | None = None) -> ExternalWor
     os.environ.update(world.env)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    set_group_timeout(timedelta(seconds=timeout_s))
     if dist.get_world_size() != world.world_size:  # never train half a world
         raise RuntimeError(f"{world.runner}: {world.world_size} ranks, the process group: {dist.get_world_size()}")
     return world

@@ -62,6 +62,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zero_lab.comm import set_group_timeout
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.heartbeat import StallWatch, process_state
 from zero_lab.runtime.signals import STOP_SIGNALS, blocked_for_children, handling_stop_signals, signal_name
@@ -190,6 +191,7 @@ def _rank_main(
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        set_group_timeout(timeout)
         payload = (rank, True, pickle.dumps(fn(*args)))
     except BaseException as error:
         payload = (rank, False, (traceback.format_exc(), cause_line(error), blamed_rank(error)))
