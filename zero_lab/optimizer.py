@@ -330,11 +330,6 @@ class ZeroRedundancyOptimizer(Optimizer, Joinable, TorchPrivateNames):
         _check_same_dense_type(self.all_params)
 
         self.hierarchy: Hierarchy = hierarchy_of(process_group, shard_size)  # the groups, made once (on every rank)
-        if self.hierarchy.hierarchical and overlap_with_ddp:
-            raise ValueError(
-                f"shard_size={shard_size} with overlap_with_ddp=True: the overlap hooks step and broadcast each DDP "
-                "bucket over one group; pass shard_size=None (the whole world) or overlap_with_ddp=False"
-            )
         self.process_group = self.hierarchy.shard_group
         self._data_parallel_group = process_group if process_group is not None else dist.group.WORLD
         self._comm = Communicator(self.process_group)

@@ -84,6 +84,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from zero_lab.comm import Communicator, new_group
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.exchange import InFlight, issue_owner_broadcast
+from zero_lab.hierarchy import hierarchy_of
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 from zero_lab.pipeline import StepPipeline
 
@@ -140,10 +141,15 @@ class _OverlapEngine:
         ddp_params = [p for p in ddp.module.parameters() if p.requires_grad]
         pipeline.attach_per_bucket(ddp_bucket_map(ddp), shard_buckets)  # per-bucket step and exchange; builds nothing
         own = pipeline.comm
-        ranks = [own.global_rank(r) for r in range(own.world_size)]
         # The exchange gets its own group: its broadcasts never interleave with DDP's all-reduces;
-        # it is metered where the optimizer's exchange is.
-        group = new_group(ranks, like=own.group)
+        # it is metered where the optimizer's exchange is. With shard groups (shard_size < W) DDP's
+        # all-reduce gives every rank the whole averaged gradient, each group steps and exchanges its
+        # replica of the state inside itself: the exchange groups are shard groups of their own, made
+        # on every rank in the same order.
+        if own.world_size == dist.get_world_size(ddp.process_group):
+            group = new_group([own.global_rank(r) for r in range(own.world_size)], like=own.group)
+        else:
+            group = hierarchy_of(ddp.process_group, own.world_size, tag="overlap").shard_group
         self.comm = Communicator(group, stats=own.stats)
         self.trainable = [p.requires_grad for p in pipeline.params]
         self.index_of = {id(p): i for i, p in enumerate(pipeline.params)}

@@ -184,12 +184,34 @@ def _auto_prefetch() -> float:
 def _refusals() -> list[str]:
     model = make_model()
     errors = []
-    for kwargs in ({"shard_size": 3}, {"shard_size": 2, "overlap_with_ddp": True}):
-        try:
-            ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=LR, **kwargs)
-        except ValueError as error:
-            errors.append(str(error))
+    try:
+        ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=LR, shard_size=3)
+    except ValueError as error:
+        errors.append(str(error))
     return errors
+
+
+def _overlap(interleaved: bool) -> dict[str, Any]:
+    """The DDP overlap hooks at 2 × 2: DDP's all-reduce over the world, then each shard group steps its
+    replica of the state per bucket and broadcasts inside the group (its own exchange groups)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved
+
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), torch.optim.Adam, overlap_with_ddp=True, shard_size=2, lr=LR
+    )  # fmt: skip
+    wrap = hook_with_zero_step_interleaved if interleaved else hook_with_zero_step
+    ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, opt))
+    before = opt.comm_stats.snapshot()
+    _train(opt, ddp)
+    ref_model, _ = _reference()
+    return {
+        "diff": max_diff(model.parameters(), ref_model.parameters()),
+        "links": opt.comm_stats.since(before).sent_by_link,
+    }
 
 
 def hierarchical_world(directory: str) -> dict[str, Any]:
@@ -202,6 +224,8 @@ def hierarchical_world(directory: str) -> dict[str, Any]:
         "reduce_scatter": _parity(SortedGreedy(), "reduce_scatter"),
         "flat_reduce_scatter": _parity(Flat(), "reduce_scatter"),
         "refusals": _refusals(),
+        "overlap": _overlap(interleaved=False),
+        "overlap_interleaved": _overlap(interleaved=True),
         "engine": _engine(Flat()),
         "engine_sorted_greedy": _engine(SortedGreedy()),
         "muon": _muon(),
@@ -294,9 +318,15 @@ def test_two_by_two(tmp_path: Any) -> None:
     assert all(out["auto_prefetch"] <= 1e-6 for out in ranks), [out["auto_prefetch"] for out in ranks]
 
     errors = ranks[0]["refusals"]
-    assert len(errors) == 2
+    assert len(errors) == 1
     assert "shard_size=3 does not divide the world size 4" in errors[0] and "[1, 2, 4]" in errors[0]
-    assert "shard_size=2 with overlap_with_ddp=True" in errors[1]
+
+    for name in ("overlap", "overlap_interleaved"):
+        for out in ranks:
+            assert out[name]["diff"] == 0.0, (name, out[name]["diff"])  # DDP's all-reduce, then the same Adam
+        links = [out[name]["links"] for out in ranks]
+        assert links[0] == links[2] and links[1] == links[3], links  # replicas broadcast the same shards
+        assert any(links) and all(set(link) <= {INTRA_GROUP, INTRA_NODE} for link in links), links  # never across
 
     # shard group 0 wrote the checkpoint: the manifest, the model and its two ranks' files
     assert ranks[0]["files"] == ["manifest.json", "model.pt", "optim-rank00000.pt", "optim-rank00001.pt"]

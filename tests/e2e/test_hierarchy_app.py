@@ -1,6 +1,7 @@
 """``dist.shard_size`` through the real ``python train.py`` at W=4 as 2 × 2: ZeRO-Adam sharded over
 shard groups of 2 (replicated across the 2 groups) trains to DDP + Adam's losses and parameters
-(bitwise with DDP's all-reduce), and so does zero_lab's engine (``dp=zero_lab``); with
+(bitwise with DDP's all-reduce), and so do the DDP overlap hooks (``overlap=true``, each shard group
+stepping and exchanging inside itself) and zero_lab's engine (``dp=zero_lab``); with
 ``grad_reduce=reduce_scatter`` summary.json, W&B and the report split each phase's bytes by link
 class, and the split is what the partition implies."""
 
@@ -31,6 +32,7 @@ def runs(tmp_path_factory):
         ),
         (*WORLD, "optim=adam", "logger=none", f"hydra.run.dir={base / 'ddp'}"),
         (*WORLD, "optim=adam", "dp=zero_lab", "dist.shard_size=2", "logger=none", f"hydra.run.dir={base / 'engine'}"),
+        (*WORLD, "optim=zero_adam", "overlap=true", "dist.shard_size=2", "logger=none", f"hydra.run.dir={base / 'o'}"),
     )
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -55,6 +57,15 @@ def test_the_engine_shards_over_groups_of_two_too(runs):
     state = engine["optim_state_bytes"]
     assert state[0] == state[2] and state[1] == state[3]
     assert links_inside_groups(engine["bytes_per_link"]["param_exchange"])
+
+
+def test_the_overlap_hooks_step_and_exchange_inside_each_shard_group(runs):
+    overlap, ddp = summary(runs / "o"), summary(runs / "ddp")
+    assert overlap["overlap"] and overlap["shard_size"] == 2
+    assert overlap["losses"] == ddp["losses"] and overlap["param_checksum"] == ddp["param_checksum"]
+    state = overlap["optim_state_bytes"]
+    assert state[0] == state[2] and state[1] == state[3]
+    assert links_inside_groups(overlap["bytes_per_link"]["param_exchange"])
 
 
 def links_inside_groups(links: dict[str, list[float]]) -> bool:

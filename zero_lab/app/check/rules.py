@@ -306,8 +306,6 @@ def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
     if plan.optim is not None and not plan.optim.strategy.shards_state:
         return [f"dist.shard_size={size}: optim={_choice(choices, 'optim', cfg)} keeps no sharded state; use "
                 f"{either('optim', zero_options())}, or drop dist.shard_size"]  # fmt: skip
-    if cfg.overlap:
-        return [f"dist.shard_size={size} with overlap=true: the overlap hooks step over one group; drop one of them"]
     return []
 
 
