@@ -18,7 +18,7 @@ def _logger_and_config(overrides: list[str]) -> tuple[dict, dict, dict]:
     cfg, choices, _ = compose_job(overrides)
     logger = OmegaConf.to_container(cfg.logger, enum_to_str=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    return logger, config, {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))}
+    return logger, config, {k: v for k, v in choices.items() if not str(k).startswith("hydra/")}
 
 
 def test_the_default_wandb_logger_gets_tags_from_the_options_world_size_and_overrides():

@@ -41,8 +41,9 @@ import itertools
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -76,6 +77,7 @@ SYSTEM_TREES = (
     "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr",
     "/var/cache", "/var/lib", "/var/log", "/var/spool",
 )  # fmt: skip
+T = TypeVar("T")
 _HELD: dict[str, int] = {}  # run dir -> the open lock file's fd, held until this process exits
 
 
@@ -84,15 +86,6 @@ class RunDirBusy(RuntimeError):
 
 
 _RANK_FILE = re.compile(r"rank\d+\.(log|error\.txt)")
-
-
-def unusable(path: Path, error: OSError) -> RunDirBusy:
-    """One line naming a run dir that cannot be created or written, and why."""
-    where = f" ({error.filename})" if error.filename and str(error.filename) != str(path) else ""
-    return RunDirBusy(
-        f"run dir {path} cannot be used: {error.strerror or error}{where}; give a writable hydra.run.dir=... "
-        "(or hydra.sweep.dir=... with -m)"
-    )
 
 
 def system_dir(path: str | Path) -> str | None:
@@ -168,12 +161,24 @@ def set_aside_earlier_run(directory: Path) -> Path | None:
     return target
 
 
-def _unclaimed(path: Path, error: Exception) -> RunDirBusy:
-    """One line for a claim that failed other than by the file system (``PosixPath('/') has an empty name``)."""
-    return RunDirBusy(
-        f"run dir {path} cannot be claimed ({type(error).__name__}: {error}); the job does not run without its "
-        "claim: give a writable hydra.run.dir=<a dir of yours> (or hydra.sweep.dir=... with -m)"
-    )
+def _claim_or_fail(path: Path, take: Callable[[], T]) -> T:
+    """``take()``, the claim of ``path``; a claim that fails stops the job with one line naming
+    the dir (exit 2): Hydra would only warn about a callback's error and run on, unclaimed."""
+    try:
+        return take()
+    except RunDirBusy as error:
+        fail(error)
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(path) else ""
+        fail(
+            f"run dir {path} cannot be used: {error.strerror or error}{where}; give a writable hydra.run.dir=... "
+            "(or hydra.sweep.dir=... with -m)"
+        )
+    except ValueError as error:  # a path the OS cannot take (an embedded NUL, a root with no name)
+        fail(
+            f"run dir {path} cannot be claimed ({type(error).__name__}: {error}); the job does not run without its "
+            "claim: give a writable hydra.run.dir=<a dir of yours> (or hydra.sweep.dir=... with -m)"
+        )
 
 
 def _take(directory: Path) -> None:
@@ -202,11 +207,6 @@ def claim(path: str | Path, explicit: bool) -> Path:
     raise RunDirBusy(f"no free run dir next to {path} (tried {path.name}-1 ... -999)")
 
 
-def _given(config: DictConfig, key: str) -> bool:
-    """True when the command line set ``key`` (e.g. ``hydra.run.dir=...``)."""
-    return given(config.hydra.overrides.hydra, key)
-
-
 class ClaimRunDir(Callback):
     """Hydra callback: claim the run dir before the job writes into it (module docstring)."""
 
@@ -214,14 +214,8 @@ class ClaimRunDir(Callback):
         if external.active():
             return
         wanted = str(config.hydra.run.dir)
-        try:
-            claimed = claim(wanted, explicit=_given(config, "hydra.run.dir"))
-        except RunDirBusy as error:
-            fail(error)
-        except OSError as error:  # Hydra would only warn and run on, unlocked
-            fail(unusable(Path(wanted), error))
-        except ValueError as error:  # a path the OS cannot take (an embedded NUL, a root with no name)
-            fail(_unclaimed(Path(wanted), error))
+        explicit = given(config.hydra.overrides.hydra, "hydra.run.dir")  # else Hydra's default dir
+        claimed = _claim_or_fail(Path(wanted), lambda: claim(wanted, explicit))
         if str(claimed) != wanted:
             with read_write(config.hydra), open_dict(config.hydra):
                 OmegaConf.update(config, "hydra.run.dir", str(claimed), merge=False)
@@ -230,15 +224,12 @@ class ClaimRunDir(Callback):
         if external.rank() > 0 or config.hydra.mode != RunMode.MULTIRUN:
             return
         output = Path(str(config.hydra.runtime.output_dir))
-        try:
+
+        def take() -> None:
             _refuse_system_dir(output, "hydra.sweep.dir")
             _take(output)
-        except RunDirBusy as error:
-            fail(error)
-        except OSError as error:
-            fail(unusable(output, error))
-        except ValueError as error:
-            fail(_unclaimed(output, error))
+
+        _claim_or_fail(output, take)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep dir that is a system dir is refused before Hydra's launcher creates anything in it."""

@@ -4,36 +4,26 @@ Two modes, chosen by ``hydra.launcher.nodes`` × ``hydra.launcher.tasks_per_node
 
 * **one task per job** (the default, 1 × 1): each sweep job is one Slurm job of one task,
   which starts its ``dist.world_size`` ranks inside, as on a laptop — a sweep is a job array;
-* **multi-node** (more than one task): each sweep job is one Slurm job whose tasks *are*
-  its ranks (``tasks_per_node`` ranks on each of ``nodes`` nodes), started by Slurm's
-  ``srun``; every task runs the Hydra job, rank 0 claims the job dir and writes ``.hydra/``
-  and the job log, the others join (:data:`zero_lab.runtime.external.FOLLOWER_OVERRIDES`),
-  and the ranks rendezvous at the first node (:mod:`zero_lab.runtime.slurm`).
+* **multi-node** (more than one task): each sweep job's Slurm tasks *are* its ranks, started by
+  ``srun``; every task runs the Hydra job, rank 0 claims the job dir and writes ``.hydra/`` and
+  the job log, the others join (:data:`zero_lab.runtime.external.FOLLOWER_OVERRIDES`), and the
+  ranks rendezvous at the first node (:mod:`zero_lab.runtime.slurm`).
 
-What the job asks Slurm for follows the job's config (:func:`job_resources`) wherever
-the launcher's field is left ``null``: ``cpus_per_task`` = ranks per task ×
-``dist.threads_per_rank``; ``gpus_per_node`` = ranks per node with ``dist.device=cuda``;
-``mem_gb`` (Slurm's ``--mem``, per node) = per rank on the node a fixed :data:`RANK_BASE_GIB`
-(interpreter, torch) plus twice what the memory planner prices for plain DDP + the optimizer
-(:func:`zero_lab.planner.plan_memory`: parameters, gradients, DDP's buckets, full state: ZeRO holds less), plus
-:data:`JOB_BASE_GIB` for the job process in one-task mode, rounded up to whole GiB. Jobs
-of a sweep that need different resources go out as separate arrays.
+A launcher field left ``null`` follows the job's config (:func:`job_resources`): CPUs are
+ranks per task × ``dist.threads_per_rank``, GPUs the ranks per node with ``dist.device=cuda``,
+``mem_gb`` (per node) :data:`RANK_BASE_GIB` per rank plus twice what the planner prices for
+plain DDP + the optimizer (ZeRO holds less), plus :data:`JOB_BASE_GIB` for the job process in
+one-task mode. Jobs of a sweep that need different resources go out as separate arrays.
 
-Time limits: submitit asks for ``--signal=USR2@<signal_delay_s>``; the ranks finish the same
-step, checkpoint, and task 0 hands the signal back to submitit, which calls :meth:`checkpoint`
-(inherited: resubmit this job with the same arguments) and requeues; the requeued job resumes
-from the checkpoint by itself (:func:`zero_lab.app.launch.requeue.continue_requeued_run`). A job is
-requeued at most ``max_num_timeout`` times for its time limit (pre-emptions do not count).
+At the time limit submitit's ``--signal=USR2@<signal_delay_s>`` reaches the ranks, which
+checkpoint; task 0 hands the signal back to submitit, which requeues the job (at most
+``max_num_timeout`` times), and the requeued job resumes by itself
+(:mod:`zero_lab.app.launch.requeue`). When the jobs end, the submitting terminal shows each
+job's closing lines, read from task 0's log, or a failed job's error and log; a submission
+sbatch refuses is one line with its reason (:func:`submission_failure`), exit 1.
 
-When the jobs end, the submitting terminal shows each job's closing lines, read from task
-0's log, or, for a job that failed, its error and where its log is. A submission that fails
-(``sbatch`` missing, or refusing: an unknown partition, a limit) is one line with sbatch's own
-reason (:func:`submission_failure`), the jobs already submitted named with how to cancel them;
-the command exits 1.
-
-Hydra loads launchers only from classes defined in the ``hydra_plugins`` package:
-``hydra_plugins/zero_lab_slurm`` defines ``ZeroLabSlurmLauncher``, an empty subclass of
-:class:`SlurmJobsLauncher`, and ``conf/hydra/launcher/slurm.yaml`` names it.
+Hydra loads launchers only from the ``hydra_plugins`` package: ``hydra_plugins/zero_lab_slurm``
+defines ``ZeroLabSlurmLauncher``, an empty subclass of :class:`SlurmJobsLauncher`.
 """
 
 from __future__ import annotations
@@ -84,11 +74,6 @@ def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
     return int(launcher.get("nodes") or 1), int(launcher.get("tasks_per_node") or 1)
 
 
-def _planned_rank_bytes(cfg: DictConfig) -> int:
-    """What the planner prices for one rank of plain DDP + this optimizer (an upper bound for ZeRO)."""
-    return RunPlan.of(cfg).memory(None, world_size=1, master_weights=False).ranks[0].total_bytes
-
-
 def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:
     """``cpus_per_task``, ``gpus_per_node``, ``mem_gb`` for this job: the launcher's values where
     set, else derived from ``dist`` and the planner (module docstring)."""
@@ -101,7 +86,8 @@ def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:
         "cpus_per_task": ranks_per_task * int(cfg.dist.threads_per_rank),
         "gpus_per_node": ranks_per_node if cuda else None,
     }
-    host_bytes = 0 if cuda else 2 * _planned_rank_bytes(cfg)
+    plain_ddp = None if cuda else RunPlan.of(cfg).memory(None, world_size=1, master_weights=False)  # ZeRO holds less
+    host_bytes = 0 if plain_ddp is None else 2 * plain_ddp.ranks[0].total_bytes
     gib = ranks_per_node * (RANK_BASE_GIB + host_bytes / 2**30) + (0 if multi else JOB_BASE_GIB)
     derived["mem_gb"] = max(1, math.ceil(gib))  # Slurm's --mem: per node
     return {key: launcher[key] if launcher.get(key) is not None else value for key, value in derived.items()}
@@ -153,7 +139,7 @@ class SlurmJobsLauncher(SlurmLauncher):
         arguments = []
         for offset, overrides in enumerate(job_overrides):
             idx = initial_job_idx + offset
-            cfg = self._job_config(overrides)
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             self._check_world(cfg, list(overrides))
             resources = job_resources(cfg, params)
             groups.setdefault(tuple(sorted(resources.items())), []).append(offset)
@@ -173,10 +159,6 @@ class SlurmJobsLauncher(SlurmLauncher):
             for offset, job in zip(offsets, submitted):
                 jobs[offset] = job
         return self._collect(jobs, initial_job_idx)
-
-    def _job_config(self, overrides: Sequence[str]) -> DictConfig:
-        assert self.config is not None and self.hydra_context is not None
-        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
 
     def _check_world(self, cfg: DictConfig, overrides: list[str]) -> None:
         """Multi-node mode: a ``dist.world_size`` given for the job must equal nodes × tasks_per_node."""

@@ -1,38 +1,22 @@
 """The Hydra task: start the ranks inside this job, report where it went.
 
-:func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a
-``-m`` sweep, under any launcher), with a config the check callback already checked
-(:mod:`zero_lab.app.check.callback`; the task checks only a job no callback of its process
-saw). The ranks start here, from this one resolved config, via
-:func:`zero_lab.runtime.spawn.run_world` (own rendezvous port per job, so concurrent sweep
-jobs never collide); under torchrun or ``srun`` with several tasks (also ``hydra/launcher=slurm``
-with ``nodes``/``tasks_per_node`` > 1) this process *is* a rank and trains directly.
+:func:`run` is what ``train.py``'s ``@hydra.main`` calls, once per job (also per job of a ``-m``
+sweep, under any launcher), with a config the check callback already checked
+(:mod:`zero_lab.app.check.callback`; the task checks only a job no callback of its process saw).
+The ranks start here, from this one resolved config, via :func:`zero_lab.runtime.spawn.run_world`
+(own rendezvous port per job, so concurrent sweep jobs never collide); under torchrun or ``srun``
+with several tasks this process *is* a rank and trains directly.
 
-A sweep job that would train what an earlier, finished job of the sweep trained (a plain
-optimizer's jobs that differ only in the partitioner it ignores) is not run again
-(:mod:`zero_lab.app.launch.repeats`): it says so in one line and returns the earlier job's objective.
+A sweep job that would train what an earlier, finished job trained is not run again
+(:mod:`zero_lab.app.launch.repeats`); a job Slurm requeued resumes from its run dir's checkpoint
+(:mod:`zero_lab.app.launch.requeue`); a run stopped by a signal hands the signal back to the
+handler it replaced (:func:`zero_lab.runtime.signals.hand_back`: under the Slurm launcher,
+submitit's, which requeues the job) and otherwise exits non-zero, saying how.
 
-A job Slurm requeued (its time limit, a pre-emption) continues from the checkpoint its last
-attempt saved in its run dir (:func:`zero_lab.app.launch.requeue.continue_requeued_run`); a run
-stopped by a signal hands the signal back to the handler it replaced
-(:func:`zero_lab.runtime.signals.hand_back`: under the Slurm launcher, submitit's, which
-requeues the job) and otherwise exits non-zero, saying how (:mod:`zero_lab.app.record.failure_text`).
-
-The run dir (Hydra's output dir) then holds::
-
-    .hydra/            resolved config, overrides (Hydra)
-    train.log          this job's log (Hydra)
-    meta.json          git revision, command line, group choices, seeds (app/record/provenance.py)
-    logs/rank{r}.log   one log per rank (+ rank{r}.error.txt if it failed)
-    metrics.jsonl      one JSON object per logged step (rank 0)
-    summary.json       written at the end (rank 0)
-    checkpoints/       with checkpoint_every=K
-    wandb/             with logger=wandb
-
-:func:`run` returns the ``objective`` (:mod:`zero_lab.app.record.objective`) read from summary.json,
-which is what a sweeper such as Optuna optimises, and ends with a few lines that show what
-ZeRO saved (:func:`zero_lab.app.record.closing.closing_lines`): final loss, optimizer state per rank against what the
-plain optimizer would hold (the planner's prediction), the exchange's share of the step.
+The run dir holds Hydra's ``.hydra/`` and ``train.log``, the files of
+:mod:`zero_lab.app.record.run_files`, ``checkpoints/`` and ``wandb/``. :func:`run` returns the
+``objective`` read from summary.json (what a sweeper such as Optuna optimises) and prints the
+closing lines (:func:`zero_lab.app.record.closing.closing_lines`).
 """
 
 from __future__ import annotations
@@ -103,9 +87,8 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
     overrides = list(hydra_cfg.overrides.task)
     said = notices(cfg, overrides, run_plan)
     config = to_container(cfg)
-    original = (
-        _earlier_identical_job(hydra_cfg, config, plan, run_dir, world) if hydra_cfg.mode == RunMode.MULTIRUN else None
-    )
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN and world is None  # under torchrun/srun each rank is a job
+    original = _earlier_identical_job(hydra_cfg, config, plan, run_dir) if in_sweep else None
     for notice in said if original is None else []:
         _note(notice)
     meta = run_meta(hydra_cfg, OmegaConf.to_container(hydra_cfg.runtime.choices))  # type: ignore[arg-type]
@@ -176,19 +159,11 @@ def _fail_logged(text: str, code: int) -> NoReturn:
     fail(text, code)
 
 
-def _unused_by(plan: OptimPlan) -> tuple[str, ...]:
-    """The top-level keys a job's optimizer ignores (a plain optimizer: the partitioner and the bucket view)."""
-    return plan.strategy.unused_keys
-
-
 def _earlier_identical_job(
-    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, run_dir: Path, world: Any
+    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, run_dir: Path
 ) -> repeats.Original | None:
-    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.launch.repeats`);
-    ``None`` under torchrun/srun ranks (each rank is a job of its own world)."""
-    if world is not None:
-        return None
-    key = repeats.job_key(config, _unused_by(plan))
+    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.launch.repeats`)."""
+    key = repeats.job_key(config, plan.strategy.unused_keys)
     sweep_dir = run_dir
     for _ in Path(str(hydra_cfg.sweep.subdir)).parts:  # the run dir is <sweep dir>/<subdir>, as Hydra made it
         sweep_dir = sweep_dir.parent
@@ -199,7 +174,7 @@ def _repeat(
     original: repeats.Original, cfg: DictConfig, plan: OptimPlan, overrides: list[str], run_dir: Path
 ) -> Objective:
     """This job repeats ``original``: say so in one line, record it, return the earlier job's objective."""
-    unused = [o.text for o in read(overrides) if o.root in _unused_by(plan)]
+    unused = [o.text for o in read(overrides) if o.root in plan.strategy.unused_keys]
     differing = [o for o in overrides if o not in original.overrides]
     why = (
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer, so"

@@ -1,15 +1,10 @@
 """The lines a job ends with: what the run showed, read from its :class:`RunSummary`.
 
-Final loss; the validation loss (final and best) when ``eval_every`` ran; the checkpoint a
-resumed run started from; accumulation; optimizer state per rank against what DDP + the same
-optimizer classes would hold on every rank (``ddp_state_bytes``, the planner's prediction over
-the parameters that have state, so a saving never exceeds the world size); for Muon and any
-cost model other than ``numel``, each rank's local optimizer step and the slowest ÷ mean (what
-``partitioner.cost`` changes); the exchange's share of the median step and the parameter
-bytes it moves (what the model exchanges: every trainable parameter, each step); with
-``grad_reduce=``, the bytes each rank sent per phase (``grad_reduce``, ``param_exchange``: measured
-by the Communicator, the most any rank sent); the run dir. The Slurm launcher finds them again in a
-job's log by their first line (:data:`FIRST_LINE`)::
+Each only when it applies: the final loss; resume, accumulation, validation; optimizer state per
+rank against DDP + the same optimizer classes; each rank's local optimizer step (Muon, or a
+``partitioner.cost`` other than ``numel``); the exchange's share of the step and the bytes it
+moves; the gradient reduction's bytes per phase; the engine (``dp=zero_lab``); the run dir. The
+Slurm launcher finds them again in a job's log by their first line (:data:`FIRST_LINE`)::
 
     print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
 """

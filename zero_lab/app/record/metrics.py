@@ -1,14 +1,9 @@
-"""Per-step measurements of every rank, gathered to rank 0 with one small collective.
+"""Per-step measurements of every rank, gathered with one small collective.
 
-Each rank measures a fixed vector (:class:`RankStep`): its loss, step time, the time and bytes
-of the optimizer's parameter exchange and of the gradient reduction (``CommStats.since(...)``),
-its local optimizer step (:class:`LocalStepClock`), optimizer-state bytes (the real state
-tensors), the bytes of every tensor it trains with (what ZeRO shrinks, without the
-interpreter's and torch's own memory), peak memory and samples. One ``all_gather`` of that
-float64 vector per step brings every rank's values everywhere; :func:`step_record` turns them
-into the catalogue's keys (:mod:`zero_lab.app.record.catalogue`: each ``per_rank`` metric as
-``<key>/rank{r}``, ``/max``, ``/mean``; the loss as the mean over ranks and per rank; samples/s
-as the global batch over the slowest rank's step)::
+Each rank measures a fixed vector (:class:`RankStep`, the catalogue's per-rank metrics and its
+loss); one ``all_gather`` of that float64 vector per step brings every rank's values everywhere,
+and :func:`step_record` turns them into the catalogue's keys (:mod:`zero_lab.app.record.catalogue`:
+``<key>/rank{r}``, ``/max``, ``/mean``; samples/s as the global batch over the slowest rank's step)::
 
     gather = MetricsGather(device)
     per_rank = gather(RankStep(loss=..., step_s=..., ...))   # collective, every rank

@@ -3,13 +3,6 @@
 The bar draws only when enabled *and* stderr is a terminal; under pytest, CI, SLURM or a
 redirected log it is a no-op, so log files hold no carriage-return noise.
 
-The bar writes under a thread lock of its own. tqdm's default write lock also makes a
-``multiprocessing.RLock``: in a spawned rank that is a named POSIX semaphore the resource
-tracker registers, and a rank ends with ``os._exit`` (:mod:`zero_lab.runtime.spawn`), so the
-semaphore was never unlinked and every interactive run ended with ``resource_tracker: There
-appear to be 1 leaked semaphore objects``. One process draws the bar, so a thread lock is all
-it needs, and no semaphore is made.
-
     with Progress(total=100, start=0, enabled=rank == 0) as bar:
         bar.update({"train/loss": 0.5})
 """
@@ -28,8 +21,10 @@ __all__ = ["Progress"]
 
 
 class _RankBar(tqdm):
-    """tqdm with a thread lock of its own: ``get_lock()`` finds it, so tqdm never creates its
-    process-shared default lock (a named semaphore)."""
+    """tqdm with a thread lock of its own: ``get_lock()`` finds it, so tqdm never creates its default
+    ``multiprocessing.RLock``, a named semaphore the resource tracker registers, which a rank
+    ending with ``os._exit`` (:mod:`zero_lab.runtime.spawn`) never unlinked ("leaked semaphore
+    objects" after every interactive run). One process draws the bar: a thread lock is enough."""
 
     _lock = threading.RLock()
 

@@ -29,7 +29,7 @@ def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
         "command": shlex.join([*COMMAND, *overrides]),  # pasteable as is
         "argv": list(sys.argv),
         "overrides": overrides,
-        "choices": {k: v for k, v in choices.items() if not str(k).startswith(("hydra/", "schema/"))},
+        "choices": {k: v for k, v in choices.items() if not str(k).startswith("hydra/")},
         "git": git_revision(),
         "host": socket.gethostname(),
         "torch": torch.__version__,
@@ -47,17 +47,13 @@ def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:
 
 
 def git_revision() -> dict[str, Any]:
-    """HEAD of the project's git checkout and whether the tree had local changes."""
+    """HEAD of the project's git checkout and whether the tree had local changes (``None``: no checkout)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(SOURCE_DIR), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(SOURCE_DIR), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        status = subprocess.run(
-            ["git", "-C", str(SOURCE_DIR), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return {"rev": None, "dirty": None}
     if head.returncode != 0:

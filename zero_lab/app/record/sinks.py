@@ -1,21 +1,16 @@
 """Where metrics go: ``metrics.jsonl`` (rank 0) always, plus the configured logger.
 
-A sink is anything with ``log(record)``, ``summary(summary)`` (the run's
-:class:`~zero_lab.app.record.summary.RunSummary`) and ``close(failed)`` (:class:`MetricSink`).
-``cfg.logger`` is a ``_partial_`` target completed at the call site (:func:`make_logger_sink`)
-with the run dir and what the W&B run shows (its config, group, name, tags and summary keys:
-:mod:`zero_lab.app.record.wandb_run`), each only if the sink's constructor takes it: a sink of your own
-(``logger._target_=my_project.PrintSink``) declares what it wants, ``__init__(self)`` included.
+A sink is anything with ``log(record)``, ``summary(summary)`` and ``close(failed)``
+(:class:`MetricSink`). ``cfg.logger`` is a ``_partial_`` target completed at the call site
+(:func:`make_logger_sink`) with the run dir and the W&B run's config
+(:mod:`zero_lab.app.record.wandb_run`), each only if the sink's constructor takes it: a sink of
+your own (``logger._target_=my_project.PrintSink``) declares what it wants.
 
-Who runs the logger: with ranks started inside the Hydra job, the job process follows
-rank 0's ``metrics.jsonl`` (:class:`JsonlFollower`), which keeps W&B's per-call cost off
-the training loop and lets the job finish the W&B run even if its ranks were killed.
-Under torchrun there is no such process, so rank 0 logs directly.
-
-:class:`WandbSink` imports wandb lazily; offline mode needs no key and no network, and
-everything (run files, wandb-core logs, cache) stays in the run dir. ``close`` always
-finishes the run and tears wandb-core down, so no process outlives the job, then prints
-where the run is (offline: its directory and the ``wandb sync`` command; online: its URL).
+With ranks started inside the Hydra job, the job process runs the logger
+(:class:`JsonlFollower`); under torchrun there is no such process, so rank 0 logs directly.
+:class:`WandbSink` imports wandb lazily; offline mode needs no key and no network, and its files
+stay in the run dir. ``close`` always finishes the run and tears wandb-core down, so no process
+outlives the job, then prints where the run is (offline: the ``wandb sync`` command; online: its URL).
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ from omegaconf import OmegaConf
 from zero_lab.app.config.schema import HYDRA_KEYS, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
-from zero_lab.app.record.wandb_run import identity, run_config, run_summary, where
+from zero_lab.app.record.wandb_run import identity, run_config, run_summary
 from zero_lab.files import finite_json
 
 __all__ = ["JsonlFollower", "JsonlSink", "MetricSink", "NullSink", "WandbSink", "make_logger_sink"]
@@ -148,7 +143,12 @@ class WandbSink:
             self.run.config.update({"exchange_report": summary.exchange}, allow_val_change=True)
 
     def close(self, failed: bool = False) -> None:
-        line = where(bool(self.run.offline), str(self.run.settings.sync_dir), self.run.url)
+        sync_dir = str(self.run.settings.sync_dir)
+        line = (
+            f"zero_lab: W&B run (offline): {sync_dir}\n  upload it with: wandb sync {sync_dir}"
+            if self.run.offline
+            else f"zero_lab: W&B run: {self.run.url}"
+        )
         try:
             self.run.finish(exit_code=1 if failed else 0)
         finally:
@@ -204,14 +204,13 @@ def _takes(make: Any, key: str) -> bool:
 class JsonlFollower:
     """Forwards rank 0's ``metrics.jsonl`` to a sink from a thread of the *job* process.
 
-    Why not log from rank 0: ``wandb.Run.log`` costs ≈ 0.7 ms of Python per call, and a
-    thread in rank 0 would take the GIL from the training loop; either way the other ranks
-    wait for rank 0 at the next collective. The job process is idle while its ranks train,
-    so the logger lives there: it opens the sink (``make_sink``) on its own thread while the
-    ranks start, polls the file, and on :meth:`close` drains it, adds ``summary.json``
-    and closes the sink — also when a rank failed and the ranks were killed.
+    Why not log from rank 0: ``wandb.Run.log`` costs ≈ 0.7 ms of Python per call, and a thread
+    in rank 0 would take the GIL from the training loop, while the job process is idle while its
+    ranks train. The thread opens the sink (``make_sink``) while the ranks start and polls the
+    file; :meth:`close` drains it, adds ``summary.json`` and closes the sink — also when a rank
+    failed and the ranks were killed, so the W&B run is finished either way.
 
-        with JsonlFollower(run_dir / METRICS_FILE, make_sink) as follower:
+        with JsonlFollower(run_dir / METRICS_FILE, make_sink):
             run_world(...)
     """
 

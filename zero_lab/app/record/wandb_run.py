@@ -1,19 +1,8 @@
 """What a W&B run shows: a config a researcher can filter, a summary a sweep can compare.
 
-Pure functions of dicts (no wandb import), used by :mod:`zero_lab.app.record.sinks`:
-
-* :func:`run_config` — the resolved Hydra config as flat dotted keys (``optim.lr``,
-  ``model.depth``) without Hydra's machinery (``_target_``, ``_partial_``, ``_convert_``,
-  ``_recursive_``; a ``hydra.utils.get_class`` wrapper becomes its dotted path), plus the
-  option chosen in every config group as a plain key (``optim: zero_adam``), and the
-  ``logger.*`` keys as the run really used them (group and name filled in, unset ones
-  left out — no ``logger.group <nil>``);
-* :func:`identity` — W&B ``group`` (the sweep), ``name`` (the job's overrides), ``tags``
-  (``optim:zero_adam``, ``world_size:2`` and every override, e.g. ``param_dtype:bfloat16``);
-* :func:`run_summary` — the :class:`~zero_lab.app.record.summary.RunSummary` as W&B summary keys:
-  scalars as they are, every per-rank list as ``…/rank{r}``, ``…/max``, ``…/min`` (the step
-  keys' prefixes), plus ``memory/imbalance``, ``memory/state_vs_ddp`` and ``comm/exchange_mode``;
-* :func:`where` — the line that tells the user where the run went and how to upload it.
+Pure functions of dicts (no wandb import), used by :class:`zero_lab.app.record.sinks.WandbSink`:
+the run's config (:func:`run_config`), its group, name and tags (:func:`identity`) and its
+summary (:func:`run_summary`).
 
     config = run_config(resolved, meta["choices"], identity(logger_cfg, meta, world_size=2, zero=True))
 """
@@ -28,7 +17,7 @@ from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.catalogue import DDP_STATE_BYTES, EXCHANGE_MODE, IMBALANCE, STATE_VS_DDP, SUMMARY_LISTS
 from zero_lab.app.record.summary import RunSummary
 
-__all__ = ["identity", "run_config", "run_summary", "where"]
+__all__ = ["identity", "run_config", "run_summary"]
 
 _GETTERS = frozenset({"hydra.utils.get_class", "hydra.utils.get_method", "hydra.utils.get_object"})
 MAX_TAG = 64  # W&B refuses longer tags
@@ -49,7 +38,10 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
 
 
 def run_config(config: dict[str, Any], choices: dict[str, Any], logger: dict[str, Any]) -> dict[str, Any]:
-    """The W&B run config (see the module docstring); ``logger``: the logger's settings as used."""
+    """The resolved config as flat dotted keys (``optim.lr``) without Hydra's machinery
+    (``_target_``, ...; a ``hydra.utils.get_class`` node becomes its dotted path), the option of
+    every config group as a plain key (``optim: zero_adam``), and ``logger``, the logger's
+    settings as the run used them (group and name filled in, unset ones left out)."""
     out: dict[str, Any] = {}
     _flatten({k: v for k, v in config.items() if k != "logger"}, "", out)
     _flatten({"logger": {k: v for k, v in logger.items() if v is not None}}, "", out)
@@ -79,7 +71,8 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
 
 
 def run_summary(summary: RunSummary) -> dict[str, Any]:
-    """W&B summary keys of ``summary.json`` (see the module docstring)."""
+    """W&B summary keys of ``summary.json``: scalars as they are, every per-rank list as
+    ``…/rank{r}``, ``…/max``, ``…/min`` (the step keys' prefixes), and the namespaced scalars."""
     values = summary.as_dict()
     out = {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
     for metric in SUMMARY_LISTS:
@@ -99,10 +92,3 @@ def run_summary(summary: RunSummary) -> dict[str, Any]:
     if values.get("grad_reduce"):
         out["comm/grad_reduce"] = values["grad_reduce"]["strategy"]
     return out
-
-
-def where(offline: bool, sync_dir: str, url: str | None) -> str:
-    """``zero_lab: W&B run …`` with how to upload an offline run."""
-    if offline:
-        return f"zero_lab: W&B run (offline): {sync_dir}\n  upload it with: wandb sync {sync_dir}"
-    return f"zero_lab: W&B run: {url}"

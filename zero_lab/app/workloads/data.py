@@ -214,10 +214,7 @@ def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
 @functools.lru_cache(maxsize=4)  # the standard library's 5,000 files are listed once, whatever max_bytes asks
 def _matching_files(folder: Path, pattern: str) -> tuple[Path, ...]:
     """The files under ``folder`` matching ``pattern``, sorted, without installed packages."""
-    installed = ("site-packages", "dist-packages")  # the standard library's folder may hold installed packages
-    return tuple(sorted(p for p in folder.glob(pattern) if p.is_file() and not installed_part(p, folder, installed)))
-
-
-def installed_part(file: Path, root: Path, names: tuple[str, ...]) -> bool:
-    """True when ``file`` lies in a folder named one of ``names`` below ``root``."""
-    return any(part in names for part in file.relative_to(root).parts[:-1])
+    installed = {"site-packages", "dist-packages"}  # the standard library's folder may hold installed packages
+    return tuple(
+        sorted(p for p in folder.glob(pattern) if p.is_file() and not installed & set(p.relative_to(folder).parts[:-1]))
+    )

@@ -1,16 +1,11 @@
 """``transformers`` causal LMs built from config objects: real architectures, no download.
 
-The ``[models]`` extra (``pip install zero_lab[models]``; ``make setup`` installs it). Calling
-``GPT2(...)`` or ``Llama(...)`` builds the ``transformers`` model (``GPT2LMHeadModel``,
-``LlamaForCausalLM``) from a config made of typed arguments, so those arguments are the
-``model.`` keys; the classes carry ``task = "lm"``. The forward returns a ``CausalLMOutput``
-whose ``logits`` the data's next-token loss reads (``output_key=logits``). Input and output
-embeddings are tied, as in GPT-2 and small Llamas. Weights are initialised by ``transformers``
-from torch's RNG (the app seeds it): nothing is fetched from a hub.
-
-``transformers`` is imported when a model is built, not with this module: the app derives
-every option's schema from its class at start (``schema.register_configs``), and importing
-``transformers`` costs about 2 s of CPU that runs of the other models should not pay.
+The ``[models]`` extra. ``GPT2(...)`` and ``Llama(...)`` build ``GPT2LMHeadModel`` and
+``LlamaForCausalLM`` from a config made of typed arguments, so those arguments are the ``model.``
+keys; the forward's ``logits`` are what the data's next-token loss reads. Embeddings are tied, as
+in GPT-2 and small Llamas; weights come from torch's RNG (the app seeds it), nothing from a hub.
+``transformers`` is imported on the first build, not with this module: the app derives every
+option's schema from its class at start, and the import costs about 2 s of CPU.
 
     model = GPT2(vocab_size=256, n_positions=128, n_embd=128, n_layer=4, n_head=4)
     logits = model(tokens)["logits"]

@@ -1,42 +1,21 @@
 """What the app asks of a model and of a data source, written down and checked before start.
 
-**A model** is a ``torch.nn.Module`` built from ``model._target_`` (its constructor's arguments
-are the ``model.`` keys), with
+**A model** is a ``torch.nn.Module`` built from ``model._target_`` (:class:`TrainableModel`): a
+``task`` class attribute naming the kind of batches it trains on, the same as its data's (the
+shipped data: ``"regression"``, ``"lm"``, ``"image"``; a ``transformers`` class takes it from
+``transformers``' task tables, :func:`task_of`), and a ``forward(inputs)`` (``forward(**inputs)``
+for a mapping of tensors) returning a tensor, or a mapping / ``ModelOutput`` whose
+``output[output_key]`` the data's loss reads (``logits`` by default).
 
-* ``task: str`` — a class attribute naming the kind of batches it trains on; its data must
-  declare the same ``task``. The shipped data options declare ``"regression"``
-  (``data=synthetic``: float rows, MSE), ``"lm"`` (``data=tokens``, ``data=text``: token ids,
-  next-token cross-entropy) and ``"image"`` (``data=images``: ``(N, C, H, W)`` floats, class
-  labels, cross-entropy); any other name pairs a model with data of yours. A ``transformers``
-  class has no ``task``: :func:`task_of` takes it from ``transformers``' own task tables
-  (:data:`TRANSFORMERS_TASKS`: a causal LM is ``"lm"``, an image classifier ``"image"``), so
-  ``model._target_: transformers.GPT2LMHeadModel`` with a ``config`` node trains as it is;
-* ``forward(inputs)`` — or ``forward(**inputs)`` when the data's inputs are a mapping of
-  tensors (``{"input_ids": ..., "labels": ...}``) — returning either
-  - a tensor: the output the data's ``loss`` reads, or
-  - a mapping or a ``transformers`` ``ModelOutput``: the data's ``loss`` reads
-    ``output[output_key]`` (the top-level key ``output_key``, ``logits`` by default); a data
-    source without ``loss`` takes the model's own ``output["loss"]``.
+**A data source** built from ``data._target_`` declares the same ``task`` and ``global_batch``
+(rows per optimizer step over all ranks) and reads batches as :class:`GlobalBatchData` (a pure
+function of ``(seed, step)``: every world size follows the same trajectory) or as
+:class:`RankStreamData`; optionally ``loss(output, targets)`` (else the model's own
+``output["loss"]``) and ``val_shard(index, rank, world_size)`` for ``eval_every``.
 
-**A data source** is built from ``data._target_``, declares the same ``task`` and
-``global_batch: int`` (rows per optimizer step over all ranks), and offers one of
-
-* :class:`GlobalBatchData` — ``shard(step, rank, world_size) -> (inputs, targets)``: this
-  rank's slice of step ``step``'s global batch, a pure function of ``(seed, step)``: every
-  world size then follows the same trajectory (``zero_lab.app.workloads.data``);
-* :class:`RankStreamData` — ``batches(rank, world_size, start_step) -> Iterator[(inputs,
-  targets)]``: an iterable sharded by rank (each rank reads its own ``global_batch /
-  world_size`` rows per step), started at ``start_step`` when a run resumes;
-
-and optionally ``loss(output, targets) -> scalar tensor`` (else the model's own loss) and
-``val_shard(index, rank, world_size)``: held-out batches for the validation loss
-(``eval_every``). Inputs and targets are tensors (or, for inputs, a mapping of tensors).
-
-:func:`protocol_problems` checks the classes (a missing ``task``, ``shard``/``batches``), and
-:func:`probe_on_meta` runs the model's forward, the loss and backward on ``meta`` tensors shaped
-as a real batch, before any rank starts: the pre-start check reads its problems
-(:func:`forward_problems`), the run plan the parameters no gradient reaches; the runner calls the
-same :func:`call_model`, :func:`loss_of` and :func:`batch_stream`.
+:func:`protocol_problems` checks the classes; :func:`probe_on_meta` runs rank 0's first batch
+through the forward, the loss and backward on ``meta`` tensors before any rank starts. The
+runner calls the same :func:`call_model`, :func:`loss_of` and :func:`batch_stream`.
 
     output = call_model(ddp, inputs)
     loss = loss_of(output, targets, data, output_key="logits")
@@ -55,12 +34,10 @@ from torch.overrides import TorchFunctionMode
 from zero_lab.app.workloads.user_code import attempt, first_line
 
 __all__ = [
-    "CANNOT_JUDGE",
     "OUTPUT_KEY",
     "Batch",
     "GlobalBatchData",
     "Inputs",
-    "MetaLimit",
     "MetaProbe",
     "ProtocolError",
     "RankStreamData",
@@ -73,7 +50,6 @@ __all__ = [
     "loss_of",
     "probe_on_meta",
     "protocol_problems",
-    "select_output",
     "task_of",
     "to_device",
 ]
@@ -148,7 +124,7 @@ def call_model(model: nn.Module, inputs: Inputs) -> Any:
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
 
 
-def select_output(output: Any, key: str) -> torch.Tensor:
+def _select_output(output: Any, key: str) -> torch.Tensor:
     """The tensor the loss reads: ``output`` itself, or ``output[key]`` of a mapping / ModelOutput."""
     if torch.is_tensor(output):
         return output
@@ -171,7 +147,7 @@ def loss_of(output: Any, targets: torch.Tensor | None, data: Any, output_key: st
     """The step's loss in fp32: ``data.loss(output[output_key], targets)``, or the model's own
     ``output["loss"]`` when the data has no ``loss``."""
     if callable(getattr(data, "loss", None)):
-        return data.loss(select_output(output, output_key).float(), targets)
+        return data.loss(_select_output(output, output_key).float(), targets)
     own = output.get("loss") if isinstance(output, Mapping) else None
     if not torch.is_tensor(own):
         raise ProtocolError(
@@ -255,24 +231,24 @@ def embedding_rows(model: nn.Module) -> int | None:
     return None if found is None else int(found.num_embeddings)
 
 
-class MetaLimit(Exception):
+class _MetaLimit(Exception):
     """The forward read a tensor's values (``.item()``, ``if tensor:``, ...), which meta tensors do not have."""
 
 
 class _NoValuesOnMeta(TorchFunctionMode):
-    """Raises :class:`MetaLimit` where code reads a tensor's values: on meta tensors there are none,
-    so the probe cannot judge that code (torch's own error for it is a plain ``RuntimeError``)."""
+    """Raises :class:`_MetaLimit` where code reads a tensor's values (torch's own error for it is a
+    plain ``RuntimeError``, which cannot be told from the model's own)."""
 
     READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__"})
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if getattr(func, "__name__", None) in self.READS:
-            raise MetaLimit(f"{func.__name__} reads a tensor's values")
+            raise _MetaLimit(f"{func.__name__} reads a tensor's values")
         return func(*args, **(kwargs or {}))
 
 
 #: What only says the meta device cannot run the code: an op without a meta kernel, a read of values.
-CANNOT_JUDGE = (NotImplementedError, MetaLimit)
+_CANNOT_JUDGE = (NotImplementedError, _MetaLimit)
 
 
 @dataclass(frozen=True)
@@ -289,11 +265,10 @@ def probe_on_meta(
     model: nn.Module, data: Any, world_size: int, output_key: str, float_dtype: torch.dtype | None = None
 ) -> MetaProbe:
     """Run rank 0's first batch through ``model`` (built on ``meta``: no memory, no arithmetic),
-    the loss and backward, on meta tensors; the gradients are cleared again (the model is left as
-    it was). Finds, before any rank starts, a forward that returns something the loss cannot read,
-    a batch the model cannot take, a loss that is not a scalar, an error of the data's or the
-    model's own code (each under its key), and the parameters no gradient reaches. Code the meta
-    device cannot run (:data:`CANNOT_JUDGE`, decided by the error's type) is not judged."""
+    the loss and backward, on meta tensors; the gradients are cleared again. Finds a forward whose
+    output the loss cannot read, a batch the model cannot take, a loss that is not a scalar, an
+    error of the data's or the model's own code (each under its key), and the parameters no
+    gradient reaches. Code the meta device cannot run (decided by the error's type) is not judged."""
     read = attempt(lambda: next(batch_stream(data, 0, world_size, 0)))
     if read.error is not None:
         return MetaProbe([f"data: reading the first batch failed: {first_line(read.error)}"], None)
@@ -308,28 +283,29 @@ def probe_on_meta(
             param.grad = None  # the plan's model stays as its other readers found it
 
 
+def _failed(error: Exception, what: str) -> MetaProbe:
+    """``what`` failed with ``error``: one problem, or none when only the meta device could not run it."""
+    return MetaProbe([] if isinstance(error, _CANNOT_JUDGE) else [f"{what}: {first_line(error)}"], None)
+
+
 def _forward_backward(model: nn.Module, inputs: Inputs, targets: Any, data: Any, output_key: str) -> MetaProbe:
     output = attempt(lambda: call_model(model, inputs))
-    if isinstance(output.error, CANNOT_JUDGE):
-        return MetaProbe([], None)
     if output.error is not None:
-        return MetaProbe([f"model: its forward fails on the data's first batch: {first_line(output.error)}"], None)
+        return _failed(output.error, "model: its forward fails on the data's first batch")
     loss = attempt(lambda: loss_of(output.value, targets, data, output_key))
-    if isinstance(loss.error, CANNOT_JUDGE):
-        return MetaProbe([], None)
     if isinstance(loss.error, ProtocolError):
         return MetaProbe([str(loss.error)], None)
     if loss.error is not None:
-        return MetaProbe([f"data: its loss fails on the model's output: {first_line(loss.error)}"], None)
+        return _failed(loss.error, "data: its loss fails on the model's output")
     value = loss.value
     if not torch.is_tensor(value) or value.numel() != 1:
         shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
         return MetaProbe([f"data: its loss must be a scalar tensor; it returned {shape} ({DOC})"], None)
     backward = attempt(value.backward)
-    if isinstance(backward.error, (*CANNOT_JUDGE, RuntimeError)):  # torch's backward kernels on meta: not judged
+    if isinstance(backward.error, RuntimeError):  # torch's backward kernels on meta: not judged
         return MetaProbe([], None)
     if backward.error is not None:  # the model's own backward (a custom autograd.Function)
-        return MetaProbe([f"model: its backward fails on the data's first batch: {first_line(backward.error)}"], None)
+        return _failed(backward.error, "model: its backward fails on the data's first batch")
     return MetaProbe([], [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None])
 
 

@@ -1,29 +1,17 @@
 """torchvision beside torch: a pair that does not match, named in one line with its fix.
 
-zero_lab never needs torchvision, but ``transformers`` imports it whenever it is installed
-(its image utilities, reached from every model class). PyPI's torchvision wheels for Linux
-are CUDA builds: installed beside the CPU torch (``2.13.0+cpu``) their ops fail to register
-(``operator torchvision::nms does not exist``), and from then on every ``transformers``
-model fails to import with ``Could not import module 'GPT2LMHeadModel'``, the cause three
-exceptions down. An unpinned ``pip install torchvision`` is worse: it replaces torch itself
-with a CUDA build of the next version (about 6 GB). The CPU build comes from PyTorch's own
-index, pinned to the pair of the installed torch (torch 2.N ↔ torchvision 0.(N+15)):
+zero_lab never needs torchvision, but ``transformers`` imports it whenever it is installed.
+PyPI's torchvision wheels for Linux are CUDA builds: beside the CPU torch their ops fail to
+register (``operator torchvision::nms does not exist``), and every ``transformers`` model then
+fails to import, the cause three exceptions down; an unpinned ``pip install torchvision``
+replaces torch itself with a CUDA build (about 6 GB). The fix is the pinned pair (torch 2.N ↔
+torchvision 0.(N+15)) from PyTorch's CPU index:
 
     pip install torch==2.13.0 torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu
 
-Two checks, both one line with that command:
-
-* :func:`torchvision_mismatch` — from the installed versions alone (package metadata; nothing
-  is imported): the minor versions are not a pair, or one is a CPU build (``+cpu``) and the
-  other is not. The app runs it before start for a model that imports torchvision through
-  ``transformers`` (:func:`model_extras_problem`).
-* :func:`explain_import_error` — an import that failed with torchvision anywhere in its
-  chain of causes: the root cause's line, said to be torchvision's, and the fix.
-
-    problem = model_extras_problem("transformers.GPT2LMHeadModel")   # None when all is well
-
-The install check, ``python -m zero_lab.app.workloads.torch_extras`` (``make setup`` runs it), prints
-torch's and torchvision's versions and exits 1 with the line above when they do not pair.
+:func:`model_extras_problem` says so before start for a model that reaches torchvision,
+:func:`explain_import_error` for an import that failed of it, and the install check,
+``python -m zero_lab.app.workloads.torch_extras`` (``make setup`` runs it), exits 1 with it.
 """
 
 from __future__ import annotations
@@ -38,7 +26,6 @@ import torch
 from zero_lab.app.workloads.user_code import attempt
 
 __all__ = [
-    "CPU_INDEX",
     "NEEDS_TORCHVISION",
     "TorchvisionError",
     "explain_import_error",
@@ -47,9 +34,6 @@ __all__ = [
     "torchvision_fix",
     "torchvision_mismatch",
 ]
-
-#: PyTorch's own wheel index of CPU builds (torch, torchvision, torchaudio).
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 #: Model targets whose import reaches torchvision when it is installed (transformers imports it).
 NEEDS_TORCHVISION = ("transformers.", "torchvision.", "zero_lab.app.workloads.hf_models.")
@@ -76,12 +60,8 @@ def torchvision_fix(torch_version: str = torch.__version__) -> str:
         return f"pip uninstall torchvision (zero_lab does not need it), or install the pair of torch {torch_version}"
     major, minor, patch, local = parsed
     pins = f"torch=={major}.{minor}.{patch} torchvision==0.{minor + 15}.{patch}"
-    index = (
-        f" --index-url {CPU_INDEX}"
-        if local in (None, "cpu")
-        else f" --index-url https://download.pytorch.org/whl/{local}"
-    )
-    return f"pip install {pins}{index} (or pip uninstall torchvision: zero_lab does not need it)"
+    index = f"https://download.pytorch.org/whl/{'cpu' if local is None else local}"  # the build of the torch
+    return f"pip install {pins} --index-url {index} (or pip uninstall torchvision: zero_lab does not need it)"
 
 
 def torchvision_mismatch(torch_version: str, vision_version: str | None) -> str | None:
