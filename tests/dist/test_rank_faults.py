@@ -23,7 +23,7 @@ from tests.preflight import compose_job
 from zero_lab.app.check.rules import to_container
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan
-from zero_lab.app.record.failure_text import describe_failure
+from zero_lab.app.record.closing import describe_failure
 from zero_lab.app.run.rank_loop import RunSpec, train_rank
 from zero_lab.app.workloads.data import RegressionData
 from zero_lab.runtime.spawn import RankFailure

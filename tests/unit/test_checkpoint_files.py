@@ -13,7 +13,7 @@ import torch
 
 from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.launch.run_dir import claim, set_aside_earlier_run
-from zero_lab.app.record.failure_text import describe_failure, resume_hint
+from zero_lab.app.record.closing import describe_failure, resume_hint
 from zero_lab.checkpoint import (
     CheckpointError,
     checkpoints,

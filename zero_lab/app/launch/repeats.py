@@ -1,18 +1,14 @@
 """A sweep job that would repeat an earlier one is not run again.
 
-A plain optimizer ignores ``partitioner`` and ``bucket_view`` (every rank keeps the full state),
-so in ``-m optim=adam,zero_adam partitioner=sorted_greedy,flat`` the ``optim=adam`` jobs that
-differ only in the partitioner train the same thing. Each job of a sweep (Hydra's multirun)
-names its config, as composed and without the keys its optimizer does not use, by a digest
-(:func:`job_key`) and claims that digest in the sweep dir (``<sweep dir>/.zero_lab_job_<digest>.json``,
-created exclusively, so jobs launched in parallel agree on who was first). The claims are files
-beside Hydra's ``multirun.yaml``, not a folder: the sweep dir's folders are its jobs.
+A plain optimizer ignores ``partitioner`` and ``bucket_view``, so in ``-m optim=adam,zero_adam
+partitioner=sorted_greedy,flat`` the ``optim=adam`` jobs train the same thing. Each job of a
+sweep names its config, without the keys its optimizer does not use, by a digest (:func:`job_key`)
+and claims it in the sweep dir with a file created exclusively (:data:`CLAIM_NAME`: beside Hydra's
+``multirun.yaml``, as the sweep dir's folders are its jobs), so parallel jobs agree on who was first.
 
-A later job whose digest an earlier job claimed, and whose earlier job finished
-(its ``summary.json`` covers every step), is a *repeat*: it trains nothing, writes :data:`REPEAT_FILE`
-into its run dir (the earlier run dir, both jobs' overrides, the keys that made no difference),
-and its objective is the earlier job's. :mod:`zero_lab.report` lists it under the run it
-repeats. When the earlier job has not finished (launchers that run jobs side by side), or
+A later job whose digest an earlier, finished job claimed is a *repeat*: it trains nothing,
+writes :data:`REPEAT_FILE` into its run dir, and its objective is the earlier job's
+(:mod:`zero_lab.report` lists it under that run). When the earlier job has not finished, or
 failed, the job runs as usual; a requeued job finds its own claim and runs.
 
     original = claim(sweep_dir, job_key(config, unused), run_dir, overrides)   # None: run it

@@ -1,34 +1,24 @@
 """One run dir, one job: claim it atomically before Hydra writes anything into it.
 
 Hydra's default run dir is ``outputs/<date>/<H-M-S>``: two jobs started in the same second
-would share it (interleaved ``metrics.jsonl``, one lost summary, overwritten checkpoints).
-:class:`ClaimRunDir`, a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``), runs
-before Hydra creates the dir and writes ``.hydra/``:
+would share it. :class:`ClaimRunDir`, a Hydra callback (``hydra.callbacks`` in
+``conf/config.yaml``), runs before Hydra creates the dir and writes ``.hydra/``:
 
 * the default dir is claimed with an exclusive ``mkdir``; a job that finds it taken moves
   to the first free ``<dir>-1``, ``<dir>-2``, ... (the job's config records where it went);
 * a dir given explicitly (``hydra.run.dir=...``) may be reused by later runs, but not by two
   at once: the job holds an exclusive ``flock`` on ``<dir>/.zero_lab.lock`` while it runs
-  (the kernel drops it when the process ends, even on ``kill -9``); a second job is refused
-  with a message naming the dir and the holder's pid. A later run first moves the earlier
-  run's ``metrics.jsonl``, ``summary.json`` and its rank logs (``logs/rank<r>.log``,
-  ``logs/rank<r>.error.txt``; anything else in ``logs/`` is the user's and stays) to
-  ``<dir>/earlier/<k>/`` (one line says so), so its own files are not appended to the earlier
-  ones, and a stale summary or error is never read as its own (by W&B or the report);
+  (the kernel drops it when the process ends, even on ``kill -9``). A later run first moves
+  the earlier run's ``metrics.jsonl``, ``summary.json`` and rank logs to ``<dir>/earlier/<k>/``
+  (:func:`set_aside_earlier_run`), so a stale summary or error is never read as its own;
   ``checkpoints/`` stay, for ``resume=<dir>``;
-* a dir that cannot be used (read-only, under a regular file, an unwritable parent), or whose
-  claim fails in any other way (``hydra.run.dir: /`` has no name to add ``-1`` to), stops the
-  job with one line naming it (exit 2): the job never runs without its claim (Hydra itself
-  would only warn about a callback's error and run on, unclaimed);
-* ``/`` and the system's own dirs (:func:`system_dir`: ``/etc``, ``/usr``, ``/proc``, ...)
-  are refused before anything is created in them, whatever the permissions (root may write
-  there), for ``hydra.run.dir`` and ``hydra.sweep.dir`` alike;
-* each job of a ``-m`` sweep locks its own job dir the same way, so two sweeps started in
-  the same second fail loudly instead of mixing their files.
+* a dir that cannot be claimed stops the job with one line naming it (exit 2);
+* ``/`` and the system's own dirs (:func:`system_dir`) are refused before anything is created
+  in them, whatever the permissions (root may write there), as run and as sweep dirs;
+* each job of a ``-m`` sweep locks its own job dir the same way.
 
 Under torchrun or srun every rank runs the Hydra job in the one shared dir on purpose: no claim;
-under the Slurm launcher's multi-node mode (a sweep job whose tasks are its ranks) rank 0
-claims the job dir and the others join it.
+under the Slurm launcher's multi-node mode rank 0 claims the job dir and the others join it.
 
     claim("outputs/2026-11-23/10-00-00", explicit=False)  # -> Path(".../10-00-00-1") if taken
 """

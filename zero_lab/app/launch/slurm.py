@@ -163,16 +163,14 @@ class SlurmJobsLauncher(SlurmLauncher):
     def _check_world(self, cfg: DictConfig, overrides: list[str]) -> None:
         """Multi-node mode: a ``dist.world_size`` given for the job must equal nodes × tasks_per_node."""
         nodes, per_node = _tasks(self.params)
-        if nodes * per_node > 1 and world_size_given(overrides) and int(cfg.dist.world_size) != nodes * per_node:
-            fail(
-                ConfigError(
-                    [
-                        f"dist.world_size={cfg.dist.world_size}: with hydra.launcher.nodes={nodes} "
-                        f"tasks_per_node={per_node} every Slurm task is one rank ({nodes * per_node} ranks); "
-                        "drop dist.world_size, or set nodes/tasks_per_node to match"
-                    ]
-                )
+        ranks = nodes * per_node
+        if ranks > 1 and world_size_given(overrides) and int(cfg.dist.world_size) != ranks:
+            problem = (
+                f"dist.world_size={cfg.dist.world_size}: with hydra.launcher.nodes={nodes} tasks_per_node={per_node} "
+                f"every Slurm task is one rank ({ranks} ranks); drop dist.world_size, or set nodes/tasks_per_node "
+                "to match"
             )
+            fail(ConfigError([problem]))
 
     @staticmethod
     def _collect(jobs: list[Any], first_idx: int) -> list[JobReturn]:

@@ -43,8 +43,7 @@ from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
 from zero_lab.app.launch.requeue import continue_requeued_run
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.record.closing import closing_lines
-from zero_lab.app.record.failure_text import describe_failure, resume_hint
+from zero_lab.app.record.closing import closing_lines, describe_failure, resume_hint
 from zero_lab.app.record.objective import objective_value
 from zero_lab.app.record.provenance import run_meta
 from zero_lab.app.record.run_files import META_FILE, METRICS_FILE

@@ -1,17 +1,12 @@
 """What a job returns to its sweeper: the ``objective`` key, read from the run's summary.json.
 
-Hydra hands the value :func:`zero_lab.app.launch.task.run` returns to the sweeper; Optuna
-(``hydra/sweeper=optuna``) minimises or maximises it. ``objective`` names one measurement
-of :data:`OBJECTIVES` (a float is returned) or a list of several (a list is returned, one
-value per name, for a multi-objective study with one ``hydra.sweeper.direction`` each;
-:func:`check_directions` holds the two to the same length before any rank starts)::
+``objective`` names one measurement of :data:`OBJECTIVES` (a float is returned) or a list of
+several (a list, for a multi-objective study with one ``hydra.sweeper.direction`` each), which
+Optuna (``hydra/sweeper=optuna``) minimises or maximises. Every value is one summary.json holds,
+so a study's results can be checked against the runs' own files::
 
-    python train.py -m hydra/sweeper=optuna objective=step_time_s 'optim.lr=interval(1e-4,1e-2)'
     python train.py -m experiment=optuna_zero objective=[final_loss,optim_state_bytes] \
         'hydra.sweeper.direction=[minimize,minimize]'
-
-Every value is one that summary.json holds, so a study's results can be checked against
-the runs' own files.
 """
 
 from __future__ import annotations

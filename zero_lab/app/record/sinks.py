@@ -70,9 +70,6 @@ class JsonlSink:
 class NullSink:
     """``logger=none``: nothing beyond the run dir's own files."""
 
-    def __init__(self, **_: Any):
-        pass
-
     def log(self, record: dict[str, Any]) -> None:
         pass
 

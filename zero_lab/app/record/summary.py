@@ -1,14 +1,10 @@
 """What a run ends with: :class:`RunSummary`, its ``summary.json``.
 
-Pure (no torch, no Hydra), so every reader imports it: the loop (:mod:`zero_lab.app.run.rank_loop`)
-writes a :class:`RunSummary`; the objective (:mod:`zero_lab.app.record.objective`), the closing
-lines (:mod:`zero_lab.app.record.closing`), the W&B summary (:mod:`zero_lab.app.record.wandb_run`)
-and the report (:mod:`zero_lab.report`) read one. Its metrics' names, units and meanings are the
-catalogue's (:mod:`zero_lab.app.record.catalogue`).
-
-``summary.json`` is :meth:`RunSummary.as_dict`, key for key and in this order (scripts and
-dashboards read it); :meth:`RunSummary.from_dict` reads it back, also from an older run that
-lacks the newer keys (they read as ``None``)::
+Pure (no torch, no Hydra), so every reader imports it: the loop writes one; the objective, the
+closing lines, the W&B summary and the report read one. Its metrics' names, units and meanings
+are the catalogue's (:mod:`zero_lab.app.record.catalogue`). ``summary.json`` is
+:meth:`RunSummary.as_dict`, key for key and in this order (scripts and dashboards read it);
+:meth:`RunSummary.from_dict` reads it back, an older run's missing keys as ``None``::
 
     summary = RunSummary.read(run_dir / SUMMARY_FILE)
     summary.final_loss, max(summary.optim_state_bytes), summary.as_dict()["step_time_s"]
