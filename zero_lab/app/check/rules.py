@@ -1,35 +1,22 @@
 """Check a composed config before any process starts; report every problem at once.
 
-The constructors are the truth. Keys and types of the group options come from their
-``_target_``'s signature (:mod:`zero_lab.app.config.schema`, enforced while Hydra composes);
-here the real objects are built and run, without a process group and without memory:
+The constructors are the truth, built and run without a process group and without memory:
 
-* first, every ``_target_`` is looked up without being called and fitted to its key
+* every ``_target_`` is first looked up without being called and fitted to its key
   (:func:`zero_lab.app.config.targets.check_targets`); a refused one stops the check there, so no
   rule below builds what was not checked;
-* every group node is bound to its target's signature (``inspect.signature(...).bind``):
-  a key the constructor does not take, or a required one missing, is named;
-* the optimizer class (``optim``, or the class a ZeRO option wraps) is built with the
-  configured arguments on a one-element tensor, so torch's own range checks run
-  (``optim.lr=-1``, ``optim.betas=[1.5,0.9]``); non-finite numbers anywhere are refused;
-* the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` is made once: the model built on the
-  ``meta`` device, ``optim.param_groups`` applied, the parameter specs routed to the classes
-  that step them (the same :meth:`ParamSpec.of` the optimizer uses), the partitioner and the
-  data source built; every rule reads it, none builds again, and an object that could not be
-  built is reported by its own rule (the others skip it). The real partitioner partitions the
-  specs at ``dist.world_size``; the core's :func:`~zero_lab.optimizer.check_partition_fits`
-  says whether the optimizer can step it; the memory the planner prices routes as the
-  partition does;
-* the data source is built (a missing or empty corpus) and its vocabulary fitted to the model's
-  embedding; the scheduler is built and stepped on a meta-tensor optimizer
-  (:mod:`zero_lab.app.check.scheduler`);
-* what only the app knows: ranges of plain keys, combinations (``overlap=true`` with a
-  plain optimizer), devices and oversubscription, model/data pairing, ``resume=``.
+* the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` is made once (the model on ``meta`` with
+  ``optim.param_groups`` applied, the partitioner, the data source); every rule in :data:`_RULES`
+  reads it, none builds again, and an object that could not be built is reported by its own rule
+  (the others skip it);
+* the rules bind each group node to its target's signature, build the optimizer class on the
+  model's shapes (torch's own range checks), partition at ``dist.world_size`` and ask the core
+  whether the optimizer can step it, fit the data's vocabulary to the embedding, step the
+  scheduler, and check what only the app knows: ranges of plain keys, combinations, devices and
+  oversubscription, ``resume=``.
 
 One :class:`ConfigError` lists each problem as ``key=value: what is allowed``; where a fix is
-another option, :mod:`zero_lab.app.check.options` names the shipped ones that fit. What a job
-that passes says as it starts is in :mod:`zero_lab.app.check.notices`; what this host offers
-(cores, memory) in :mod:`zero_lab.app.check.host`.
+another option, :mod:`zero_lab.app.check.options` names the shipped ones that fit.
 
     check(cfg, choices={"optim": "zero_adam", ...})   # raises ConfigError
 
@@ -52,15 +39,8 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from zero_lab.app.check.grad_modes import check_grad_reduce
 from zero_lab.app.check.host import available_memory_bytes, cpu_cores
-from zero_lab.app.check.options import (
-    data_for_task,
-    either,
-    fitting_partitioners,
-    on_device,
-    zero_options,
-)
+from zero_lab.app.check.options import data_for_task, either, fitting_partitioners, on_device, zero_options
 from zero_lab.app.check.scheduler import resumed_scheduler_problems, scheduler_problems
 from zero_lab.app.config.problems import exclusive_key_problems, unresolved_problems
 from zero_lab.app.config.registered import EXCHANGE, name_or_value, registry_problems
@@ -78,10 +58,11 @@ from zero_lab.app.config.schema import (
 )
 from zero_lab.app.config.targets import check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import RunPlan, attempt, shard_size_of
+from zero_lab.app.plan.run_plan import RunPlan, shard_size_of
 from zero_lab.app.record.objective import check_objective
 from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
+from zero_lab.app.workloads.user_code import attempt
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
 from zero_lab.optimizer import OVERLAP_EXCHANGES, check_partition_fits
 
@@ -159,37 +140,23 @@ def _check_known_keys(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
     return out
 
 
-def _check_finite(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0)."""
-    out = []
-    for key, value in _leaves(to_container(cfg)):
-        if isinstance(value, float) and not math.isfinite(value):
-            out.append(f"{key}={value}: must be a finite number")
-    return out
-
-
 _INT64 = (-(2**63), 2**63 - 1)
 _WIDER = {"seed": (0, 2**64 - 1)}  # torch.manual_seed takes any unsigned 64-bit seed
 
 
-def _check_integer_widths(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """Every integer fits 64 bits (torch, JSON readers and W&B take no wider ones):
-    ``seed=18446744073709551616`` is refused here, not by a rank's ``manual_seed``."""
+def _check_numbers(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """No nan / inf anywhere (``optim.lr=inf`` would train to a nan loss and exit 0), and every integer
+    fits 64 bits (torch, JSON readers and W&B take no wider ones): ``seed=18446744073709551616`` is
+    refused here, not by a rank's ``manual_seed``."""
     out = []
     for key, value in _leaves(to_container(cfg)):
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(f"{key}={value}: must be a finite number")
+        elif isinstance(value, int) and not isinstance(value, bool):
             low, high = _WIDER.get(key.rsplit(".", 1)[-1], _INT64)  # data.seed: ${seed}
             if not low <= value <= high:
                 out.append(f"{key}={value}: must fit in 64 bits ({low} … {high})")
     return out
-
-
-def _check_stall_timeout(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dist.stall_timeout_s``: seconds past the slowest step, or null (off)."""
-    value = cfg.dist.get("stall_timeout_s")
-    if value is not None and value <= 0:
-        return [f"dist.stall_timeout_s={value}: must be > 0 (seconds past the slowest step), or null to turn it off"]
-    return []
 
 
 def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
@@ -213,15 +180,28 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
     ):
         if value <= 0:
             out.append(f"{key}={value}: must be > 0")
+    stall = cfg.dist.get("stall_timeout_s")
+    if stall is not None and stall <= 0:
+        out.append(f"dist.stall_timeout_s={stall}: must be > 0 (seconds past the slowest step), or null to turn it off")
     return out
 
 
 def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """The backend, ``dist.sync_batchnorm`` (torch's SyncBatchNorm has no CPU kernel) and the ranks per
+    device or core. DDP's other options train to DDP + the plain optimizer's parameters with every ZeRO
+    mode (tests/dist/test_ddp_options.py): nothing to refuse."""
     device, backend = enum_str(cfg.dist.device), enum_str(cfg.dist.backend)
     world = cfg.dist.world_size
     out = []
     if backend == "nccl" and device != "cuda":
         out.append("dist.backend=nccl: needs dist.device=cuda; on CPU use dist.backend=gloo")
+    if cfg.dist.get("sync_batchnorm") and device != "cuda":
+        out.append(
+            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use "
+            f"{either('dist', on_device('cuda'))}, or keep "
+            "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
+            "default, gives every rank rank 0's running statistics)"
+        )
     if device == "cuda":
         if not torch.cuda.is_available():
             out.append(
@@ -244,48 +224,26 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
     return out
 
 
-def _check_ddp_options(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """DDP's options against what they cannot work with. ``find_unused_parameters``,
-    ``static_graph`` and ``broadcast_buffers`` train to DDP + the plain optimizer's parameters with
-    every ZeRO mode (partitioners, bucket views, both overlap hooks, prefetch:
-    tests/dist/test_ddp_options.py); ``sync_batchnorm`` needs CUDA (torch's SyncBatchNorm has
-    no CPU kernel)."""
-    out = []
-    dist_cfg = cfg.dist
-    if dist_cfg.get("sync_batchnorm") and enum_str(dist_cfg.device) != "cuda":
-        out.append(
-            "dist.sync_batchnorm=true: torch's SyncBatchNorm runs on GPUs only; use "
-            f"{either('dist', on_device('cuda'))}, or keep "
-            "dist.sync_batchnorm=false (each rank normalises its own slice; dist.broadcast_buffers=true, the "
-            "default, gives every rank rank 0's running statistics)"
-        )
-    return out
-
-
-#: ``dp=zero_lab``: the keys the engine does not take yet, each with the value that turns it off.
-ENGINE_REFUSES = {
-    "overlap": False,  # the engine overlaps its own reductions with backward; DDP's hooks are not there
-    "bucket_view": False,  # its parameters are views of its buckets already
-    "shard_grads": False,  # the engine releases unowned gradients per bucket itself
-    "compile": False,
-}
+#: ``dp=zero_lab``: the switches (off by default) the engine does not take yet.
+_ENGINE_REFUSES = (
+    "overlap",  # the engine overlaps its own reductions with backward; DDP's hooks are not there
+    "bucket_view",  # its parameters are views of its buckets already
+    "shard_grads",  # the engine releases unowned gradients per bucket itself
+    "compile",
+)
 
 
 def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dp=zero_lab``: each key the engine does not take (:data:`ENGINE_REFUSES`) named with its off value,
-    and ``autocast=fp16`` (GradScaler unscales the gradients before the engine's step pre-hook reduces them)."""
+    """``dp=zero_lab``: each switch the engine does not take, and ``autocast=fp16`` (GradScaler unscales
+    the gradients before the engine's step pre-hook reduces them)."""
     if enum_str(cfg.get("dp", "ddp")) != "zero_lab":
         return []
-
-    def spelled(value: Any) -> str:
-        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(enum_str(value))
-
     out = [
-        f"{key}={spelled(cfg.get(key))}: dp=zero_lab does not take it yet; set {key}={spelled(off)} or use dp=ddp"
-        for key, off in ENGINE_REFUSES.items()
-        if cfg.get(key) not in (off, None)
+        f"{key}=true: dp=zero_lab does not take it yet; set {key}=false or use dp=ddp"
+        for key in _ENGINE_REFUSES
+        if cfg.get(key)
     ]
-    if cfg.get("autocast") is not None and enum_str(cfg.autocast) == "fp16":  # GradScaler unscales before the
+    if cfg.get("autocast") is not None and enum_str(cfg.autocast) == "fp16":
         out.append("autocast=fp16: dp=zero_lab does not take it yet (GradScaler); use autocast=bf16 or dp=ddp")
     return out
 
@@ -348,6 +306,43 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunP
     return out
 
 
+def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """``grad_reduce`` reduces each gradient to the rank that steps it (:mod:`zero_lab.grad_reduce`), so it
+    needs a ZeRO optimizer, except ``all_reduce`` (DDP's traffic, metered: the baseline for the bytes per
+    phase). ``shard_grads`` keeps only owned gradients: a ZeRO optimizer and a ``grad_reduce`` hook.
+    ``autocast=fp16`` is refused with a hook: the GradScaler would look for infs in this rank's owned
+    gradients only, and ranks that disagree on skipping a step would issue different exchanges."""
+    name = enum_str(cfg.grad_reduce) if cfg.get("grad_reduce") is not None else None
+    shard = bool(cfg.get("shard_grads", False))
+    strategy = plan.strategy  # None: the optimizer cannot be looked up (reported elsewhere)
+    steps_every_parameter = strategy is not None and not strategy.shards_state
+    optim = choices.get("optim") or "this optimizer"
+    out = []
+    if name is not None and name != "all_reduce" and steps_every_parameter:
+        out.append(
+            f"grad_reduce={name}: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
+            f"optimizer ({either('optim', zero_options())}), or grad_reduce=all_reduce (DDP's traffic, metered) or null"
+        )
+    if shard and name is None:
+        out.append(
+            "shard_grads=true with grad_reduce=null: DDP's own all-reduce keeps every gradient; add "
+            "grad_reduce=reduce_scatter (or auto, or all_reduce: DDP's traffic, owned gradients kept only)"
+        )
+    elif shard and steps_every_parameter:
+        out.append(
+            f"shard_grads=true: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
+            "optimizer, or shard_grads=false"
+        )
+    autocast = enum_str(cfg.autocast) if cfg.get("autocast") is not None else None
+    if name is not None and name != "all_reduce" and autocast == "fp16":
+        out.append(
+            f"autocast=fp16 with grad_reduce={name}: the GradScaler's inf check would see only this rank's owned "
+            "gradients, and ranks skipping different steps would hang the exchange; use autocast=bf16, or "
+            "grad_reduce=all_reduce"
+        )
+    return out
+
+
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """The model/data protocol (:mod:`zero_lab.app.workloads.protocols`): ``task`` on both, a way to read batches."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
@@ -395,7 +390,8 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
         given = SUPPLIED_BY_APP.get(group, frozenset())
         arguments = constructor_arguments(target, node, given)
         keys = [str(k) for k in node if k not in HYDRA_KEYS and k not in APP_KEYS.get(group, {})]
-        takes_any = _has_var_keyword(target) and not forwarded_classes(node)
+        variadic = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
+        takes_any = variadic and not forwarded_classes(node)
         supplied = [key for key in keys if key in given]
         unknown = [key for key in keys if key not in arguments and key not in given and not takes_any]
         if supplied:
@@ -420,11 +416,6 @@ def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
     return out
 
 
-def _has_var_keyword(target: Any) -> bool:
-    parameters = inspect.signature(target).parameters.values()
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
 def _optimizer_kwargs(cfg: DictConfig, optim: OptimPlan) -> dict[str, Any]:
     """The arguments the optimizer class receives (ZeRO forwards its ``**defaults``)."""
     own = inspect.signature(optim.target).parameters if GROUP_CLASS_KEY in cfg.optim else {}
@@ -441,14 +432,13 @@ def _check_optim(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> 
     out = []
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         return [f"optim: {cls!r} is not a torch.optim.Optimizer subclass"]
-    if cfg.get("prefetch") and not sharded:
-        out.append(f"prefetch=true: needs a ZeRO optimizer ({either('optim', zero_options())}); got optim={optim}")
+    for key in ("prefetch", "overlap"):
+        if cfg.get(key) and not sharded:
+            out.append(f"{key}=true: needs a ZeRO optimizer ({either('optim', zero_options())}); got optim={optim}")
     kwargs = _optimizer_kwargs(cfg, plan.optim)
-    finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_finite's
+    finite = all(math.isfinite(v) for _, v in _leaves(kwargs) if isinstance(v, float))  # else _check_numbers'
     if finite and _binds(cls, kwargs):  # unknown keys are _check_arguments'
         out += _check_on_real_shapes(plan, optim, cls, kwargs)
-    if cfg.overlap and not sharded:
-        out.append(f"overlap=true: needs a ZeRO optimizer ({either('optim', zero_options())}); got optim={optim}")
     if cfg.overlap and cfg.bucket_view:
         out.append("bucket_view=true: not used with overlap=true (the exchange follows DDP's buckets); drop one")
     if cfg.overlap and (exchange := name_or_value(EXCHANGE, cfg.exchange)) not in OVERLAP_EXCHANGES:
@@ -663,14 +653,11 @@ def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan)
 
 _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_known_keys,
-    _check_finite,
-    _check_integer_widths,
-    _check_stall_timeout,
+    _check_numbers,
     _check_ranges,
     _check_devices,
     _check_model_data,
     _check_data,
-    _check_ddp_options,
     _check_engine,
     _check_shard_size,
     _check_loop_features,
@@ -679,7 +666,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_arguments,
     _check_optim,
     _check_clipping,
-    check_grad_reduce,
+    _check_grad_reduce,
     _check_model,
     _check_forward,
     _check_partition,
