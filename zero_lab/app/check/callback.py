@@ -1,22 +1,18 @@
 """Each job's config checked once, as Hydra composed it, before Hydra creates anything: a callback.
 
-:class:`CheckConfig` is the first of ``hydra.callbacks`` in ``conf/config.yaml``; Hydra calls
-it after composing the command's config and before it creates a run or sweep dir:
+:class:`CheckConfig` is the first of ``hydra.callbacks`` in ``conf/config.yaml``:
 
 * ``on_run_start``: the one job (:func:`check_run`). Under torchrun or ``srun`` with several
-  tasks, the runner's world is checked first (:func:`zero_lab.app.check.before_start.check_external_world`,
-  ``dist.world_size`` becomes the runner's), then the ranks join and take rank 0's run dir
-  (:func:`zero_lab.app.check.before_start.share_run_dir`), set on the config Hydra is about to run;
-* ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded as the
-  configured sweeper will (:func:`expand_sweep`: the basic sweeper's own ``split_arguments``) and
-  composed by Hydra's config loader as its launcher will (``load_sweep_config``). A sweep the
-  sweeper draws itself (Optuna's ``interval(...)``) is checked with its fixed overrides here,
-  and each trial's config as the trial starts.
+  tasks the runner's world is checked first (``dist.world_size`` becomes the runner's), then the
+  ranks take rank 0's run dir (:mod:`zero_lab.app.check.before_start`);
+* ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded by the sweeper's
+  own ``split_arguments`` and composed as its launcher will (``load_sweep_config``). A sweep the
+  sweeper draws itself (Optuna's ``interval(...)``) is checked with its fixed overrides here, and
+  each trial's config as the trial starts.
 
-Each job that passes is recorded in this process (:func:`was_checked`): the task
-(:func:`zero_lab.app.launch.task.run`) checks only a config no callback of this process checked
-(:func:`check_unless_checked`: a sweeper's trial, a job a launcher runs in another process).
-Whatever fails ends the job before anything exists: one ``zero_lab: ...`` message, exit code 2.
+The task checks only a config no callback of this process checked (:func:`check_unless_checked`:
+a sweeper's trial, a job a launcher runs in another process). Whatever fails ends the job before
+anything exists: one ``zero_lab: ...`` message, exit code 2.
 
     python train.py -m optim=adam,zero_adam dist.world_size=2,0   # job 4 named, nothing started
 """
@@ -49,7 +45,6 @@ from zero_lab.runtime import external
 from zero_lab.runtime.spawn import start_forkserver
 
 __all__ = [
-    "MAX_JOBS",
     "CheckConfig",
     "check_run",
     "check_sweep",
