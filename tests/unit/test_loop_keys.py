@@ -52,7 +52,7 @@ def test_scheduler_keys_come_from_torchs_signatures_and_none_is_the_default():
         (["autocast=bf16", "param_dtype=bfloat16"], "autocast=bf16 with param_dtype=bfloat16:"),
         (["autocast=fp8"], "autocast=fp8"),
         (["scheduler=warmup", "scheduler.warmup_steps=-1"], "scheduler.warmup_steps=-1: must be >= 0"),
-        (["eval_every=-2"], "eval_every=-2 eval_batches=2: eval_every must be >= 0"),
+        (["eval_every=-2"], "eval_every=-2: must be >= 0"),
     ],
 )
 def test_loop_keys_are_checked_before_start(overrides, expected):

@@ -161,6 +161,7 @@ def _check_numbers(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
 
 def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     out = []
+    warmup = cfg.scheduler.get("warmup_steps", 0) if cfg.get("scheduler") is not None else 0
     bounds: list[tuple[str, Any, float, str]] = [
         ("dist.world_size", cfg.dist.world_size, 1, "a positive number of ranks"),
         ("dist.threads_per_rank", cfg.dist.threads_per_rank, 1, "at least 1 thread"),
@@ -169,6 +170,10 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
         ("log_every", cfg.log_every, 1, "at least 1 (log every N steps)"),
         ("checkpoint_every", cfg.checkpoint_every, 0, "0 (never) or K > 0 (every K steps)"),
         ("seed", cfg.seed, 0, "a non-negative int"),
+        ("accumulate", cfg.accumulate, 1, "micro-batches per optimizer step"),
+        ("eval_every", cfg.eval_every, 0, "0 (never) or K > 0 (every K steps)"),
+        ("eval_batches", cfg.eval_batches, 1, "held-out batches per evaluation"),
+        ("scheduler.warmup_steps", warmup, 0, "steps of linear warmup"),
     ]
     for key, value, low, allowed in bounds:
         if value < low:
@@ -268,14 +273,13 @@ def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
 
 
 def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``accumulate``, ``autocast``, ``eval_every``/``eval_batches``, ``scheduler.warmup_steps``, ``compile``."""
+    """``accumulate`` against the batch, ``autocast``, ``eval_every`` (ranges: :func:`_check_ranges`)."""
     out = []
     accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
-    if accumulate < 1:
-        out.append(f"accumulate={accumulate}: must be >= 1 (micro-batches per optimizer step)")
-    elif isinstance(batch, int) and world >= 1 and batch % world == 0 and (batch // world) % accumulate:
+    rows = batch // world if isinstance(batch, int) and world >= 1 and batch % world == 0 else None
+    if rows is not None and accumulate >= 1 and rows % accumulate:
         out.append(
-            f"accumulate={accumulate}: each rank's {batch // world} rows per step (data.global_batch={batch} over "
+            f"accumulate={accumulate}: each rank's {rows} rows per step (data.global_batch={batch} over "
             f"dist.world_size={world}) do not split into {accumulate} equal micro-batches; make data.global_batch "
             f"a multiple of {world * accumulate}"
         )
@@ -290,19 +294,11 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunP
             "autocast=fp16 with overlap=true: the GradScaler must unscale and skip the step, which overlap runs "
             "inside backward; use autocast=bf16 (no scaler), or overlap=false"
         )
-    if cfg.eval_every < 0 or cfg.eval_batches < 1:
-        out.append(
-            f"eval_every={cfg.eval_every} eval_batches={cfg.eval_batches}: eval_every must be >= 0 (0: never) and "
-            "eval_batches >= 1"
-        )
-    elif cfg.eval_every and not callable(getattr(get_object(cfg.data._target_), "val_shard", None)):
+    if cfg.eval_every > 0 and not callable(getattr(get_object(cfg.data._target_), "val_shard", None)):
         out.append(
             f"eval_every={cfg.eval_every}: data={_choice(choices, 'data', cfg)} has no held-out batches; add "
             "val_shard(index, rank, world_size) to it (zero_lab/app/workloads/protocols.py), or eval_every=0"
         )
-    warmup = cfg.scheduler.get("warmup_steps", 0) if cfg.get("scheduler") is not None else 0
-    if warmup < 0:
-        out.append(f"scheduler.warmup_steps={warmup}: must be >= 0")
     return out
 
 

@@ -1,19 +1,16 @@
 """The LR scheduler checked before start by torch's own classes, on a one-tensor optimizer.
 
-A scheduler's arguments are only partly checked by its constructor: ``StepLR(step_size=0)``
-builds, and fails at its first ``step()`` with ``ZeroDivisionError: integer modulo by zero``
-in every rank. So the check builds the run's scheduler exactly as the ranks will
+A scheduler's constructor checks its arguments only in part: ``StepLR(step_size=0)`` builds, and
+fails at its first ``step()`` in every rank. So the run's scheduler is built as the ranks build it
 (:func:`zero_lab.app.run.build.make_scheduler`, warmup included) on a dummy ``SGD`` over one
-1-element ``meta`` tensor and steps it as many times as the run will (up to :data:`STEPS_CHECKED`):
-whatever the class refuses, at construction or at any step, is refused here, naming the
-configured keys the error or the failing line of torch's code names.
+``meta`` tensor and stepped as many times as the run will (up to :data:`_STEPS_CHECKED`); a
+refusal names the configured keys the error or the failing line of torch's code reads.
 
-On ``resume=`` under ``resume_optimizer=strict``, the checkpoint's scheduler state is compared
-with this run's by its shape (the keys of the classes' ``state_dict``, chained ones included):
-resuming a cosine run with ``scheduler=step`` would load ``T_max`` into a ``StepLR``.
+Under ``resume=`` with ``resume_optimizer=strict`` the checkpoint's scheduler state must have this
+run's shape (the keys of the classes' ``state_dict``, chained ones included): resuming a cosine
+run with ``scheduler=step`` would load ``T_max`` into a ``StepLR``.
 
-    problems = scheduler_problems(cfg)            # [] or lines naming scheduler.<key>
-    problems = resumed_scheduler_problems(cfg, choices)
+    problems = scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
 """
 
 from __future__ import annotations
@@ -44,24 +41,21 @@ from zero_lab.app.run.build import make_scheduler
 from zero_lab.app.run.checkpoints import find_any
 from zero_lab.checkpoint import CheckpointError, read_manifest
 
-__all__ = ["REFUSED", "STEPS_CHECKED", "resumed_scheduler_problems", "scheduler_problems", "state_shape"]
+__all__ = ["resumed_scheduler_problems", "scheduler_problems"]
 
-#: At most this many scheduler steps are taken before start (about 0.2 s on a busy core).
-STEPS_CHECKED = 10_000
+_STEPS_CHECKED = 10_000  # at most this many steps before start (about 0.2 s on a busy core)
 
+#: What a scheduler class raises for arguments it refuses, built or stepped: range checks, an argument
+#: it lacks, ``StepLR(step_size=0)``'s ZeroDivisionError, an index past what it holds, a tensor operation
+#: refused; Hydra's InstantiationException around any of them.
+_REFUSED = (ValueError, TypeError, ArithmeticError, LookupError, RuntimeError, HydraException)
 
-#: What a scheduler class raises for arguments it refuses, built or stepped: torch's range checks
-#: (ValueError), an argument it does not take or lacks (TypeError), ``StepLR(step_size=0)``'s
-#: ``ZeroDivisionError`` (an ArithmeticError), an index or key past what it holds (LookupError),
-#: a tensor operation refused (RuntimeError); Hydra's InstantiationException around any of them.
-REFUSED = (ValueError, TypeError, ArithmeticError, LookupError, RuntimeError, HydraException)
-
-#: What reading a checkpoint's scheduler state can raise: a file that cannot be read, a manifest or
-#: record that is not ours (:class:`~zero_lab.checkpoint.CheckpointError`), a torch file cut short.
-UNREADABLE = (OSError, CheckpointError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError)
+#: What reading a checkpoint's scheduler state can raise: an unreadable file, a manifest or record
+#: that is not ours, a torch file cut short.
+_UNREADABLE = (OSError, CheckpointError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError)
 
 
-def built_scheduler(cfg: DictConfig) -> LRScheduler | None:
+def _built_scheduler(cfg: DictConfig) -> LRScheduler | None:
     """This run's scheduler on an SGD over one meta tensor at ``optim.lr``, as :func:`make_scheduler` builds
     it (``None``: ``scheduler=none``). ``cfg`` needs only ``scheduler`` (and what it interpolates)."""
     optim = cfg.get("optim")
@@ -72,22 +66,22 @@ def built_scheduler(cfg: DictConfig) -> LRScheduler | None:
 
 
 def scheduler_problems(cfg: DictConfig) -> list[str]:
-    """Build the run's scheduler and step it ``min(steps, STEPS_CHECKED)`` times; one line
+    """Build the run's scheduler and step it ``min(steps, _STEPS_CHECKED)`` times; one line
     naming the keys to blame when torch's class refuses."""
     node = cfg.get("scheduler")
     if node is None or node.get("_target_") is None:
         return []
     step = 0
     try:
-        scheduler = built_scheduler(cfg)
+        scheduler = _built_scheduler(cfg)
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": nothing to step here
             warnings.simplefilter("ignore")
-            while step < min(int(cfg.steps), STEPS_CHECKED):
+            while step < min(int(cfg.steps), _STEPS_CHECKED):
                 step += 1
                 scheduler.step()  # type: ignore[union-attr]
     except OmegaConfBaseException:  # an interpolation that does not resolve: the composition's to name
         return []
-    except REFUSED as error:  # the scheduler's class refuses its arguments: named with its keys
+    except _REFUSED as error:  # the scheduler's class refuses its arguments: named with its keys
         when = f"at step {step}" if step else "when built"
         own = {k: v for k, v in node.items() if k not in HYDRA_KEYS and k not in APP_KEYS["scheduler"]}
         line = refusal("scheduler", node, error, blamed=_blamed(error, node, own))
@@ -113,12 +107,12 @@ def _blamed(error: BaseException, node: Mapping[str, Any], keys: Mapping[str, An
     return changed or read
 
 
-def state_shape(state: Any) -> Any:
+def _state_shape(state: Any) -> Any:
     """A scheduler state's shape: its keys, and those of the schedulers it chains (``_schedulers``)."""
     if isinstance(state, Mapping):
-        return {str(k): state_shape(v) if k == "_schedulers" else None for k, v in state.items()}
+        return {str(k): _state_shape(v) if k == "_schedulers" else None for k, v in state.items()}
     if isinstance(state, list):
-        return [state_shape(s) for s in state]
+        return [_state_shape(s) for s in state]
     return None
 
 
@@ -131,11 +125,11 @@ def resumed_scheduler_problems(cfg: DictConfig, choices: Mapping[str, Any]) -> l
         return []  # _check_resume's
     try:
         saved = _saved_scheduler(found)
-    except UNREADABLE:  # an unreadable checkpoint is named by the ranks' checked loaders
+    except _UNREADABLE:  # an unreadable checkpoint is named by the ranks' checked loaders
         return []
-    mine = built_scheduler(cfg)
-    mine_shape = state_shape(_json(mine.state_dict())) if mine is not None else None
-    saved_shape = state_shape(saved) if saved is not None else None
+    mine = _built_scheduler(cfg)
+    mine_shape = _state_shape(_json(mine.state_dict())) if mine is not None else None
+    saved_shape = _state_shape(saved) if saved is not None else None
     if mine_shape == saved_shape:
         return []
     here = f"scheduler={choices.get('scheduler') or cfg.scheduler.get('_target_')}"
@@ -167,7 +161,7 @@ def _describe(saved: Any, cfg: DictConfig) -> str:
     state's shape; else its keys; ``scheduler=none`` when it holds no schedule."""
     if saved is None:
         return "scheduler=none (no schedule)"
-    shape = state_shape(saved)
+    shape = _state_shape(saved)
     chained = isinstance(saved, Mapping) and "_schedulers" in saved
     for name in group_options("scheduler"):
         node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scheduler" / f"{name}.yaml"), resolve=False)
@@ -177,7 +171,7 @@ def _describe(saved: Any, cfg: DictConfig) -> str:
         option = {k: v for k, v in node.items() if k not in ("defaults", "warmup_steps")}
         trial = OmegaConf.create({"steps": cfg.steps, "scheduler": {**option, "warmup_steps": 1 if chained else 0}})
         try:
-            if state_shape(_json(built_scheduler(trial).state_dict())) == shape:  # type: ignore[union-attr]
+            if _state_shape(_json(_built_scheduler(trial).state_dict())) == shape:  # type: ignore[union-attr]
                 return f"scheduler={name}" + (" with warmup" if chained else "")
         except (HydraException, OmegaConfBaseException, TypeError, ValueError):  # not this option's shape
             continue
