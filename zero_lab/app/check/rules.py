@@ -357,19 +357,6 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
     return out
 
 
-def _check_forward(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """Rank 0's first batch through the model built on ``meta``, then the loss (protocols.forward_problems)."""
-    model, data = plan.model.value, plan.data.value
-    if model is None or data is None:  # reported by _check_model / _check_data
-        return []
-    if _check_model_data(cfg, choices, plan):
-        return []
-    dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
-    unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
-    problems = forward_problems(model, data, max(cfg.dist.world_size, 1), str(cfg.output_key), dtype, unused_ok)
-    return [f"model={_choice(choices, 'model', cfg)} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
-
-
 def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """Bind every group node to its ``_target_``'s signature: unknown and missing keys named."""
     out = []
@@ -509,10 +496,18 @@ def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) 
 
 
 def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """The model builds (on ``meta``, once, in the plan): a constructor's error is the user's to fix."""
+    """The model builds (on ``meta``, once, in the plan), and rank 0's first batch runs through it to
+    the loss (:func:`~zero_lab.app.workloads.protocols.forward_problems`)."""
+    model_name = f"model={_choice(choices, 'model', cfg)}"
     if (error := plan.model.error) is not None:
-        return [f"model={_choice(choices, 'model', cfg)}: cannot be built: {refusal('model', cfg.model, error)}"]
-    return []
+        return [f"{model_name}: cannot be built: {refusal('model', cfg.model, error)}"]
+    model, data = plan.model.value, plan.data.value
+    if model is None or data is None or _check_model_data(cfg, choices, plan):  # reported by their own rules
+        return []
+    dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
+    unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
+    problems = forward_problems(model, data, max(cfg.dist.world_size, 1), str(cfg.output_key), dtype, unused_ok)
+    return [f"{model_name} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
 
 
 def _check_memory_fits(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
@@ -664,7 +659,6 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_clipping,
     _check_grad_reduce,
     _check_model,
-    _check_forward,
     _check_partition,
     _check_memory_fits,
     _check_resume,
