@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tests.preflight import compose_job, preflight, problems
 from zero_lab.app.check.notices import notices
 from zero_lab.app.launch.run_dir import ClaimRunDir, claim, system_dir
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.run import checkpoints as run_checkpoints
 from zero_lab.app.run.build import build_training
 from zero_lab.app.workloads.data import TextData
@@ -104,13 +105,14 @@ def test_transformer_on_text_follows_the_datas_vocabulary_and_a_given_one_is_che
 def test_a_to_muon_glob_on_1d_parameters_is_a_notice():
     overrides = ["optim=zero_muon", "model=transformer", "data=tokens", "+optim.param_groups.to_muon=[*.bias]"]
     cfg, _ = preflight(overrides)
-    (line,) = notices(cfg, overrides)
+    (line,) = notices(cfg, overrides, RunPlan.of(cfg))
     assert line.startswith(
         "optim.param_groups.to_muon: '*.bias' matches 13 parameter(s) that are not 2-D (blocks.0.ln1.bias, "
         "blocks.0.qkv.bias, blocks.0.proj.bias, blocks.0.ln2.bias and 9 more); Muon steps only matrices, so 1-D"
     )
     plain = ["optim=zero_muon", "model=transformer", "data=tokens", "+optim.param_groups.to_muon=[*.qkv.weight]"]
-    assert notices(preflight(plain)[0], plain) == []
+    cfg, _ = preflight(plain)
+    assert notices(cfg, plain, RunPlan.of(cfg)) == []
 
 
 # ---------------------------------------------------------------- the run dir

@@ -25,6 +25,7 @@ from zero_lab.app.check.notices import notices
 from zero_lab.app.check.rules import ConfigError, check, to_container
 from zero_lab.app.config.paths import CONF_DIR
 from zero_lab.app.config.schema import SUPPLIED_BY_APP, register_configs
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.run import build
 from zero_lab.partition import ParamSpec, Partition, Shard
 
@@ -154,10 +155,10 @@ def test_sweeps_expand_like_the_basic_sweeper():
 
 def test_a_plain_optimizer_notes_the_options_it_does_not_use():
     cfg, _, _ = compose_job(["optim=adam", "partitioner=flat", "bucket_view=true"])
-    (note,) = notices(cfg, ["optim=adam", "partitioner=flat", "bucket_view=true", "steps=3"])
+    (note,) = notices(cfg, ["optim=adam", "partitioner=flat", "bucket_view=true", "steps=3"], RunPlan.of(cfg))
     assert note.startswith("partitioner=flat bucket_view=true: not used by torch.optim.Adam, a plain optimizer")
     zero, _, _ = compose_job(["partitioner=flat"])
-    assert notices(zero, ["partitioner=flat"]) == []
+    assert notices(zero, ["partitioner=flat"], RunPlan.of(zero)) == []
 
 
 def test_each_job_is_checked_once():

@@ -7,6 +7,7 @@ import pytest
 from tests.preflight import compose_job, preflight
 from zero_lab.app.check.notices import notices
 from zero_lab.app.check.rules import ConfigError
+from zero_lab.app.plan.run_plan import RunPlan
 
 
 def test_ddp_options_are_typed_keys_with_ddps_defaults():
@@ -26,12 +27,13 @@ def test_sync_batchnorm_is_refused_on_cpu_saying_why():
 def test_ddp_bucket_on_a_model_of_one_bucket_says_rank_0_keeps_all_state():
     overrides = ["overlap=true", "partitioner=ddp_bucket", "model.hidden=64"]
     cfg, _ = preflight(overrides)
-    (note,) = notices(cfg, overrides)
+    (note,) = notices(cfg, overrides, RunPlan.of(cfg))
     assert note.startswith("partitioner=ddp_bucket: the model's trainable parameters fit 1 DDP bucket(s)")
     assert "1 of 2 ranks hold no optimizer state and rank 0 keeps all of it (÷ 1.00)" in note
     assert "partitioner.shard_buckets=true" in note
     sharded = [*overrides, "partitioner.shard_buckets=true"]
-    assert notices(preflight(sharded)[0], sharded) == []
+    cfg, _ = preflight(sharded)
+    assert notices(cfg, sharded, RunPlan.of(cfg)) == []
 
 
 def test_all_gather_with_overlap_is_refused_naming_both_keys():

@@ -1,12 +1,9 @@
 """What a job says and does before it trains: one-line failures; under torchrun or srun, one world.
 
-:func:`fail` is how every check ends a job: ``zero_lab: <message>`` on stderr (once per
-world), exit code 2 for a config that cannot run. Under torchrun or ``srun`` with several
-tasks every process is one rank and runs the Hydra job itself; the check callback
-(:mod:`zero_lab.app.check.callback`) refuses what cannot run there
-(:func:`check_external_world`) and, before Hydra creates the run dir, :func:`share_run_dir`
-joins the world, gives every rank rank 0's run dir and keeps ranks > 0 from writing
-``.hydra/`` and the job log (:mod:`zero_lab.runtime.external`).
+:func:`fail` is how every check ends a job: ``zero_lab: <message>`` on stderr once per world, exit
+code 2. Under torchrun or ``srun`` every process is one rank running the Hydra job itself: the
+check callback refuses what cannot run there (:func:`check_external_world`), then
+:func:`share_run_dir` gives every rank rank 0's run dir (:mod:`zero_lab.runtime.external`).
 """
 
 from __future__ import annotations
@@ -46,20 +43,19 @@ def check_external_world(cfg: DictConfig, overrides: list[str], multirun: bool, 
     """Refuse what cannot run when ranks come from torchrun or srun: a sweep, or a ``dist.world_size``
     given on the command line that differs from the runner's (never two silent half-worlds)."""
     if multirun:
-        raise ConfigError(
-            [
-                f"-m/--multirun: not supported under {world.runner} (its world size is fixed); run sweeps as "
-                "`python train.py -m ...` (ranks start inside each job) or with hydra/launcher=slurm"
-            ]
+        problem = (
+            f"-m/--multirun: not supported under {world.runner} (its world size is fixed); run sweeps as "
+            "`python train.py -m ...` (ranks start inside each job) or with hydra/launcher=slurm"
         )
-    if world_size_given(overrides) and cfg.dist.world_size != world.world_size:
+    elif world_size_given(overrides) and cfg.dist.world_size != world.world_size:
         fix = external.runner_named(world.runner).world_size_fix(cfg.dist.world_size)
-        raise ConfigError(
-            [
-                f"dist.world_size={cfg.dist.world_size}: under {world.runner} the world size is "
-                f"{world.runner}'s ({world.world_size}); {fix}"
-            ]
+        problem = (
+            f"dist.world_size={cfg.dist.world_size}: under {world.runner} the world size is "
+            f"{world.runner}'s ({world.world_size}); {fix}"
         )
+    else:
+        return
+    raise ConfigError([problem])
 
 
 def share_run_dir(config: DictConfig, world: external.ExternalWorld) -> None:

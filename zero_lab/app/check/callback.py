@@ -1,18 +1,13 @@
 """Each job's config checked once, as Hydra composed it, before Hydra creates anything: a callback.
 
-:class:`CheckConfig` is the first of ``hydra.callbacks`` in ``conf/config.yaml``:
-
-* ``on_run_start``: the one job (:func:`check_run`). Under torchrun or ``srun`` with several
-  tasks the runner's world is checked first (``dist.world_size`` becomes the runner's), then the
-  ranks take rank 0's run dir (:mod:`zero_lab.app.check.before_start`);
-* ``on_multirun_start``: every job of the sweep (:func:`check_sweep`), expanded by the sweeper's
-  own ``split_arguments`` and composed as its launcher will (``load_sweep_config``). A sweep the
-  sweeper draws itself (Optuna's ``interval(...)``) is checked with its fixed overrides here, and
-  each trial's config as the trial starts.
-
-The task checks only a config no callback of this process checked (:func:`check_unless_checked`:
-a sweeper's trial, a job a launcher runs in another process). Whatever fails ends the job before
-anything exists: one ``zero_lab: ...`` message, exit code 2.
+:class:`CheckConfig`, the first of ``hydra.callbacks`` in ``conf/config.yaml``, checks the one job
+(:func:`check_run`; under torchrun or ``srun`` the runner's world first, then every rank takes rank
+0's run dir: :mod:`zero_lab.app.check.before_start`) or every job of a sweep (:func:`check_sweep`:
+expanded by the sweeper's own ``split_arguments``, composed as its launcher will; a sweep the
+sweeper draws itself, Optuna's ``interval(...)``, with its fixed overrides, each trial as it
+starts). The task checks only a config no callback of this process checked
+(:func:`check_unless_checked`). Whatever fails ends the job before anything exists: one
+``zero_lab: ...`` message, exit code 2.
 
     python train.py -m optim=adam,zero_adam dist.world_size=2,0   # job 4 named, nothing started
 """
@@ -61,11 +56,11 @@ MAX_JOBS = 64
 
 @dataclass
 class _Record:
-    """What this process's callbacks saw: that Hydra composed the command, which job configs passed."""
+    """What this process's callbacks saw: that Hydra composed the command, and each job config that
+    passed, by fingerprint, with its plan (only the newest MAX_JOBS plans kept, the others ``None``)."""
 
     composed: bool = False
-    checked: set[str] = field(default_factory=set)
-    plans: dict[str, RunPlan] = field(default_factory=dict)  # the newest MAX_JOBS checked jobs' plans
+    plans: dict[str, RunPlan | None] = field(default_factory=dict)
 
 
 _SEEN = _Record()
@@ -78,7 +73,7 @@ def _fingerprint(cfg: DictConfig) -> str:
 
 def was_checked(cfg: DictConfig) -> bool:
     """True when a check of this process passed this job config (``cfg``: without its hydra node)."""
-    return _fingerprint(cfg) in _SEEN.checked
+    return _fingerprint(cfg) in _SEEN.plans
 
 
 def composed() -> bool:
@@ -107,11 +102,11 @@ def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> Ru
     except ConfigError as error:
         raise ConfigError(error.problems, job=job) from None
     refuse_bad_dcp_resume(cfg, plan)  # a DCP checkpoint to resume: its files and fit, one line if not
-    _SEEN.checked.add(_fingerprint(cfg))
     plan.release_data()  # the task reads the plan's model, specs and partition, not the data source
-    _SEEN.plans[_fingerprint(cfg)] = plan
-    while len(_SEEN.plans) > MAX_JOBS:  # a long Optuna study: only the jobs still to run
-        del _SEEN.plans[next(iter(_SEEN.plans))]
+    _SEEN.plans.pop(fingerprint := _fingerprint(cfg), None)  # to the end: the newest
+    _SEEN.plans[fingerprint] = plan
+    for old in [k for k, kept in _SEEN.plans.items() if kept is not None][:-MAX_JOBS]:  # a long Optuna study
+        _SEEN.plans[old] = None
     return plan
 
 
@@ -161,10 +156,8 @@ def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.Ext
     """The task's check (``cfg``, ``hydra``: HydraConfig's node): only a job no callback of this
     process checked; under the Slurm launcher's multi-node mode also its world. Exits on a
     problem; returns the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` (the check's own)."""
-    if (plan := _SEEN.plans.get(_fingerprint(cfg))) is not None:
-        return plan
-    if was_checked(cfg):  # checked here, its plan since let go (more than MAX_JOBS jobs): plan it, not check it
-        return RunPlan.of(cfg)
+    if (fingerprint := _fingerprint(cfg)) in _SEEN.plans:  # its plan let go after MAX_JOBS jobs: plan, not check
+        return _SEEN.plans[fingerprint] or RunPlan.of(cfg)
     try:
         if world is not None:
             check_external_world(cfg, list(hydra.overrides.task), False, world)

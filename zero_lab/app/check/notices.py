@@ -1,11 +1,6 @@
-"""What a job says as it starts about a config that runs, but not as its user may think.
-
-* overrides a plain optimizer does not use (a partitioner, a bucket view: every rank keeps the
-  full state);
-* ranks that ``partitioner=ddp_bucket`` leaves without state (fewer DDP buckets than ranks);
-* ``optim.param_groups.to_muon`` globs that match parameters Muon never takes (not 2-D).
-
-Each reads the job's :class:`~zero_lab.app.plan.run_plan.RunPlan`, as the check made it.
+"""What a job says as it starts about a config that runs, but not as its user may think: overrides
+a plain optimizer does not use, ranks ``partitioner=ddp_bucket`` leaves without state, and
+``optim.param_groups.to_muon`` globs that match parameters Muon never takes.
 
     for line in notices(cfg, overrides, plan): log.info(line)
 """
@@ -25,10 +20,8 @@ from zero_lab.routing import muon_param_groups, never_to_muon
 __all__ = ["notices"]
 
 
-def notices(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan | None = None) -> list[str]:
-    """The lines printed when the job ``cfg`` starts (module docstring). ``plan``: the job's, as
-    the check made it (made here when not given)."""
-    plan = plan or RunPlan.of(cfg)
+def notices(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan) -> list[str]:
+    """The lines printed when the job ``cfg`` starts; ``plan``: the job's, as the check made it."""
     assert plan.optim is not None, "notices of a checked config: its optimizer can be looked up"
     unused_keys = plan.optim.strategy.unused_keys
     unused = [o.text for o in read(overrides) if o.root in unused_keys]
@@ -66,7 +59,7 @@ def _muon_globs(cfg: DictConfig, plan: RunPlan) -> list[str]:
     node = cfg.optim.get("param_groups")
     if node is None or not node.get("to_muon") or get_object(str(node.get("_target_"))) is not muon_param_groups:
         return []
-    if plan.model.value is None:  # the checks report it
+    if plan.model.value is None:  # the check reports it
         return []
     left_out = never_to_muon(plan.model.value, list(node.to_muon))
     out = []

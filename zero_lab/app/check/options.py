@@ -1,11 +1,8 @@
 """The shipped options a message suggests: each group's YAMLs read as written, filtered by what they build.
 
-A rule that refuses a value names what to pick instead, from the options that ship in
-``conf/<group>/`` (:func:`~zero_lab.app.config.paths.group_options`, so a new YAML shows up):
-the ZeRO ``optim`` options, the ``dist`` options on a device, the partitioners that need no
-DDP buckets, those whose partition of this model the optimizer can step, the ``data`` options
-of a model's task. Each test reads the option's YAML or builds its ``_target_``; an option the
-test cannot read or build is left out.
+A rule that refuses a value names what to pick instead, from the options in ``conf/<group>/``
+(:func:`~zero_lab.app.config.paths.group_options`, so a new YAML shows up); an option that cannot
+be read or built is left out.
 
     either("optim", zero_options())   # "optim=zero_adam, optim=zero_adamw, ... or optim=zero_sgd"
 """
@@ -68,8 +65,7 @@ def fitting_partitioners(
 
 
 def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
-    """The shipped options of ``group`` whose node, its YAML as written, passes ``test`` (an option
-    it cannot read is left out)."""
+    """The shipped options of ``group`` whose node, its YAML as written, passes ``test``."""
     out = []
     for name in group_options(group):
         try:

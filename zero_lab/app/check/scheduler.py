@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 import json
 import linecache
-import pickle
 import re
 import traceback
 import warnings
@@ -39,7 +38,7 @@ from zero_lab.app.config.targets import refusal
 from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.build import make_scheduler
 from zero_lab.app.run.checkpoints import find_any
-from zero_lab.checkpoint import CheckpointError, read_manifest
+from zero_lab.checkpoint import CheckpointError, load_plain, read_manifest
 
 __all__ = ["resumed_scheduler_problems", "scheduler_problems"]
 
@@ -50,9 +49,9 @@ _STEPS_CHECKED = 10_000  # at most this many steps before start (about 0.2 s on 
 #: refused; Hydra's InstantiationException around any of them.
 _REFUSED = (ValueError, TypeError, ArithmeticError, LookupError, RuntimeError, HydraException)
 
-#: What reading a checkpoint's scheduler state can raise: an unreadable file, a manifest or record
-#: that is not ours, a torch file cut short.
-_UNREADABLE = (OSError, CheckpointError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError)
+#: What reading a checkpoint's scheduler state can raise: an unreadable file, a manifest or record that
+#: is not ours, a torch file refused or cut short (:func:`~zero_lab.checkpoint.load_plain`).
+_UNREADABLE = (OSError, CheckpointError, KeyError, ValueError)
 
 
 def _built_scheduler(cfg: DictConfig) -> LRScheduler | None:
@@ -152,7 +151,7 @@ def _saved_scheduler(found: Path) -> Any:
         return dcp_checkpoints.read_extra(found).get("scheduler")
     if found.is_dir():
         return read_manifest(found)["extra"].get("scheduler")
-    state = torch.load(found, map_location="cpu", mmap=True, weights_only=True)
+    state = load_plain(found, str(found), mmap=True)
     return state.get("scheduler") if isinstance(state, dict) else None
 
 
