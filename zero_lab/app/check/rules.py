@@ -170,13 +170,9 @@ def _check_ranges(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
     for key, value, low, allowed in bounds:
         if value < low:
             out.append(f"{key}={value}: must be >= {low} ({allowed})")
-    for key, value in (
-        ("dist.timeout_s", cfg.dist.timeout_s),
-        ("dist.stop_grace_s", cfg.dist.stop_grace_s),
-        ("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb),
-    ):
-        if value <= 0:
-            out.append(f"{key}={value}: must be > 0")
+    for key in ("timeout_s", "stop_grace_s", "bucket_cap_mb"):
+        if cfg.dist[key] <= 0:
+            out.append(f"dist.{key}={cfg.dist[key]}: must be > 0")
     stall = cfg.dist.get("stall_timeout_s")
     if stall is not None and stall <= 0:
         out.append(f"dist.stall_timeout_s={stall}: must be > 0 (seconds past the slowest step), or null to turn it off")
