@@ -76,7 +76,8 @@ def share_run_dir(config: DictConfig, world: external.ExternalWorld) -> None:
         config.hydra.run.dir = run_dir
         if world.rank > 0:  # what FOLLOWER_OVERRIDES say, on the composed config
             config.hydra.output_subdir = None
-            config.hydra.job_logging = _hydra_option("job_logging", "disabled")
+            disabled = importlib.resources.files("hydra.conf").joinpath("hydra", "job_logging", "disabled.yaml")
+            config.hydra.job_logging = OmegaConf.create(disabled.read_text())  # Hydra's own option, as shipped
 
 
 def _rank0_run_dir(config: DictConfig, world: external.ExternalWorld) -> str:
@@ -85,11 +86,3 @@ def _rank0_run_dir(config: DictConfig, world: external.ExternalWorld) -> str:
         return str(config.hydra.run.dir)
     except OmegaConfBaseException:  # an interpolation only Hydra's job context can resolve
         return os.path.join("outputs", "external", world.run_id)
-
-
-def _hydra_option(group: str, name: str) -> DictConfig:
-    """One of Hydra's own ``hydra/<group>`` options (e.g. ``job_logging/disabled``), as shipped."""
-    text = importlib.resources.files("hydra.conf").joinpath("hydra", group, f"{name}.yaml").read_text()
-    node = OmegaConf.create(text)
-    assert isinstance(node, DictConfig)
-    return node

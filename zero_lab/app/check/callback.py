@@ -156,8 +156,8 @@ def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.Ext
     """The task's check (``cfg``, ``hydra``: HydraConfig's node): only a job no callback of this
     process checked; under the Slurm launcher's multi-node mode also its world. Exits on a
     problem; returns the job's :class:`~zero_lab.app.plan.run_plan.RunPlan` (the check's own)."""
-    if (fingerprint := _fingerprint(cfg)) in _SEEN.plans:  # its plan let go after MAX_JOBS jobs: plan, not check
-        return _SEEN.plans[fingerprint] or RunPlan.of(cfg)
+    if was_checked(cfg):  # its plan let go after MAX_JOBS newer jobs: plan it, not check it
+        return _SEEN.plans[_fingerprint(cfg)] or RunPlan.of(cfg)
     try:
         if world is not None:
             check_external_world(cfg, list(hydra.overrides.task), False, world)

@@ -1,8 +1,4 @@
-"""What this host offers the ranks a job starts here: CPU cores and memory available.
-
-cpu_cores()                # the cores this process may run on (its affinity)
-available_memory_bytes()   # /proc/meminfo's MemAvailable, or None where there is none
-"""
+"""What this host offers the ranks a job starts here: CPU cores and memory available."""
 
 from __future__ import annotations
 

@@ -73,10 +73,9 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config ({count}){where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def check(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> RunPlan:
-    """Raise :class:`ConfigError` listing every problem in ``cfg``; return the job's
-    :class:`~zero_lab.app.plan.run_plan.RunPlan` (which every rule read) if none."""
-    choices = dict(choices or {})
+def check(cfg: DictConfig, choices: Mapping[str, Any]) -> RunPlan:
+    """Raise :class:`ConfigError` listing every problem in ``cfg`` (``choices``: Hydra's group choices,
+    to name options as the command line does); return the job's RunPlan (which every rule read) if none."""
     problems = check_targets(cfg)  # before anything is built: a _target_ that does not fit its key is never called
     if problems:
         raise ConfigError(problems)
