@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hydra.errors import HydraException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,7 +23,7 @@ from zero_lab.app.plan.run_plan import buildable
 from zero_lab.optimizer import check_partition_fits
 from zero_lab.partition import ParamSpec, Partitioner, bucket_use
 
-__all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "zero_options"]
+__all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "options_where", "zero_options"]
 
 
 def either(group: str, names: Sequence[str]) -> str:
@@ -34,17 +35,17 @@ def either(group: str, names: Sequence[str]) -> str:
 
 def zero_options() -> list[str]:
     """The ``optim`` options that build a ZeRO optimizer."""
-    return _options_where("optim", lambda node: OptimPlan.of(node).strategy.shards_state)
+    return options_where("optim", lambda node: OptimPlan.of(node).strategy.shards_state)
 
 
 def on_device(device: str) -> list[str]:
     """The ``dist`` options that put the ranks on ``device``."""
-    return _options_where("dist", lambda node: node.get("device") == device)
+    return options_where("dist", lambda node: node.get("device") == device)
 
 
 def data_for_task(task: Any) -> list[str]:
     """The ``data`` options whose class reads batches for a model of ``task``."""
-    return _options_where("data", lambda node: _target(node).task == task)
+    return options_where("data", lambda node: _target(node).task == task)
 
 
 def fitting_partitioners(
@@ -61,17 +62,17 @@ def fitting_partitioners(
         check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
         return True
 
-    return _options_where("partitioner", fits)
+    return options_where("partitioner", fits)
 
 
-def _options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
+def options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
     """The shipped options of ``group`` whose node, its YAML as written, passes ``test``."""
     out = []
     for name in group_options(group):
         try:
             if test(OmegaConf.load(CONF_DIR / group / f"{name}.yaml")):
                 out.append(name)
-        except (ImportError, TypeError, ValueError, OmegaConfBaseException):  # it does not fit, or needs keys set
+        except (ImportError, TypeError, ValueError, HydraException, OmegaConfBaseException):  # does not build
             continue
     return out
 

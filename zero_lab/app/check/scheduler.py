@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.optim.lr_scheduler import LRScheduler
 
-from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.check.options import options_where
 from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, enum_str
 from zero_lab.app.config.targets import refusal
 from zero_lab.app.run import dcp_checkpoints
@@ -160,19 +160,15 @@ def _describe(saved: Any, cfg: DictConfig) -> str:
     state's shape; else its keys; ``scheduler=none`` when it holds no schedule."""
     if saved is None:
         return "scheduler=none (no schedule)"
-    shape = _state_shape(saved)
     chained = isinstance(saved, Mapping) and "_schedulers" in saved
-    for name in group_options("scheduler"):
-        node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scheduler" / f"{name}.yaml"), resolve=False)
-        assert isinstance(node, dict)
-        if node.get("_target_") is None:
-            continue
-        option = {k: v for k, v in node.items() if k not in ("defaults", "warmup_steps")}
+
+    def fits(node: DictConfig) -> bool:
+        option = {k: v for k, v in node.items_ex(resolve=False) if k not in ("defaults", "warmup_steps")}
         trial = OmegaConf.create({"steps": cfg.steps, "scheduler": {**option, "warmup_steps": 1 if chained else 0}})
-        try:
-            if _state_shape(_json(_built_scheduler(trial).state_dict())) == shape:  # type: ignore[union-attr]
-                return f"scheduler={name}" + (" with warmup" if chained else "")
-        except (HydraException, OmegaConfBaseException, TypeError, ValueError):  # not this option's shape
-            continue
+        built = _built_scheduler(trial) if node.get("_target_") is not None else None
+        return built is not None and _state_shape(_json(built.state_dict())) == _state_shape(saved)
+
+    if fitting := options_where("scheduler", fits):
+        return f"scheduler={fitting[0]}" + (" with warmup" if chained else "")
     keys = ", ".join(k for k in (saved if isinstance(saved, Mapping) else {}) if not k.startswith("_"))
     return f"another scheduler (state keys: {keys})"
