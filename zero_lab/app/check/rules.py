@@ -242,7 +242,7 @@ def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
 
 def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``dist.shard_size``: divides ``dist.world_size``, and only where the state is sharded: by the
-    engine (``dp=zero_lab``), or by a ZeRO optimizer on the DDP path without overlap (:mod:`zero_lab.hierarchy`)."""
+    engine (``dp=zero_lab``), or by a ZeRO optimizer on the DDP path (:mod:`zero_lab.hierarchy`)."""
     if cfg.dist.get("shard_size") is None or cfg.dist.world_size < 1:
         return []
     try:
