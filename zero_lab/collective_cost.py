@@ -19,7 +19,9 @@ rail-aligned rings in parallel (NCCL's layout on nodes with one NIC per GPU: eac
 node through a different NIC), so its bus bandwidth is ``min(intra, m × inter)`` — the node's
 NICs together, capped by the node's own links — at the ``inter`` link's α. Its bus bytes per rank
 are split by the hops: each node's ``m`` rings cross to the next node once each, so on average
-``k/n`` of a rank's bus bytes are inter-node.
+``k/n`` of a rank's bus bytes are inter-node. A ``send_recv`` in such a group (one message of a
+point-to-point exchange with every peer) goes to an average peer: ``(n - m)/(n - 1)`` of its bytes
+leave the node, through the rank's own NIC (``inter``), the rest at ``intra``.
 
 A hardware profile may also carry per-collective fits (:attr:`Hardware.collectives`, the
 calibrated Gloo profile of one host): they replace the link's α and ``B`` for that op, with
@@ -153,11 +155,23 @@ def bus_bytes(collective: Collective) -> float:
     return bus_factor(collective.op, collective.ranks) * collective.nbytes
 
 
+def _remote_share(collective: Collective) -> float:
+    """Of a point-to-point message to an average peer of the group, the share that leaves the node:
+    ``(n - m) / (n - 1)`` of a rank's ``n - 1`` peers sit on other nodes (``m = n / nodes`` per node)."""
+    if collective.nodes <= 1 or collective.ranks <= 1:
+        return 0.0
+    return (collective.ranks - collective.ranks // collective.nodes) / (collective.ranks - 1)
+
+
 def _link(hardware: Hardware, collective: Collective) -> Link:
     if collective.op in hardware.collectives:
         return hardware.collectives[collective.op]
     if collective.nodes <= 1:
         return hardware.intra
+    if collective.op == "send_recv":  # to an average peer: the remote share through this rank's NIC
+        remote = _remote_share(collective)
+        inverse = remote / hardware.inter.bus_bandwidth + (1 - remote) / hardware.intra.bus_bandwidth
+        return Link(hardware.inter.alpha_s, 1 / inverse)
     rings = max(1, collective.ranks // collective.nodes)
     bandwidth = min(hardware.intra.bus_bandwidth, rings * hardware.inter.bus_bandwidth)
     return Link(hardware.inter.alpha_s, bandwidth)
@@ -174,10 +188,14 @@ def seconds(hardware: Hardware, collective: Collective) -> float:
 
 def bytes_by_link(collective: Collective) -> tuple[float, float]:
     """``(intra, inter)`` bus bytes per rank, on average over the ring's ranks (``nodes / ranks`` of
-    the hops cross nodes when the collective spans more than one)."""
+    the hops cross nodes when the collective spans more than one); a ``send_recv`` among ``ranks``
+    goes to an average peer, ``(n - m) / (n - 1)`` of which sit on another node."""
     total = bus_bytes(collective)
     if collective.nodes <= 1:
         return total, 0.0
+    if collective.op == "send_recv":
+        inter = total * _remote_share(collective)
+        return total - inter, inter
     inter = total * min(1.0, collective.nodes / collective.ranks)
     return total - inter, inter
 

@@ -41,7 +41,8 @@ before the next forward uses it (``exchange_hidden``): all but its first bucket 
 the forward, up to ``overlap × forward``.
 
 **Bytes.** Each phase reports its bus bytes per rank on each link class (intra-node,
-inter-node), and :func:`communicator_bytes` predicts exactly what zero_lab's
+inter-node) — an average rank's (a point-to-point reduce-scatter's time is its busiest rank's,
+its bytes every rank's mean) — and :func:`communicator_bytes` predicts exactly what zero_lab's
 :class:`~zero_lab.comm.Communicator` counts on a given rank (``bytes`` and ``sent_bytes``).
 """
 
@@ -184,9 +185,17 @@ def newton_schulz_flops(shape: Sequence[int], ns_steps: int = NS_STEPS) -> float
     return ns_steps * (4 * a * a * b + 2 * a**3)
 
 
-def _phase(name: str, hardware: Hardware, collectives: Sequence[Collective], hidden: float = 0.0) -> Phase:
+def _phase(
+    name: str,
+    hardware: Hardware,
+    collectives: Sequence[Collective],
+    hidden: float = 0.0,
+    sent: Sequence[Collective] | None = None,
+) -> Phase:
+    """``sent``: the collectives whose bytes an average rank puts on each link, where they differ
+    from the ones that set the time (the busiest rank's)."""
     total = sum(seconds(hardware, c) for c in collectives)
-    split = [bytes_by_link(c) for c in collectives]
+    split = [bytes_by_link(c) for c in (collectives if sent is None else sent)]
     return Phase(
         name,
         total,
@@ -248,28 +257,36 @@ def _grad_phase(
 ) -> Phase:
     world, shard = layout.world_size, layout.shard_size
     collectives: list[Collective] = []
+    sent: list[Collective] = []  # what an average rank sends, where the busiest rank sets the time
     last: list[Collective] = []
     for segments in buckets:
         bucket = sum(segments)
         if strategy.grad_reduce == "all_reduce":
             issued = [Collective("all_reduce", bucket, world, nodes_spanned(range(world), layout.per_node))]
+            average = issued
         else:
             if strategy.grad_reduce == "owned":
                 issued = [layout.group("reduce_scatter", bucket)]
+                average = list(issued)
             elif strategy.grad_reduce == "reduce_scatter_native":
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
-            else:  # point to point: the slowest rank sends (bucket - own) or receives (S-1) × own
+                average = list(issued)
+            else:  # point to point: the slowest rank sends (bucket - own) or receives (S-1) × own;
+                # on average a rank sends bucket/S to each of its S-1 peers
                 busiest = max(max(bucket - own, (shard - 1) * own) for own in segments)
                 per_peer = math.ceil(busiest / max(shard - 1, 1))
                 issued = [layout.group("send_recv", per_peer)] * max(shard - 1, 0)
+                average = [layout.group("send_recv", math.ceil(bucket / shard))] * max(shard - 1, 0)
             if world > shard:
                 issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
+                average.append(issued[-1])
         collectives += issued
+        sent += average
         last = issued
     total = sum(seconds(hardware, c) for c in collectives)
     tail = sum(seconds(hardware, c) for c in last)
     hidden = min(total - tail, hardware.overlap * backward_s)
-    return _phase("grad_reduce", hardware, collectives, hidden)
+    return _phase("grad_reduce", hardware, collectives, hidden, sent)
 
 
 def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardware: Hardware, world: int) -> float:
