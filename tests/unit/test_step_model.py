@@ -70,6 +70,25 @@ def test_a_collective_across_nodes_runs_at_the_nodes_nics_capped_by_the_node() -
     assert seconds(h, Collective("all_gather", 10**9, 32, 2)) == pytest.approx(31 / 32 * 1e9 / 100e9)
 
 
+def test_a_point_to_point_message_goes_to_an_average_peer() -> None:
+    """16 ranks on 2 nodes: 8 of a rank's 15 peers are on the other node."""
+    message = Collective("send_recv", 15 * 10**6, 16, 2)
+    assert bytes_by_link(message) == (pytest.approx(7e6), pytest.approx(8e6))
+    # 8/15 of it through the rank's own 10 GB/s NIC, 7/15 at 100 GB/s inside the node
+    assert seconds(hardware(), message) == pytest.approx(8e6 / 10e9 + 7e6 / 100e9)
+    assert bytes_by_link(Collective("send_recv", 10**6, 8, 1)) == (10**6, 0.0)
+
+
+def test_a_point_to_point_reduce_scatter_sends_the_mean_and_waits_on_the_busiest() -> None:
+    """W=4 on 2 nodes of 2, 4 equal owners: each rank sends 3/4 of the gradient, 1/2 of it to the other node."""
+    specs = specs_of(*[2**20] * 4)
+    p2p = ModeledStrategy("p2p", "", Flat, grad_reduce="reduce_scatter")
+    grads = predict_step(specs, p2p, hardware(ranks_per_node=2), 4, 1).phase("grad_reduce")
+    psi = 16 * 2**20
+    assert grads.inter_bytes == pytest.approx(psi / 2, rel=1e-6)
+    assert grads.intra_bytes == pytest.approx(psi / 4, rel=1e-6)
+
+
 def test_bytes_by_link_splits_the_hops() -> None:
     intra, inter = bytes_by_link(Collective("all_gather", 64 * 10**6, 64, 8))
     assert intra + inter == pytest.approx(63e6) and inter == pytest.approx(63e6 * 8 / 64)

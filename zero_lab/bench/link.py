@@ -241,9 +241,9 @@ CONFIGS: dict[str, LinkConfig] = {
             ("dp=zero_lab", "optim=adam", "partitioner=flat", "exchange=all_gather"),
             ModeledStrategy(
                 "engine",
-                "engine, owned buffers: reduce-scatter, all-gather",
+                "engine, owned buffers: p2p reduce-scatter (its grad_reduce on Gloo), all-gather",
                 Flat,
-                grad_reduce="owned",
+                grad_reduce="reduce_scatter",
                 exchange="all_gather",
                 shard_grads=True,
             ),
