@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from zero_lab.app.record.run_files import COMMAND, SUMMARY_FILE
 from zero_lab.app.workloads.models import MLP
 from zero_lab.bench.hardware import load_hardware
 from zero_lab.bench.netns import TwoNodes
@@ -91,7 +92,7 @@ def run_two_nodes(
             f"--node_rank={node}",
             f"--master_addr={nodes.address(0)}",
             f"--master_port={_PORT}",
-            str(REPO / "train.py"),
+            str(REPO / COMMAND[1]),  # train.py
             *overrides,
             f"hydra.run.dir={run_dir}",
         ]
@@ -106,7 +107,7 @@ def run_two_nodes(
         if process.returncode:
             raise RuntimeError(f"node {node}'s torchrun exited {process.returncode}: {outputs[-1][-3000:]}")
     after = nodes.crossed()
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     return JobResult(summary, (after[0] - before[0], after[1] - before[1]), run_dir)
 
 
