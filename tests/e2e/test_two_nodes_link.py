@@ -22,6 +22,7 @@ reason, where the host cannot make namespaces with a tbf (not root, no iproute2,
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -46,7 +47,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory):
             overrides = (*BASE, f"dist.shard_size={shard}")
             return measure_link(nodes, overrides, 1, 3, root / shard, timeout_s=300, env=child_env())
 
-    hier, flat = together(functools.partial(measure, "node", "zlt2"), functools.partial(measure, "4", "zlt4"))
+    tag = f"zl{os.getpid() % 100000}"  # names of this process's own: another suite may run beside
+    hier, flat = together(functools.partial(measure, "node", f"{tag}h"), functools.partial(measure, "4", f"{tag}w"))
     return {2: hier, 4: flat}
 
 
