@@ -394,7 +394,11 @@ def predict_step(
 
 
 def communicator_bytes(
-    specs: Sequence[ParamSpec], strategy: ModeledStrategy, world_size: int, rank: int
+    specs: Sequence[ParamSpec],
+    strategy: ModeledStrategy,
+    world_size: int,
+    rank: int,
+    shard_size: int | None = None,
 ) -> dict[str, tuple[int, int]]:
     """What zero_lab's Communicators count on ``rank`` in one step: ``{phase: (bytes, sent_bytes)}``.
 
@@ -405,28 +409,41 @@ def communicator_bytes(
     ``⌊n(W-1)/W⌋``; point-to-point counts what is sent and received, and sends what it sends.
     At ``W=1`` only DDP's own all-reduce is issued (zero_lab's hook and exchange issue nothing):
     ``n`` per bucket, nothing sent.
+
+    With ``shard_size=S`` < W the partition is over S ranks and ``rank`` is index ``rank % S`` of
+    its shard group: the reduce-scatter and the exchange run inside that group (S ranks), and the
+    reduce-scatter's owner then all-reduces its reduced segment of every DDP bucket across the
+    W/S replicas (``n`` counted, ``⌊2n(R-1)/R⌋`` sent per bucket; R = W/S).
     """
     specs = list(specs)
     if world_size == 1:
         reduced = sum(s.nbytes for s in specs if s.trainable and s.gets_grad)
         return {"grad_reduce": (reduced if strategy.grad_reduce == "all_reduce" else 0, 0), "exchange": (0, 0)}
-    partition = strategy.partitioner()(specs, world_size) if strategy.partitioner else None
+    shard = world_size if shard_size is None else shard_size
+    if shard < 1 or world_size % shard:
+        raise ValueError(f"shard_size={shard_size} must be a positive divisor of world_size={world_size}")
+    index, replicas = rank % shard, world_size // shard
+    partition = strategy.partitioner()(specs, shard) if strategy.partitioner else None
     grads = (0, 0)
     if partition is not None and strategy.grad_reduce == "reduce_scatter":
         total = sum(s.nbytes for s in specs if s.trainable and s.gets_grad)
-        own = _owned(partition)[rank] * specs[0].itemsize
-        grads = (total - own + (world_size - 1) * own, total - own)
+        own = _owned(partition)[index] * specs[0].itemsize
+        grads = (total - own + (shard - 1) * own, total - own)
+        if replicas > 1:
+            segments = [bucket[index] for bucket in _bucket_segments(specs, partition, shard)]
+            across = (sum(segments), sum(2 * n * (replicas - 1) // replicas for n in segments))
+            grads = (grads[0] + across[0], grads[1] + across[1])
     elif strategy.grad_reduce == "all_reduce":
         buckets = [sum(b) for b in _bucket_segments(specs, None, 1)]
         grads = (sum(buckets), sum(2 * b * (world_size - 1) // world_size for b in buckets))
     exchange = (0, 0)
-    if partition is not None:
+    if partition is not None and shard > 1:
         payload = sent = 0
         for ranges in _exchange_units(partition, strategy):
             if strategy.exchange == "all_gather":
                 padded = max(ranges) * len(ranges)
-                payload, sent = payload + padded, sent + padded * (world_size - 1) // world_size
+                payload, sent = payload + padded, sent + padded * (shard - 1) // shard
             else:
-                payload, sent = payload + sum(ranges), sent + ranges[rank] * (world_size - 1)
+                payload, sent = payload + sum(ranges), sent + ranges[index] * (shard - 1)
         exchange = (payload, sent)
     return {"grad_reduce": grads, "exchange": exchange}

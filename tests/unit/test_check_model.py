@@ -36,6 +36,28 @@ def test_a_run_is_paired_with_its_predictions() -> None:
     assert greedy.exchange == "all_gather" and greedy.predicted_bytes > 2 * psi  # padded to the fullest owner
     assert greedy.predicted_s > ddp.predicted_s  # the same all-reduce, then an exchange
     table = format_checks(list(checks.values()))
-    assert f"| tiny | 2 | ddp | none | {ddp.predicted_s * 1e3:,.1f} | 200.0 |" in table
+    assert f"| tiny | 2 | 2 | ddp | none | {ddp.predicted_s * 1e3:,.1f} | 200.0 |" in table
     assert table.splitlines()[2].endswith("| +0.0 % |")
     assert checks["ddp"].error(1.0, None) is None and checks["ddp"].error(1.2, 1.0) == pytest.approx(0.2)
+
+
+def test_the_hierarchical_row_is_priced_over_its_groups() -> None:
+    """zl_gr_rs_bc_s2 at W=4 is 2 × 2: predicted with S=2 (p2p inside the pair, then across the 2 replicas)."""
+    from zero_lab.bench.check_model import CHECKED, strategies_at
+    from zero_lab.planner import specs_from_module
+    from zero_lab.step_model import communicator_bytes, predict_step
+
+    steps = [{"iter_s": 0.2}]
+    run = {"model": "tiny", "world_size": 4, "results": {n: {"steps": steps} for n in ("zl_gr_rs_bc", "zl_gr_rs_bc_s2")}}
+    hardware = load_hardware("gloo_local")
+    checks = {c.strategy: c for c in checks_for(run, hardware)}
+    flat, pairs = checks["zl_gr_rs_bc"], checks["zl_gr_rs_bc_s2"]
+    assert (flat.shard_size, pairs.shard_size) == (4, 2)
+    specs = specs_from_module(MODELS["tiny"].build())
+    strategy = CHECKED["zl_gr_rs_bc_s2"]
+    assert pairs.predicted_s == predict_step(specs, strategy, hardware, 4, 4, 2).seconds
+    assert pairs.predicted_bytes == sum(b for b, _ in communicator_bytes(specs, strategy, 4, 0, 2).values())
+    assert "| tiny | 4 | 2 | zl_gr_rs_bc_s2 | broadcast |" in format_checks([pairs])
+    # run only where it is hierarchical: W=4 (and 8, ...), not W=1, 2 (it would repeat zl_gr_rs_bc) or 3
+    names = ["ddp", "zl_gr_rs_bc_s2"]
+    assert [strategies_at(names, w) for w in (1, 2, 3, 4)] == [("ddp",)] * 3 + [("ddp", "zl_gr_rs_bc_s2")]

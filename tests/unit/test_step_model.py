@@ -220,3 +220,20 @@ def test_communicator_bytes_by_hand() -> None:
     assert communicator_bytes(specs, rs, 1, rank=0) == {"grad_reduce": (0, 0), "exchange": (0, 0)}
     assert communicator_bytes(specs, flat_bc, 1, rank=0) == {"grad_reduce": (88, 0), "exchange": (0, 0)}  # DDP's
     assert math.isclose(sum(communicator_bytes(specs, rs, 4, r)["grad_reduce"][1] for r in range(4)), 3 * 88)
+
+
+def test_communicator_bytes_hierarchical_by_hand() -> None:
+    """W=4 as 2 × 2: the state over groups of 2 (flat halves of 11 floats), rank 3 is index 1 of group [2, 3]."""
+    specs = specs_of(10, 7, 5)  # 22 floats, 88 bytes, one DDP bucket
+    rs = ModeledStrategy("r", "", Flat, grad_reduce="reduce_scatter", exchange="broadcast")
+    own = 11 * 4
+    counted = communicator_bytes(specs, rs, 4, rank=3, shard_size=2)
+    # p2p inside the group: sends the other half (44), receives one contribution to its own (44); then
+    # its reduced half all-reduced across the 2 replicas: 44 counted, 2 · 44 · 1/2 sent
+    assert counted["grad_reduce"] == (88 - own + own + own, 88 - own + own)
+    assert counted["exchange"] == (88, own * 1)  # one broadcast per owner's half, inside the group
+    assert communicator_bytes(specs, rs, 4, rank=1, shard_size=4) == communicator_bytes(specs, rs, 4, rank=1)
+    ddp_like = communicator_bytes(specs, rs, 4, rank=0, shard_size=1)  # S = 1: no exchange
+    assert ddp_like["exchange"] == (0, 0) and ddp_like["grad_reduce"] == (88, 2 * 88 * 3 // 4)  # all-reduce of 88 over 4
+    with pytest.raises(ValueError, match="shard_size=3 must be a positive divisor of world_size=4"):
+        communicator_bytes(specs, rs, 4, rank=0, shard_size=3)

@@ -9,10 +9,14 @@ machine's Gloo as ``scripts/calibrate.py`` fitted it) and
 :func:`zero_lab.step_model.communicator_bytes`. Prints (and writes, ``--out``) a Markdown table:
 predicted and measured step time (the slowest rank's median iteration) and bytes per step (rank
 0's, the Communicator's convention), with the errors — the issue's bars are ±20 % for time and
-±2 % for bytes::
+±2 % for bytes. ``zl_gr_rs_bc_s2`` is the hierarchical row (2 × 2: ``shard_size=2`` at W=4), run
+only where it is hierarchical. ``--out DIR`` writes ``model_check.md`` (the table),
+``model_check.json`` (the rows, :func:`read_checks` reads them back) and ``model_check.png``
+(:func:`zero_lab.report.model_plots.plot_model_check`, its title saying "idle" or "under load")::
 
     python scripts/check_model.py                                     # W = 1 2 4, both models, 20 steps
     python scripts/check_model.py --world-sizes 2 --steps 3 --warmup 1 --models linear768
+    python scripts/check_model.py --out outputs/check-model                 # + .md, .json, .png there
 
 Times depend on the load: the header carries the load average, and a figure taken with other
 jobs running is "under load". Bytes do not.
@@ -21,26 +25,31 @@ jobs running is "under load". Bytes do not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from zero_lab.bench.hardware import load_hardware, profile_names
 from zero_lab.bench.run import Settings, run_world_size
+from zero_lab.bench.strategies import STRATEGIES as BENCH
 from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Hardware
 from zero_lab.files import write_atomic
+from zero_lab.report.model_plots import plot_model_check
 from zero_lab.partition import Flat, SortedGreedy
 from zero_lab.planner import specs_from_module
 from zero_lab.step_model import STRATEGIES as AT_SCALE
 from zero_lab.step_model import ModeledStrategy, communicator_bytes, predict_step
 
-__all__ = ["CHECKED", "SAMPLES", "Check", "checks_for", "format_checks", "main"]
+__all__ = ["CHECKED", "SAMPLES", "Check", "checks_for", "format_checks", "main", "read_checks", "strategies_at", "write_checks"]
 
 #: Rows each benchmark model's forward sees per step (its ``batch``): the step model's samples.
 SAMPLES = {"tutorial": 20, "tutorial-quick": 20, "linear768": 16, "tiny": 4}
@@ -55,15 +64,23 @@ CHECKED: dict[str, ModeledStrategy] = {
     "zl_gr_rs_bc": ModeledStrategy(
         "zl_gr_rs_bc", "flat, p2p reduce-scatter, broadcast", Flat, grad_reduce="reduce_scatter", exchange="broadcast"
     ),
+    "zl_gr_rs_bc_s2": ModeledStrategy(
+        "zl_gr_rs_bc_s2",
+        "flat, p2p reduce-scatter, broadcast, shard_size=2",
+        Flat,
+        grad_reduce="reduce_scatter",
+        exchange="broadcast",
+    ),
 }
 
 
 @dataclass(frozen=True)
 class Check:
-    """One (model, W, strategy): predicted and measured seconds and bytes per step."""
+    """One (model, W, S, strategy): predicted and measured seconds and bytes per step."""
 
     model: str
     world_size: int
+    shard_size: int
     strategy: str
     predicted_s: float
     measured_s: float | None
@@ -74,6 +91,32 @@ class Check:
     @staticmethod
     def error(predicted: float, measured: float | None) -> float | None:
         return None if not measured else (predicted - measured) / measured
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Check:
+        """The inverse of :meth:`as_dict`; a ``ValueError`` naming the fields missing or unknown."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(record) != names:
+            raise ValueError(
+                f"a model-check row needs the fields {sorted(names)}: missing {sorted(names - set(record))}, "
+                f"unknown {sorted(set(record) - names)}; write it with write_checks"
+            )
+        return cls(**record)
+
+
+def write_checks(path: str | Path, checks: Sequence[Check], header: str) -> Path:
+    """``{"header": ..., "checks": [row, ...]}`` as JSON at ``path`` (atomically)."""
+    payload = json.dumps({"header": header, "checks": [c.as_dict() for c in checks]}, indent=1)
+    return write_atomic(path, lambda f: f.write(payload.encode("utf-8")))
+
+
+def read_checks(path: str | Path) -> tuple[str, list[Check]]:
+    """The header and rows :func:`write_checks` wrote."""
+    record = json.loads(Path(path).read_text())
+    return record["header"], [Check.from_dict(row) for row in record["checks"]]
 
 
 def _as_run(strategy: ModeledStrategy, report: dict[str, Any] | None) -> ModeledStrategy:
@@ -93,14 +136,27 @@ def checks_for(run: dict[str, Any], hardware: Hardware) -> list[Check]:
         if name not in CHECKED:
             continue
         strategy = _as_run(CHECKED[name], result.get("report"))
-        prediction = predict_step(specs, strategy, hardware, world, SAMPLES[run["model"]])
-        predicted_bytes = sum(payload for payload, _ in communicator_bytes(specs, strategy, world, 0).values())
+        shard = BENCH[name].shard_at(world)
+        prediction = predict_step(specs, strategy, hardware, world, SAMPLES[run["model"]], shard)
+        counts = communicator_bytes(specs, strategy, world, 0, shard)
+        predicted_bytes = sum(payload for payload, _ in counts.values())
         steps = result.get("steps") or []
         measured_s = statistics.median(s["iter_s"] for s in steps) if steps else None
         counted = result.get("collectives") or {}
         measured_bytes = sum(counted.get(kind, {}).get("bytes", 0) for kind in ("grads", "params")) if counted else None
-        seconds = (prediction.seconds, measured_s)
-        out.append(Check(run["model"], world, name, *seconds, predicted_bytes, measured_bytes, strategy.exchange))
+        out.append(
+            Check(
+                run["model"],
+                world,
+                shard,
+                name,
+                prediction.seconds,
+                measured_s,
+                predicted_bytes,
+                measured_bytes,
+                strategy.exchange,
+            )
+        )
     return out
 
 
@@ -111,15 +167,15 @@ def _percent(value: float | None) -> str:
 def format_checks(checks: Sequence[Check]) -> str:
     """The Markdown table of docs/benchmarks.md."""
     lines = [
-        "| model | W | strategy | exchange | predicted ms | measured ms | time error | predicted MiB | measured MiB "
-        "| bytes error |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | W | S | strategy | exchange | predicted ms | measured ms | time error | predicted MiB "
+        "| measured MiB | bytes error |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in checks:
         measured = "—" if c.measured_s is None else f"{c.measured_s * 1e3:,.1f}"
         counted = "—" if c.measured_bytes is None else f"{c.measured_bytes / 2**20:,.3f}"
         lines.append(
-            f"| {c.model} | {c.world_size} | {c.strategy} | {c.exchange} | {c.predicted_s * 1e3:,.1f} | {measured} "
+            f"| {c.model} | {c.world_size} | {c.shard_size} | {c.strategy} | {c.exchange} | {c.predicted_s * 1e3:,.1f} | {measured} "
             f"| {_percent(Check.error(c.predicted_s, c.measured_s))} | {c.predicted_bytes / 2**20:,.3f} | {counted} "
             f"| {_percent(Check.error(c.predicted_bytes, c.measured_bytes))} |"
         )
@@ -134,23 +190,47 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", default=list(CHECKED), choices=list(CHECKED))
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out", help="also write the table (Markdown) here")
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", help="also write model_check.md (the table), .json (the rows) and .png here"
+    )
     return parser.parse_args(argv)
+
+
+def strategies_at(strategies: Sequence[str], world_size: int) -> tuple[str, ...]:
+    """``strategies`` less the hierarchical ones that are not hierarchical at ``world_size``
+    (``zl_gr_rs_bc_s2`` runs where 2 < W and 2 divides W: elsewhere it would repeat ``zl_gr_rs_bc``)."""
+    return tuple(n for n in strategies if BENCH[n].shard_size is None or BENCH[n].shard_at(world_size) < world_size)
+
+
+#: A load average (before the runs, other jobs only) from which the figures are "under load".
+LOADED = 1.0
 
 
 def main(argv: Sequence[str] | None = None) -> list[Check]:
     args = parse_args(argv)
     hardware = load_hardware(args.hardware)
     command = "python scripts/check_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    settings = Settings(tuple(args.models), (), tuple(args.strategies), args.warmup, args.steps)
+    before = os.getloadavg()[0]
     checks = []
     for world in args.world_sizes:
+        chosen = strategies_at(args.strategies, world)
+        settings = Settings(tuple(args.models), (), chosen, args.warmup, args.steps)
         for run in run_world_size(settings, world):
             checks += checks_for(run, hardware)
     load = os.getloadavg()[0]
-    header = f"`{command}` — profile {hardware.name}; load average {load:.1f} at the end on {os.cpu_count()} cores"
+    state = "under load" if before >= LOADED else "idle"
+    header = (
+        f"`{command}` — profile {hardware.name}; load average {before:.1f} before the runs ({state}), "
+        f"{load:.1f} at the end, on {os.cpu_count()} cores"
+    )
     text = header + "\n\n" + format_checks(checks) + "\n"
     print(text)
     if args.out:
-        write_atomic(args.out, lambda f: f.write(text.encode("utf-8")))
+        write_atomic(args.out / "model_check.md", lambda f: f.write(text.encode("utf-8")))
+        write_checks(args.out / "model_check.json", checks, header)
+        title = (
+            f"Step model ({hardware.name}) vs runs here, W = {'/'.join(map(str, args.world_sizes))}: "
+            f"{state} (load average {before:.1f} before the runs, {os.cpu_count()} cores)"
+        )
+        print(f"written: {args.out}/model_check.{{md,json}}, {plot_model_check([c.as_dict() for c in checks], args.out / 'model_check.png', title)}")
     return checks

@@ -17,12 +17,17 @@ time per phase, memory and bytes per link class per rank, for every strategy of
 :data:`zero_lab.step_model.STRATEGIES` and every ``--shard-size`` (:mod:`zero_lab.bench.at_scale`)::
 
     python scripts/plan.py --hardware h100_ib --model tutorial gpt2-xl --world-size 8 64 512 1024 --shard-size 1 8
+
+``--plot DIR`` also writes, per model, ``at_scale-<model>.png`` (step time and memory per rank
+against W, one line per strategy and S: :func:`zero_lab.report.model_plots.plot_at_scale`) and
+the printed tables as ``at_scale.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,9 @@ from zero_lab.bench import at_scale
 from zero_lab.bench.hardware import load_hardware, profile_names
 from zero_lab.bench.workloads import MODELS, PLAN_ONLY
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
+from zero_lab.files import write_atomic
 from zero_lab.planner import MemoryPlan, plan_memory, specs_from_module
+from zero_lab.report.model_plots import plot_at_scale
 from zero_lab.step_model import STRATEGIES
 
 MIB = 2**20
@@ -118,14 +125,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     step.add_argument("--shard-size", type=int, nargs="+", default=[], help="S: shard within groups of S ranks")
     step.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     step.add_argument("--samples-per-rank", type=int, help="tokens (or rows) per rank per step; default per model")
+    step.add_argument("--plot", type=Path, metavar="DIR", help="also write at_scale-<model>.png per model and at_scale.md")
     return parser.parse_args(argv)
 
 
-def step_times(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``--hardware``: the at-scale table and its crossings, per model."""
+def step_times(args: argparse.Namespace, command: str = "") -> list[dict[str, Any]]:
+    """``--hardware``: the at-scale table and its crossings, per model (with ``--plot``: a figure
+    each, and the tables under ``command``, the line that made them)."""
     hardware = load_hardware(args.hardware)
     dtype = getattr(torch, args.dtype)
-    out = []
+    out, text = [], []
     for model in args.model:
         samples = args.samples_per_rank or at_scale.SAMPLES.get(model, 1)
         module = build_on_meta(model)
@@ -133,14 +142,26 @@ def step_times(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows = at_scale.rows_for(
             model, module, hardware, args.world_size, args.shard_size, args.strategies, samples, dtype
         )
-        print(f"model {model}: {numel:,} parameters ({args.dtype}), {samples} samples per rank, {hardware.name}\n")
-        print(at_scale.format_rows(rows) + "\n")
-        print("step time ms · memory GiB per rank (the fullest rank):\n")
-        print(at_scale.format_summary(rows) + "\n")
-        for line in at_scale.crossings(rows):
-            print(f"- {line}")
-        print()
+        heading = f"model {model}: {numel:,} parameters ({args.dtype}), {samples} samples per rank, {hardware.name}"
+        block = "\n\n".join(
+            [
+                heading,
+                at_scale.format_rows(rows),
+                "step time ms · memory GiB per rank (the fullest rank):",
+                at_scale.format_summary(rows),
+                "\n".join(f"- {line}" for line in at_scale.crossings(rows)),
+            ]
+        )
+        print(block + "\n")
+        text.append(block)
+        if args.plot:
+            title = f"{model} ({numel / 1e6:,.0f} M parameters, {args.dtype}, {samples:,} samples per rank) on {hardware.name}, modelled"
+            path = plot_at_scale([row.as_dict() for row in rows], args.plot / f"at_scale-{model}.png", title)
+            print(f"figure: {path}")
         out += [row.as_dict() for row in rows]
+    if args.plot:
+        page = f"`{command}`\n\n" + "\n\n".join(text) + "\n"
+        print(f"tables: {write_atomic(args.plot / 'at_scale.md', lambda f: f.write(page.encode('utf-8')))}")
     if args.json:
         args.json.write_text(json.dumps({"hardware": hardware.name, "rows": out}, indent=1))
         print(f"rows: {args.json}")
@@ -150,7 +171,7 @@ def step_times(args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if args.hardware:
-        return step_times(args)
+        return step_times(args, " ".join(["python scripts/plan.py", *(sys.argv[1:] if argv is None else argv)]))
     dtype = getattr(torch, args.dtype)
     partitioners = list(PARTITIONERS) if args.partitioner == "all" else [args.partitioner]
     out = []

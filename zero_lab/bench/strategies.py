@@ -22,7 +22,9 @@ the data-parallel state is held and moved:
   the exchange by ``bc`` (broadcast), ``ag`` (all_gather) or ``p2p`` (the point-to-point
   all-gather, ``p2p_all_gather``); ``zl_gr_auto`` lets both phases
   choose; ``zl_gr_prefetch`` is ``zl_prefetch`` with the reduce-scatter; ``zl_gr_shard`` adds
-  ``shard_grads=True`` (ZeRO-2 gradient memory). Their reference is ``ddp``;
+  ``shard_grads=True`` (ZeRO-2 gradient memory); ``zl_gr_rs_bc_s2`` is ``zl_gr_rs_bc`` sharded
+  hierarchically over groups of 2 ranks (``shard_size=2``: 2 × 2 at W=4, :mod:`zero_lab.hierarchy`;
+  the whole world where 2 does not divide W). Their reference is ``ddp``;
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
   and at the root, ``reshard_after_forward=False`` (ZeRO-2-like: sharded gradients and
   state, parameters kept gathered from forward to backward) / ``True`` (ZeRO-3-like);
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.fsdp import fully_shard
@@ -62,7 +65,7 @@ from zero_lab.grad_reduce import reduce_gradients
 from zero_lab.overlap import hook_with_zero_step, hook_with_zero_step_interleaved, prefetch_exchange
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
 
-__all__ = ["LR", "STRATEGIES", "Strategy", "deepspeed_status", "fairscale_status", "imbalance"]
+__all__ = ["LR", "STRATEGIES", "Strategy", "deepspeed_status", "fairscale_status", "imbalance", "shard_at"]
 
 LR = 1e-3
 #: zl_prefetch's Flat buffer cap, MiB: buffers never split a module, so this is one per layer (or module)
@@ -91,11 +94,21 @@ class Strategy:
     transient: bool = False
     exchange_in_step: bool = True
     sharded: bool = True
+    shard_size: int | None = None
+
+    def shard_at(self, world_size: int) -> int:
+        """The ranks the state is sharded over at ``world_size`` (:func:`shard_at`)."""
+        return shard_at(self.shard_size, world_size)
 
     @property
     def group(self) -> str:
         """The family the round planner keeps together (the strategy alone by default)."""
         return self.family or self.name
+
+
+def shard_at(shard_size: int | None, world_size: int) -> int:
+    """``shard_size`` where it divides ``world_size``, else the whole world (``None``: the whole world)."""
+    return shard_size if shard_size and world_size % shard_size == 0 else world_size
 
 
 def imbalance(per_rank: list[int]) -> float:
@@ -245,9 +258,10 @@ def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
 
 
 def _zero_lab_grads(
-    grad_reduce: str, exchange: str, prefetch: bool = False, shard_grads: bool = False
+    grad_reduce: str, exchange: str, prefetch: bool = False, shard_grads: bool = False, shard_size: int | None = None
 ) -> Callable[[nn.Module], Runner]:
-    """Flat, bucket view, the gradients reduced to their owners (``grad_reduce``), ``exchange``."""
+    """Flat, bucket view, the gradients reduced to their owners (``grad_reduce``), ``exchange``; the
+    state sharded over groups of ``shard_size`` ranks where that divides W (:func:`shard_at`)."""
 
     def build(template: nn.Module) -> Runner:
         model = copy.deepcopy(template)
@@ -258,6 +272,7 @@ def _zero_lab_grads(
             parameters_as_bucket_view=True,
             partitioner=Flat(bucket_cap_mb=PREFETCH_BUCKET_CAP_MB) if prefetch else Flat(),
             exchange=exchange,
+            shard_size=shard_at(shard_size, dist.get_world_size()),
             lr=LR,
         )
         reducer = reduce_gradients(ddp, zero, grad_reduce, shard_grads=shard_grads)
@@ -300,6 +315,17 @@ def _grad_rows() -> list[Strategy]:
         for e, exchange in _EXCHANGE_NAMES.items()
     ]
     rows += [
+        Strategy(
+            "zl_gr_rs_bc_s2",
+            "zero_lab flat, bucket view, grad_reduce=reduce_scatter, exchange=broadcast, shard_size=2 (2 × 2 at W=4)",
+            _zero_lab_grads("reduce_scatter", "broadcast", shard_size=2),
+            "ddp",
+            "zl_gr",
+            True,
+            None,  # the planner prices a partition over W: priced as DDP (an upper bound) instead
+            planned=False,
+            shard_size=2,
+        ),
         Strategy(
             "zl_gr_auto",
             "zero_lab flat, bucket view, grad_reduce=auto, exchange=auto",
