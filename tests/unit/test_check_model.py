@@ -48,7 +48,8 @@ def test_the_hierarchical_row_is_priced_over_its_groups() -> None:
     from zero_lab.step_model import communicator_bytes, predict_step
 
     steps = [{"iter_s": 0.2}]
-    run = {"model": "tiny", "world_size": 4, "results": {n: {"steps": steps} for n in ("zl_gr_rs_bc", "zl_gr_rs_bc_s2")}}
+    results = {n: {"steps": steps} for n in ("zl_gr_rs_bc", "zl_gr_rs_bc_s2")}
+    run = {"model": "tiny", "world_size": 4, "results": results}
     hardware = load_hardware("gloo_local")
     checks = {c.strategy: c for c in checks_for(run, hardware)}
     flat, pairs = checks["zl_gr_rs_bc"], checks["zl_gr_rs_bc_s2"]

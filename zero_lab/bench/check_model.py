@@ -43,13 +43,23 @@ from zero_lab.bench.strategies import STRATEGIES as BENCH
 from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Hardware
 from zero_lab.files import write_atomic
-from zero_lab.report.model_plots import plot_model_check
 from zero_lab.partition import Flat, SortedGreedy
 from zero_lab.planner import specs_from_module
+from zero_lab.report.model_plots import plot_model_check
 from zero_lab.step_model import STRATEGIES as AT_SCALE
 from zero_lab.step_model import ModeledStrategy, communicator_bytes, predict_step
 
-__all__ = ["CHECKED", "SAMPLES", "Check", "checks_for", "format_checks", "main", "read_checks", "strategies_at", "write_checks"]
+__all__ = [
+    "CHECKED",
+    "SAMPLES",
+    "Check",
+    "checks_for",
+    "format_checks",
+    "main",
+    "read_checks",
+    "strategies_at",
+    "write_checks",
+]
 
 #: Rows each benchmark model's forward sees per step (its ``batch``): the step model's samples.
 SAMPLES = {"tutorial": 20, "tutorial-quick": 20, "linear768": 16, "tiny": 4}
@@ -143,7 +153,8 @@ def checks_for(run: dict[str, Any], hardware: Hardware) -> list[Check]:
         steps = result.get("steps") or []
         measured_s = statistics.median(s["iter_s"] for s in steps) if steps else None
         counted = result.get("collectives") or {}
-        measured_bytes = sum(counted.get(kind, {}).get("bytes", 0) for kind in ("grads", "params")) if counted else None
+        kinds = ("grads", "params", "unprofiled")  # unprofiled: the replica all-reduce, zero_lab's own count
+        measured_bytes = sum((counted.get(kind) or {}).get("bytes", 0) for kind in kinds) if counted else None
         out.append(
             Check(
                 run["model"],
@@ -175,7 +186,8 @@ def format_checks(checks: Sequence[Check]) -> str:
         measured = "—" if c.measured_s is None else f"{c.measured_s * 1e3:,.1f}"
         counted = "—" if c.measured_bytes is None else f"{c.measured_bytes / 2**20:,.3f}"
         lines.append(
-            f"| {c.model} | {c.world_size} | {c.shard_size} | {c.strategy} | {c.exchange} | {c.predicted_s * 1e3:,.1f} | {measured} "
+            f"| {c.model} | {c.world_size} | {c.shard_size} | {c.strategy} | {c.exchange} "
+            f"| {c.predicted_s * 1e3:,.1f} | {measured} "
             f"| {_percent(Check.error(c.predicted_s, c.measured_s))} | {c.predicted_bytes / 2**20:,.3f} | {counted} "
             f"| {_percent(Check.error(c.predicted_bytes, c.measured_bytes))} |"
         )
@@ -232,5 +244,6 @@ def main(argv: Sequence[str] | None = None) -> list[Check]:
             f"Step model ({hardware.name}) vs runs here, W = {'/'.join(map(str, args.world_sizes))}: "
             f"{state} (load average {before:.1f} before the runs, {os.cpu_count()} cores)"
         )
-        print(f"written: {args.out}/model_check.{{md,json}}, {plot_model_check([c.as_dict() for c in checks], args.out / 'model_check.png', title)}")
+        figure = plot_model_check([c.as_dict() for c in checks], args.out / "model_check.png", title)
+        print(f"written: {args.out}/model_check.md, model_check.json, {figure}")
     return checks

@@ -38,8 +38,8 @@ from torch import nn
 from zero_lab.bench import at_scale
 from zero_lab.bench.hardware import load_hardware, profile_names
 from zero_lab.bench.workloads import MODELS, PLAN_ONLY
-from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.files import write_atomic
+from zero_lab.partition import Flat, Partitioner, SortedGreedy
 from zero_lab.planner import MemoryPlan, plan_memory, specs_from_module
 from zero_lab.report.model_plots import plot_at_scale
 from zero_lab.step_model import STRATEGIES
@@ -125,7 +125,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     step.add_argument("--shard-size", type=int, nargs="+", default=[], help="S: shard within groups of S ranks")
     step.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     step.add_argument("--samples-per-rank", type=int, help="tokens (or rows) per rank per step; default per model")
-    step.add_argument("--plot", type=Path, metavar="DIR", help="also write at_scale-<model>.png per model and at_scale.md")
+    step.add_argument(
+        "--plot", type=Path, metavar="DIR", help="also write at_scale-<model>.png per model and at_scale.md there"
+    )
     return parser.parse_args(argv)
 
 
@@ -155,7 +157,10 @@ def step_times(args: argparse.Namespace, command: str = "") -> list[dict[str, An
         print(block + "\n")
         text.append(block)
         if args.plot:
-            title = f"{model} ({numel / 1e6:,.0f} M parameters, {args.dtype}, {samples:,} samples per rank) on {hardware.name}, modelled"
+            title = (
+                f"{model} ({numel / 1e6:,.0f} M parameters, {args.dtype}, {samples:,} samples per rank) "
+                f"on {hardware.name}, modelled"
+            )
             path = plot_at_scale([row.as_dict() for row in rows], args.plot / f"at_scale-{model}.png", title)
             print(f"figure: {path}")
         out += [row.as_dict() for row in rows]

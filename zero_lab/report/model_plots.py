@@ -32,7 +32,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures are written, never shown
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from zero_lab.files import write_atomic
 
@@ -53,6 +53,8 @@ DPI = 100
 GIB = 2**30
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 _SHARD_STYLES = {"S=W": "-", "S=8": "--", "S=1": ":"}
+#: Plain numbers on a log axis, at 1, 2 and 5 per decade (not 2×10²).
+_PLAIN = FuncFormatter(lambda value, _: f"{value:,.10g}")
 _OTHER_STYLES = ("-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 
 Rows = Sequence[Mapping[str, Any]]
@@ -62,6 +64,11 @@ def shard_label(row: Mapping[str, Any]) -> str:
     """``S=W`` when the state is sharded over the whole world, else ``S=<shard_size>``."""
     shard = row.get("shard_size") or row["world_size"]
     return "S=W" if shard == row["world_size"] else f"S={shard}"
+
+
+def _shard_order(label: str) -> float:
+    """``S=W`` first, then the groups from the largest down (``S=1``, no sharding, last)."""
+    return float("-inf") if label == "S=W" else -int(label[2:])
 
 
 def _first_seen(values: Sequence[str]) -> list[str]:
@@ -82,6 +89,15 @@ def _world_axis(ax: plt.Axes, worlds: Sequence[int]) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
+def _log_values(ax: plt.Axes, which: str) -> None:
+    """``ax``'s ``which`` axis ("x" or "y") on a log scale labelled in plain numbers at 1, 2 and 5 per decade."""
+    getattr(ax, f"set_{which}scale")("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(_PLAIN)
+    axis.set_minor_formatter(NullFormatter())
+
+
 def at_scale_figure(rows: Rows, title: str) -> plt.Figure:
     """The at-scale figure of one model's rows (:func:`plot_at_scale` saves it); a ``ValueError``
     when the rows are empty or hold several models."""
@@ -89,7 +105,7 @@ def at_scale_figure(rows: Rows, title: str) -> plt.Figure:
     if len(models) != 1:
         raise ValueError(f"plot_at_scale: rows of exactly one model, got {models or 'none'}; split them by 'model'")
     strategies = _first_seen([r["strategy"] for r in rows])
-    shards = sorted(_first_seen([shard_label(r) for r in rows]), key=lambda s: (s != "S=W", s))
+    shards = sorted(_first_seen([shard_label(r) for r in rows]), key=_shard_order)
     styles = _shard_styles(shards)
     worlds = sorted({int(r["world_size"]) for r in rows})
     fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(12, 5))
@@ -113,7 +129,7 @@ def at_scale_figure(rows: Rows, title: str) -> plt.Figure:
             memory_ax.plot(xs, [r["memory_bytes"] / GIB for r in series], **style)
     _world_axis(time_ax, worlds)
     _world_axis(memory_ax, worlds)
-    time_ax.set_yscale("log")
+    _log_values(time_ax, "y")
     time_ax.set_ylabel("step time (ms, log scale)")
     time_ax.set_title("step time per rank")
     memory_ax.set_ylim(bottom=0)
@@ -123,15 +139,11 @@ def at_scale_figure(rows: Rows, title: str) -> plt.Figure:
         Line2D([], [], color=f"C{i % 10}", marker=_MARKERS[i % len(_MARKERS)], label=name)
         for i, name in enumerate(strategies)
     ]
-    by_shard = [Line2D([], [], color="black", linestyle=styles[s], label=s) for s in shards]
-    first = memory_ax.legend(
-        handles=by_strategy, title="strategy", fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0)
-    )
-    memory_ax.add_artist(first)
-    memory_ax.legend(
-        handles=by_shard, title="S: sharded over", fontsize=8, loc="lower left", bbox_to_anchor=(1.02, 0.0)
-    )
+    by_shard = [Line2D([], [], color="black", linestyle=styles[s], label=f"sharded over {s}") for s in shards]
+    handles = [*by_strategy, *by_shard]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06 * (1 + (len(handles) - 1) // 5), 1, 1))  # room for the legend's rows
     return fig
 
 
@@ -164,6 +176,7 @@ def model_check_figure(checks: Rows, title: str) -> plt.Figure:
     _time_panel(time_ax, timed, len(checks) - len(timed))
     _bytes_panel(bytes_ax, counted, len(checks) - len(counted))
     fig.suptitle(title)
+    fig.tight_layout()
     return fig
 
 
@@ -204,8 +217,8 @@ def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
                    label="hierarchical (S < W, e.g. 2 × 2)")
         )  # fmt: skip
     ax.legend(handles=handles, fontsize=7, loc="upper left")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log_values(ax, "x")
+    _log_values(ax, "y")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     ax.set_xlabel("measured step time (ms, slowest rank's median)")
@@ -222,7 +235,8 @@ def _bytes_panel(ax: plt.Axes, counted: Rows, uncounted: int) -> None:
     edges = ["red" if _hierarchical(c) else "black" for c in counted]
     ax.axvspan(-100 * BYTES_BAND, 100 * BYTES_BAND, color="tab:green", alpha=0.15, label=f"±{BYTES_BAND:.0%}")
     ax.axvline(0, color="black", linewidth=1)
-    ax.barh(ys, errors, height=0.6, color=colors, edgecolor=edges, linewidth=[1.5 if e == "red" else 0.6 for e in edges])
+    widths = [1.5 if edge == "red" else 0.6 for edge in edges]
+    ax.barh(ys, errors, height=0.6, color=colors, edgecolor=edges, linewidth=widths)
     ax.scatter(errors, ys, marker="|", s=60, color="black", zorder=3)  # a zero error stays visible
     ax.set_yticks(ys, [_check_name(c) for c in counted], fontsize=6)
     ax.invert_yaxis()
@@ -242,8 +256,7 @@ def plot_model_check(checks: Rows, path: Path, title: str) -> Path:
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     """Saved atomically (:func:`zero_lab.files.write_atomic`): a reader never sees half a PNG."""
-    fig.tight_layout()
     try:
-        return write_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format="png"))
+        return write_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format="png", bbox_inches="tight"))
     finally:
         plt.close(fig)
