@@ -65,15 +65,19 @@ def _run(runner: Runner, preset: ModelPreset, steps: int, first: int = 0) -> Non
 
 def _metered_iteration(runner: Runner, preset: ModelPreset, step: int, element_size: int) -> dict[str, Any]:
     """Collectives of one iteration by kind, from the profiler; ``own``: zero_lab's meter of the same iteration;
-    ``unprofiled``: zero_lab's meter of what the profiler cannot see (:attr:`Runner.unprofiled`), else ``None``."""
+    ``grad_reduce_own``: zero_lab's meter of its gradient reduction where the profiler misses part of
+    it (:attr:`Runner.grad_stats`), else ``None``."""
     x, y = preset.batch(step, dist.get_rank())
-    before = runner.unprofiled().snapshot() if runner.unprofiled else None
+    before = runner.grad_stats().snapshot() if runner.grad_stats else None
     with CollectiveMeter(element_size, dist.get_world_size()) as meter:
         record = runner.iteration(x, y, preset.loss)
     out = {kind: {"calls": stats.calls, "bytes": stats.bytes} for kind, stats in meter.totals().items()}
     own = {"calls": record.exchange_calls, "bytes": record.exchange_bytes} if runner.comm_stats else None
-    unseen = runner.unprofiled().since(before) if runner.unprofiled and before is not None else None
-    return out | {"own": own, "unprofiled": None if unseen is None else {"calls": unseen.calls, "bytes": unseen.bytes}}
+    grads = runner.grad_stats().since(before) if runner.grad_stats and before is not None else None
+    return out | {
+        "own": own,
+        "grad_reduce_own": None if grads is None else {"calls": grads.calls, "bytes": grads.bytes},
+    }
 
 
 def memory_phase(

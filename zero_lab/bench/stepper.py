@@ -62,9 +62,10 @@ class Runner:
     exchange choice); ``on_close`` breaks reference cycles (hooks) so ``del`` frees memory;
     ``step_deferred`` and ``settle`` (wait for an exchange in flight): see the module docstring.
     ``backward``: what backpropagates the loss when it is not ``loss.backward()`` (DeepSpeed's
-    ``engine.backward``, which also reduces the last gradient buckets). ``unprofiled`` reads
-    zero_lab's meter of collectives the profiler cannot see: with ``shard_size`` < W, the replica
-    all-reduce the gradient hook issues from its worker thread (a thread the profiler does not follow).
+    ``engine.backward``, which also reduces the last gradient buckets). ``grad_stats`` reads
+    zero_lab's meter of its gradient reduction where the profiler cannot see all of it: with
+    ``shard_size`` < W, the hook issues the replica all-reduce from its worker thread, which the
+    profiler does not follow.
     """
 
     model: nn.Module
@@ -79,7 +80,7 @@ class Runner:
     step_deferred: bool = False
     settle: Callable[[], None] | None = None
     backward: Callable[[torch.Tensor], None] | None = None  # how the loss is backpropagated (default: .backward())
-    unprofiled: Callable[[], CommStats] | None = None
+    grad_stats: Callable[[], CommStats] | None = None
     _grads_pending: bool = field(default=False, init=False, repr=False)
     _local_s: float = field(default=0.0, init=False, repr=False)
     _local_start: float = field(default=0.0, init=False, repr=False)

@@ -280,10 +280,10 @@ def _zero_lab_grads(
         def report() -> dict[str, Any]:
             return {**zero.exchange_report().as_dict(), "grad_reduce": reducer.report()}
 
-        replicas = reducer.replicas
-        unprofiled = None if replicas is None else (lambda: replicas.stats)  # issued from the hook's worker thread
+        # shard_size < W: the replica all-reduce runs on the hook's worker thread, unseen by the profiler
+        grad_stats = None if reducer.replicas is None else (lambda: reducer.stats)
         if not prefetch:
-            return _zero_lab_runner(model, ddp, zero, report=report, on_close=[reducer.close], unprofiled=unprofiled)
+            return _zero_lab_runner(model, ddp, zero, report=report, on_close=[reducer.close], grad_stats=grad_stats)
         handle = prefetch_exchange(model, zero)
         return _zero_lab_runner(
             model,
