@@ -11,9 +11,10 @@ predicted and measured step time (the slowest rank's median iteration) and bytes
 0's, the Communicator's convention), with the errors — the issue's bars are ±20 % for time and
 ±2 % for bytes. ``zl_gr_rs_bc_s2`` is the hierarchical row (2 × 2: ``shard_size=2`` at W=4), run
 only where it is hierarchical; its gradient bytes are zero_lab's own count (the profiler does not
-follow the hook's worker thread, where the replica all-reduce is issued). ``--out DIR`` writes ``model_check.md`` (the table),
-``model_check.json`` (the rows, :func:`read_checks` reads them back) and ``model_check.png``
-(:func:`zero_lab.report.model_plots.plot_model_check`, its title saying "idle" or "under load")::
+follow the hook's worker thread, where the replica all-reduce is issued). ``--out DIR`` writes
+``model_check.md`` (the table), ``model_check.json`` (the rows, :func:`read_checks` reads them
+back) and ``model_check.png`` (:func:`zero_lab.report.model_plots.plot_model_check`, its title
+saying "idle" or "under load")::
 
     python scripts/check_model.py                                     # W = 1 2 4, both models, 20 steps
     python scripts/check_model.py --world-sizes 2 --steps 3 --warmup 1 --models linear768
