@@ -25,11 +25,11 @@ def at_scale_rows(model: str = "tutorial") -> list[dict]:
     """Two strategies at W = 8, 64, 1024: ddp at S = W only, zero1_flat at S = 8 (W > 8) and S = W."""
     rows = []
     for world in (8, 64, 1024):
-        rows.append(dict(model=model, strategy="ddp", world_size=world, shard_size=world, step_s=world * 1e-3,
+        rows.append(dict(model=model, strategy="ddp", world_size=world, shard_size=world, predicted_s=world * 1e-3,
                          memory_bytes=3 * GIB))  # fmt: skip
         for shard in sorted({8, world}):
             rows.append(dict(model=model, strategy="zero1_flat", world_size=world, shard_size=shard,
-                             step_s=shard * 2e-3, memory_bytes=GIB + GIB // shard))  # fmt: skip
+                             predicted_s=shard * 2e-3, memory_bytes=GIB + GIB // shard))  # fmt: skip
     return rows
 
 

@@ -52,7 +52,7 @@ class Row:
             "strategy": p.strategy,
             "world_size": p.world_size,
             "shard_size": p.shard_size,
-            "step_s": p.seconds,
+            "predicted_s": p.seconds,
             "phases": {ph.name: {"seconds": ph.seconds, "exposed_s": ph.exposed_s} for ph in p.phases},
             "intra_bytes": p.intra_bytes,
             "inter_bytes": p.inter_bytes,

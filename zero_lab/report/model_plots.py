@@ -5,9 +5,9 @@ nothing of the benchmark's classes:
 
 * :func:`plot_at_scale` — one model's rows of the at-scale table (``scripts/plan.py --hardware``,
   :meth:`zero_lab.bench.at_scale.Row.as_dict`: ``strategy``, ``world_size``, ``shard_size``,
-  ``step_s``, ``memory_bytes``): step time per rank (left, log y) and memory per rank (right)
-  against W on a log₂ axis; a colour and marker per strategy, a line style per group size S
-  (``S=W`` solid), so each (strategy, S) is one line and the two legends stay short.
+  ``predicted_s`` (the step), ``memory_bytes``): step time per rank (left, log y) and memory per
+  rank (right) against W on a log₂ axis; a colour and marker per strategy, a line style per group
+  size S (``S=W`` solid), so each (strategy, S) is one line and the legend stays short.
 * :func:`plot_model_check` — the rows of ``scripts/check_model.py`` (``model``, ``world_size``,
   ``shard_size``, ``strategy``, ``predicted_s``, ``measured_s``, ``predicted_bytes``,
   ``measured_bytes``): predicted against measured step time (left, log–log, the y = x line and
@@ -125,7 +125,7 @@ def at_scale_figure(rows: Rows, title: str) -> plt.Figure:
                 "label": f"{name} {shard}",
             }
             xs = [r["world_size"] for r in series]
-            time_ax.plot(xs, [1e3 * r["step_s"] for r in series], **style)
+            time_ax.plot(xs, [1e3 * r["predicted_s"] for r in series], **style)
             memory_ax.plot(xs, [r["memory_bytes"] / GIB for r in series], **style)
     _world_axis(time_ax, worlds)
     _world_axis(memory_ax, worlds)
