@@ -21,12 +21,11 @@ from zero_lab import ZeroRedundancyOptimizer
 from zero_lab.app.check.callback import job_config
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.paths import CONF_DIR, group_options
-from zero_lab.app.config.schema import Config, DistConfig, ResumeOptimizer
+from zero_lab.app.config.schema import FORMATS, POLICIES, Config, DistConfig, ResumeOptimizer
 from zero_lab.app.launch.slurm import job_resources
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.objective import OBJECTIVES
 from zero_lab.app.run.build import make_scheduler, optimizer_factory
-from zero_lab.app.run.checkpoints import FORMATS, POLICIES
 from zero_lab.app.workloads.data import RegressionData, TokenData, stream_seed
 from zero_lab.app.workloads.protocols import call_model, loss_of, task_of
 from zero_lab.partition import ParamSpec

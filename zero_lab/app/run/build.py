@@ -11,7 +11,7 @@ three together (the optimizer steps inside DDP's communication hook):
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
    and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
-   ``optim.max_grad_norm`` is the loop's, see :func:`clip_gradients`); with ``overlap=true``
+   ``optim.max_grad_norm`` is the loop's, :func:`zero_lab.app.run.step.unscale_and_clip`); with ``overlap=true``
    also DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`, from the DDP of step 2),
    so its partition is built once, along them (what ``partitioner=ddp_bucket`` follows);
 4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it steps
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -60,10 +60,7 @@ from zero_lab.partition import WithoutGradients, bucket_use
 
 __all__ = [
     "build_training",
-    "clip_gradients",
-    "compiled",
     "make_ddp",
-    "make_scaler",
     "make_scheduler",
     "optimizer_factory",
     "params_never_reached",
@@ -103,50 +100,43 @@ def build_training(
     if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
         return _engine_training(cfg, model, plan or OptimPlan.of(cfg.optim), without_grad)
     ddp = make_ddp(model, cfg.dist, device)
-    strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
+    zero = (plan or OptimPlan.of(cfg.optim)).strategy.shards_state  # plain DDP, or ZeRO with its partitioner
     make_optimizer = optimizer_factory(cfg.optim)
-    max_grad_norm = cfg.optim.get("max_grad_norm")
     groups = param_groups(cfg.optim, model)
-    if not strategy.shards_state:
-        optimizer = make_optimizer(groups if groups is not None else model.parameters())
-        return Training(
-            model=model,
-            ddp=compiled(ddp, cfg),
-            optimizer=optimizer,
-            zero=strategy.shards_state,
-            grad_reducer=_grad_reducer(cfg, ddp, optimizer),
-            max_grad_norm=max_grad_norm,
-            scheduler=make_scheduler(cfg, optimizer),
-            scaler=make_scaler(cfg, device),
+    if zero:
+        partitioner = _partitioner(cfg, without_grad)
+        # DDP's buckets, modelled with its real caps (no hook needed): for the overlap hooks, and for a
+        # partitioner that follows them (partitioner=ddp_bucket) with or without overlap
+        follows = cfg.overlap or bucket_use(getattr(partitioner, "inner", partitioner)).needs_ddp_buckets
+        optimizer = make_optimizer(
+            groups if groups is not None else model.named_parameters(),
+            partitioner=partitioner,
+            parameters_as_bucket_view=cfg.bucket_view,
+            overlap_with_ddp=cfg.overlap,
+            exchange=exchange_name(cfg.exchange),
+            ddp_buckets=ddp_bucket_map(ddp) if follows else None,
+            shard_size=shard_size_of(cfg),
         )
-    partitioner = _partitioner(cfg, without_grad)
-    # DDP's buckets, modelled with its real caps (no hook needed): for the overlap hooks, and for a
-    # partitioner that follows them (partitioner=ddp_bucket) with or without overlap
-    follows = cfg.overlap or bucket_use(getattr(partitioner, "inner", partitioner)).needs_ddp_buckets
-    optimizer = make_optimizer(
-        groups if groups is not None else model.named_parameters(),
-        partitioner=partitioner,
-        parameters_as_bucket_view=cfg.bucket_view,
-        overlap_with_ddp=cfg.overlap,
-        exchange=exchange_name(cfg.exchange),
-        ddp_buckets=ddp_bucket_map(ddp) if follows else None,
-        shard_size=shard_size_of(cfg),
-    )
+    else:
+        optimizer = make_optimizer(groups if groups is not None else model.parameters())
     reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
-    if cfg.overlap and reducer is None:
-        _attach_overlap(ddp, optimizer, enum_str(cfg.overlap_hook))
-    if cfg.prefetch:
+    if zero and cfg.overlap and reducer is None:
+        shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
+        ddp.register_comm_hook(None, _step_hook(cfg)(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets))
+    if zero and cfg.prefetch:
         overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
     return Training(
         model=model,
-        ddp=compiled(ddp, cfg),
+        # compile=true: Dynamo's DDP optimizer cuts the graph at DDP's bucket boundaries, so the all-reduces
+        # still overlap backward; the compiled module forwards no_sync and every other attribute to DDP
+        ddp=torch.compile(ddp) if cfg.get("compile") else ddp,
         optimizer=optimizer,
-        zero=strategy.shards_state,
-        exchange_stats=optimizer.comm_stats,  # with overlap too: the hook meters into it
+        zero=zero,
+        exchange_stats=optimizer.comm_stats if zero else None,  # with overlap too: the hook meters into it
         grad_reducer=reducer,
-        max_grad_norm=max_grad_norm,
+        max_grad_norm=cfg.optim.get("max_grad_norm"),
         scheduler=make_scheduler(cfg, optimizer),
-        scaler=make_scaler(cfg, device),
+        scaler=torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None,
     )
 
 
@@ -196,13 +186,6 @@ def _unless_auto(name: str | None) -> str | None:
     return None if name == "auto" else name
 
 
-def compiled(ddp: DDP, cfg: DictConfig) -> DDP:
-    """``compile=true``: ``torch.compile`` of the DDP-wrapped model (Dynamo's DDP optimizer cuts
-    the graph at DDP's bucket boundaries so the all-reduces still overlap backward). The
-    compiled module forwards ``no_sync`` and every other attribute to the DDP wrapper."""
-    return torch.compile(ddp) if cfg.get("compile") else ddp  # type: ignore[return-value]
-
-
 def make_scheduler(cfg: DictConfig, optimizer: Optimizer) -> LRScheduler | None:
     """``scheduler=<option>``: torch's scheduler from its ``_target_`` (a partial taking the
     optimizer), after ``scheduler.warmup_steps`` of torch's ``LinearLR`` warmup from
@@ -220,11 +203,6 @@ def make_scheduler(cfg: DictConfig, optimizer: Optimizer) -> LRScheduler | None:
     return torch.optim.lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
 
 
-def make_scaler(cfg: DictConfig, device: torch.device) -> torch.amp.GradScaler | None:
-    """``autocast=fp16``: torch's ``GradScaler`` (fp16's range needs the loss scaled); else ``None``."""
-    return torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None
-
-
 def make_ddp(model: nn.Module, dist_cfg: DictConfig, device: torch.device) -> DDP:
     """DDP with the ``dist.`` keys that are DDP's own arguments (bucket size and the four options)."""
     return DDP(
@@ -237,19 +215,6 @@ def make_ddp(model: nn.Module, dist_cfg: DictConfig, device: torch.device) -> DD
         # replacement (forward_sync_buffers) still syncs buffers at init, which false must not
         **({} if dist_cfg.get("broadcast_buffers", True) else {"broadcast_buffers": False}),
     )
-
-
-def clip_gradients(training: Training) -> float | None:
-    """Clip to ``optim.max_grad_norm`` between backward and step; returns the pre-clip norm.
-
-    ZeRO: :meth:`~zero_lab.ZeroRedundancyOptimizer.clip_grad_norm_` (each rank's norm of
-    the elements it owns, one scalar all-reduce). Plain optimizers: every rank holds every
-    (all-reduced) gradient, so ``torch.nn.utils.clip_grad_norm_`` needs no communication.
-    ``None`` when clipping is off.
-    """
-    if training.max_grad_norm is None:
-        return None
-    return float(training.strategy.clip_grad_norm(training.model, training.optimizer, training.max_grad_norm))
 
 
 def optimizer_factory(optim_cfg: DictConfig) -> Any:
@@ -269,14 +234,10 @@ def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle
     name = grad_reduce_name(cfg.get("grad_reduce"))
     if name is None:
         return None
+    return reduce_gradients(ddp, optimizer, name, bool(cfg.get("shard_grads", False)), _step_hook(cfg))
+
+
+def _step_hook(cfg: DictConfig) -> Callable[..., Any]:
+    """``overlap_hook=``: which of :mod:`zero_lab.overlap`'s hooks steps the optimizer inside DDP's communication."""
     interleaved = enum_str(cfg.overlap_hook) == "interleaved"
-    wrap = overlap.hook_with_zero_step_interleaved if interleaved else overlap.hook_with_zero_step
-    return reduce_gradients(ddp, optimizer, name, bool(cfg.get("shard_grads", False)), wrap)
-
-
-def _attach_overlap(ddp: DDP, optimizer: Any, hook: str) -> None:
-    """Step the optimizer inside DDP's all-reduce hook (``overlap_hook``: which of the two)."""
-    make_hook = overlap.hook_with_zero_step_interleaved if hook == "interleaved" else overlap.hook_with_zero_step
-    shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
-    comm_hook = make_hook(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets)
-    ddp.register_comm_hook(None, comm_hook)
+    return overlap.hook_with_zero_step_interleaved if interleaved else overlap.hook_with_zero_step

@@ -1,32 +1,24 @@
 """Checkpoints in the run dir, and finding them again for ``resume=``.
 
-Two layouts under ``<run dir>/checkpoints/``, named by the next step to run:
+Three layouts under ``<run dir>/checkpoints/``, named by the next step to run:
 
-* ``step_NNNNNNNN/`` — ZeRO optimizers: the core's **sharded** format
-  (:mod:`zero_lab.checkpoint`): every rank writes only its own shard, rank 0 the model
-  and a manifest with every file's size and sha256; a directory becomes visible only
-  when complete. ``extra`` holds the app's ``step``, ``losses`` and ``world_size``.
-* ``step_NNNNNNNN.pt`` — plain optimizers (every rank holds the full state): one
-  ``torch.save`` by rank 0 of ``{"format", "step", "model", "optimizer", "optimizer_class",
-  "losses", "rng", "world_size", "zero"}`` (plus ``"scheduler"``/``"scaler"`` state with
-  ``scheduler=``/``autocast=fp16``, as the sharded ``extra`` has too), written atomically with its size and sha256 in
-  ``step_NNNNNNNN.pt.sha256.json`` beside it (:func:`zero_lab.checkpoint.save_file`).
+* ``step_NNNNNNNN/`` — ZeRO and the engine: the core's sharded format (:mod:`zero_lab.checkpoint`):
+  every rank writes its own shard, rank 0 the model and a manifest with every file's size and
+  sha256 and the app's record in ``extra``; a directory becomes visible only when complete.
+* ``step_NNNNNNNN.pt`` — plain optimizers: one atomic ``torch.save`` by rank 0 of the model, the
+  whole optimizer state and the same record, its size and sha256 in ``step_NNNNNNNN.pt.sha256.json``.
+* ``step_NNNNNNNN.dcp/`` — either kind with ``checkpoint_format=dcp``: torch's Distributed
+  Checkpoint (:mod:`zero_lab.app.run.dcp_checkpoints`). A resume finds the newest of all three.
 
-With ``checkpoint_format=dcp`` (:data:`FORMATS`) both kinds write ``step_NNNNNNNN.dcp/`` instead:
-torch's Distributed Checkpoint, which torchtitan, FSDP2 and plain DDP scripts read with torch's
-own functions (:mod:`zero_lab.app.run.dcp_checkpoints`); a resume finds the newest of all three.
+The record (:func:`_record`): step, stepping class, losses, world size, and the scheduler's and
+fp16 scaler's state. Either loads into either kind of optimizer at any world size: the sharded
+format reshards by element ranges (a plain optimizer gets it merged), and a plain state loads
+into ``ZeroRedundancyOptimizer.load_state_dict``; every file is read through the core's checked
+loaders. The loop reseeds from ``(seed, rank, step)``, so the step is all the RNG a resume needs.
 
-Either loads into either kind of optimizer at any world size: the sharded format reshards
-by element ranges (plain optimizers get it through ``export_plain_state_dict``), and a
-plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``. Every file is read
-through the core's checked loaders (sizes and sha256 from the manifest; one clear line for
-a truncated, corrupt or tampered file). The loop reseeds from ``(seed, rank, step)`` every
-step, so the step number is all the RNG a resume needs.
-
-What a resume checks (:func:`restore`): the step recorded inside the checkpoint equals the
-one in its name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``;
-the optimizer class and hyper-parameters equal the checkpoint's, unless ``resume_optimizer``
-says otherwise (:data:`POLICIES`); ``keep_checkpoints=N`` prunes older ones after a save.
+What a resume checks (:func:`restore`): the step inside the checkpoint equals the one in its
+name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``; the optimizer
+class and hyper-parameters equal the checkpoint's unless ``resume_optimizer`` says otherwise.
 """
 
 from __future__ import annotations
@@ -40,23 +32,12 @@ from typing import Any
 import torch
 
 from zero_lab import checkpoint as sharded
-from zero_lab.app.config.schema import FORMATS, POLICIES
 from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, find_checkpoint, load_file
 
-__all__ = [
-    "FORMATS",
-    "POLICIES",
-    "Restored",
-    "ResumeMismatch",
-    "describe_class",
-    "find_any",
-    "restore",
-    "save",
-    "step_of_any",
-]
+__all__ = ["Restored", "ResumeMismatch", "find_any", "restore", "save", "step_of_any"]
 
 FORMAT = 1
 
@@ -74,31 +55,21 @@ def save(
     checkpoint_format: str = "native",
 ) -> Path:
     """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
-
-    Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete.
-    """
+    Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete."""
     if checkpoint_format == "dcp":
-        return _save_dcp(training, run_dir, next_step, losses, keep)
-    path = training.strategy.checkpoint_path(run_dir, next_step)
-    whole = {"format": FORMAT, **_record(training, next_step, losses), "rng": torch.get_rng_state()}
-    training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)  # ZeRO: a manifest's extras
+        path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        groups = json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups)))
+        extra = {**_record(training, next_step, losses), "zero": training.strategy.shards_state, "param_groups": groups}
+        dcp_checkpoints.save(training, path, extra)
+        prune = dcp_checkpoints.prune
+    else:
+        path = training.strategy.checkpoint_path(run_dir, next_step)
+        whole = {"format": FORMAT, **_record(training, next_step, losses), "rng": torch.get_rng_state()}
+        training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)  # ZeRO: a manifest's extras
+        prune = sharded.prune_checkpoints
     if torch.distributed.get_rank() == 0 and keep:
-        sharded.prune_checkpoints(path.parent, keep)
-    return path
-
-
-def _save_dcp(training: Training, run_dir: str | Path, next_step: int, losses: list[float], keep: int | None) -> Path:
-    """``checkpoint_format=dcp``: ``checkpoints/step_N.dcp`` (see :mod:`zero_lab.app.run.dcp_checkpoints`)."""
-    path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    extra = {
-        **_record(training, next_step, losses),
-        "zero": training.strategy.shards_state,
-        "param_groups": json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups))),
-    }
-    dcp_checkpoints.save(training, path, extra)
-    if torch.distributed.get_rank() == 0 and keep:
-        dcp_checkpoints.prune(path.parent, keep)
+        prune(path.parent, keep)
     return path
 
 
@@ -116,8 +87,7 @@ def step_of_any(path: str | Path) -> int | None:
 
 
 def _record(training: Training, next_step: int, losses: list[float]) -> dict[str, Any]:
-    """What every format records besides the tensors: the step, the stepping class, the losses, the
-    world size, and the LR scheduler's and the fp16 GradScaler's state (plain numbers: JSON in a manifest)."""
+    """What every format records besides the tensors (plain numbers: JSON in a manifest)."""
     state = {
         "step": next_step,
         GROUP_CLASS_KEY: optimizer_class(training),
@@ -129,14 +99,6 @@ def _record(training: Training, next_step: int, losses: list[float]) -> dict[str
     if training.scaler is not None:
         state["scaler"] = training.scaler.state_dict()
     return state
-
-
-def _load_loop_state(training: Training, saved: dict[str, Any]) -> None:
-    """Put the scheduler and scaler where the checkpoint left them (absent: they start fresh)."""
-    if training.scheduler is not None and "scheduler" in saved:
-        training.scheduler.load_state_dict(saved["scheduler"])
-    if training.scaler is not None and "scaler" in saved:
-        training.scaler.load_state_dict(saved["scaler"])
 
 
 def optimizer_class(training: Training) -> str:
@@ -178,13 +140,15 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
     if keep_state:
         _check_optimizer(found, saved.get(GROUP_CLASS_KEY), groups, optimizer_class(training), mine, policy, training)
     load()
-    if keep_state:
-        _load_loop_state(training, saved)
+    if keep_state and training.scheduler is not None and "scheduler" in saved:  # absent: they start fresh
+        training.scheduler.load_state_dict(saved["scheduler"])
+    if keep_state and training.scaler is not None and "scaler" in saved:
+        training.scaler.load_state_dict(saved["scaler"])
     overridden = _override(training, mine) if policy == "override" else {}
     return Restored(found, step, list(saved["losses"])[:step], overridden)
 
 
-def describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None:
+def _describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | None:
     """The class a checkpoint's state belongs to, in words a user picks an optim by. A chain
     (``zero_lab.chained.ChainedOptimizer``, the local optimizer of ``optim=zero_muon``) is
     named by the classes its groups name: ``torch.optim.muon.Muon + the default class (a
@@ -251,8 +215,8 @@ def _check_optimizer(
 ) -> None:  # fmt: skip
     saved_class = canonical_class_path(saved_class)  # a file written as torch.optim.adam.Adam reads the same
     if saved_class is not None and saved_class != mine_class:
-        theirs = describe_class(saved_class, saved)
-        ours = describe_class(mine_class, training.optimizer.param_groups)
+        theirs = _describe_class(saved_class, saved)
+        ours = _describe_class(mine_class, training.optimizer.param_groups)
         raise ResumeMismatch(
             f"{found} holds the state of {theirs}; this run builds {ours}. "
             f"Pick the optim it was saved with, or resume_optimizer=reset to keep its weights and start this "

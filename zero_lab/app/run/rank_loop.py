@@ -1,30 +1,23 @@
 """The training loop of one rank; the same code under ``run_world`` and under ``torchrun``.
 
-:func:`train_rank` runs inside an initialised process group. Top to bottom:
+:func:`train_rank` runs inside an initialised process group:
 
 1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. the data; with unused parameters allowed, the parameters that never get a gradient (the job
-   plan's, :func:`zero_lab.app.run.build.params_never_reached`), so the ZeRO owners are
-   balanced over the others from construction; then model -> DDP -> optimizer
-   (:func:`zero_lab.app.run.build.build_training`);
-3. with ``resume=``, load the checkpoint on every rank (any world size, either format);
-4. each step: reseed from ``(seed, rank, step)`` (so a resumed run draws what the
-   uninterrupted one drew), take this rank's batch (:func:`zero_lab.app.workloads.protocols.batch_stream`:
-   its slice of the global batch, or its next batch of a stream sharded by rank), one measured
-   optimizer step (:func:`zero_lab.app.run.step.measured_step`), then one all-gather of every
-   rank's measurements (:mod:`zero_lab.app.record.metrics`);
-5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`,
-   before any checkpoint of the diverged state); every ``checkpoint_every`` steps, save
-   atomically (:mod:`zero_lab.app.run.checkpoints`: each rank its shard for ZeRO, rank 0 the
-   full state for plain optimizers), keeping the ``keep_checkpoints`` newest;
-   after a SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank
-   finishes the step, saves (whatever ``checkpoint_every`` says: a requeued job resumes
-   from it) and leaves the loop in the same step;
-6. at the end, check all ranks hold the same parameters, then rank 0 writes ``summary.json``
+2. the data; the parameters that never get a gradient (the job plan's, so the ZeRO owners are
+   balanced over the others from construction); model -> DDP -> optimizer (:mod:`zero_lab.app.run.build`);
+3. with ``resume=``, load the checkpoint on every rank (any world size, any format);
+4. each step: reseed from ``(seed, rank, step)`` (a resumed run draws what the uninterrupted one
+   drew), this rank's batch (:func:`zero_lab.app.workloads.protocols.batch_stream`), one measured
+   step (:func:`zero_lab.app.run.step.measured_step`), one all-gather of every rank's measurements;
+5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`, before any
+   checkpoint of the diverged state); every ``checkpoint_every`` steps, save
+   (:mod:`zero_lab.app.run.checkpoints`), keeping the ``keep_checkpoints`` newest; after a
+   SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank finishes the
+   step, saves (a requeued job resumes from it) and leaves the loop in the same step;
+6. at the end, check all ranks hold the same parameters; rank 0 writes ``summary.json``
    (:mod:`zero_lab.app.run.finish`).
 
-Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model and the
-checkpoint manifest); ZeRO checkpoints get one optimizer-shard file per rank.
+Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model, the manifest).
 """
 
 from __future__ import annotations
@@ -55,7 +48,6 @@ from zero_lab.app.run.finish import agreed_checksum, held_anywhere, summarize
 from zero_lab.app.run.rank_errors import next_batch, unused_parameters
 from zero_lab.app.run.rank_log import log_to_file
 from zero_lab.app.run.step import StepOptions, measured_step, validation_loss
-from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.data import stream_seed
 from zero_lab.app.workloads.protocols import batch_stream
 from zero_lab.files import write_json
@@ -182,7 +174,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             last = step + 1 == cfg.steps  # a signal during the last step changes nothing
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
             if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
-                _settle(training)
+                training.strategy.settle(training.optimizer)  # prefetch=true: the exchange still in flight
                 saved = run_checkpoints.save(
                     training, run_dir, step + 1, losses, cfg.keep_checkpoints, enum_str(cfg.checkpoint_format)
                 )
@@ -191,7 +183,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             if stopped_by:
                 log.warning("%s: stopping after step %d of %d", signal_name(stopped_by), step, cfg.steps)
                 break
-        _settle(training)
+        training.strategy.settle(training.optimizer)  # before the parameters are read whole
         checksum = agreed_checksum(training.model, gather)
         held = held_anywhere(training, gather)  # every rank: the parameters with state, for "÷ DDP"
         if rank == 0:
@@ -222,12 +214,6 @@ def _data_option(spec: RunSpec, cfg: DictConfig) -> str:
 def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
     """Save after ``step``: every ``every`` steps, and always when a signal stops the run."""
     return bool(stopped_by) or bool(every and (step + 1) % every == 0)
-
-
-def _settle(training: Training) -> None:
-    """Finish a parameter exchange still in flight (``prefetch=true`` leaves the last step's to
-    the next forward) before the parameters are read whole: a checkpoint, the final checksum."""
-    training.strategy.settle(training.optimizer)
 
 
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:

@@ -1,20 +1,13 @@
 """One optimizer step of a rank, and the validation loss: the loop's arithmetic, importable.
 
-:func:`forward_backward` takes this rank's batch (:mod:`zero_lab.app.workloads.protocols`), cuts it
-into ``accumulate`` equal micro-batches and runs forward + backward on each; all but the last
-run inside DDP's ``no_sync``, so gradients are accumulated locally and all-reduced once, in
-the last backward. Each micro-batch's loss is divided by ``accumulate``, so the gradient is
-that of the mean over the rank's rows, exactly as without accumulation: the global batch and
-the world-size-invariant trajectory are kept (``accumulate`` must divide the rows per rank).
-With ``autocast`` the forward and the loss run under ``torch.autocast`` (bf16, or fp16 with
-torch's ``GradScaler`` scaling the loss).
-
-:func:`unscale_and_clip` then unscales (fp16) and clips (``optim.max_grad_norm``), and
-:func:`apply_step` steps through the scaler or directly and steps the LR scheduler once; the
-rank loop (:mod:`zero_lab.app.run.rank_loop`) calls :func:`measured_step`, which runs the three in
-that order and measures between them (:class:`~zero_lab.app.record.metrics.RankStep`).
-:func:`validation_loss` averages the loss of ``eval_batches`` held-out batches
-(``data.val_shard``) over every rank, without gradients.
+:func:`forward_backward` cuts this rank's batch into ``accumulate`` equal micro-batches and runs
+forward + backward on each, all but the last inside DDP's ``no_sync`` (gradients accumulate
+locally and are all-reduced once, in the last backward). Each micro-batch's loss is divided by
+``accumulate``: the gradient is that of the mean over the rank's rows, as without accumulation,
+so the global batch and the world-size-invariant trajectory are kept. ``autocast`` runs forward
+and loss under ``torch.autocast`` (bf16, or fp16 with torch's ``GradScaler`` scaling the loss).
+Then :func:`unscale_and_clip` and :func:`apply_step`; :func:`measured_step` runs the three for
+the rank loop and measures between them (:class:`~zero_lab.app.record.metrics.RankStep`).
 
     loss = forward_backward(training, data, batch, StepOptions(accumulate=4, autocast="bf16"), device)
     grad_norm = unscale_and_clip(training)
@@ -33,7 +26,6 @@ import torch
 
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.record.metrics import RankStep, peak_memory_bytes
-from zero_lab.app.run.build import clip_gradients
 from zero_lab.app.run.memory import training_tensor_bytes
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, batch_rows, call_model, loss_of, to_device
@@ -125,11 +117,15 @@ def forward_backward(
 
 
 def unscale_and_clip(training: Training) -> float | None:
-    """fp16: unscale the gradients (only when clipping: the scaler's step unscales otherwise);
-    clip to ``optim.max_grad_norm``. Returns the pre-clip norm, or None when not clipping."""
-    if training.scaler is not None and training.max_grad_norm is not None:
+    """Clip to ``optim.max_grad_norm`` between backward and step; returns the pre-clip norm (``None``:
+    not clipping). fp16 unscales first (only when clipping: the scaler's step unscales otherwise). The
+    strategy computes the global norm: torch's clip under plain DDP (every rank holds every gradient),
+    one scalar all-reduce of the ranks' norms of what they own under ZeRO and the engine."""
+    if training.max_grad_norm is None:
+        return None
+    if training.scaler is not None:
         training.scaler.unscale_(training.optimizer)  # clip the true gradients, not the scaled ones
-    return clip_gradients(training)
+    return float(training.strategy.clip_grad_norm(training.model, training.optimizer, training.max_grad_norm))
 
 
 def apply_step(training: Training) -> None:
