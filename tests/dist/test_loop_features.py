@@ -49,7 +49,7 @@ def app_run(container: dict[str, Any]) -> dict[str, Any]:
         lrs.append(training.optimizer.param_groups[0]["lr"])
     if training.zero:
         training.optimizer.wait_for_exchange()
-    val = validation_loss(training, data, rank, world, 2, options, torch.device("cpu"), Communicator())
+    val = validation_loss(training, data, 2, options, torch.device("cpu"), Communicator())
     with torch.no_grad():  # by hand: the whole held-out global batches on this replica
         held_out = [data.global_batch_at(i, "val") for i in range(2)]
         hand = sum(torch.nn.functional.mse_loss(training.model(x).float(), y).item() for x, y in held_out) / 2

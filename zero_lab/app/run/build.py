@@ -1,29 +1,28 @@
-"""Build what a rank trains: model, DDP wrapper, optimizer — in the order they must be made.
+"""Build what a rank trains — model, DDP wrapper, optimizer — in the order they must be made.
 
 One function, :func:`build_training`, owns the order, because the overlap mode ties the
 three together (the optimizer steps inside DDP's communication hook):
 
-1. the model, seeded identically on every rank (DDP would broadcast rank 0's anyway),
-   in ``param_dtype`` (built in fp32, then cast, so every dtype starts from the same weights);
-2. the DDP wrapper (its gradient buckets are what ``partitioner=ddp_bucket`` follows), with
-   DDP's own options from ``dist.`` (``find_unused_parameters``, ``static_graph``,
-   ``broadcast_buffers``; ``sync_batchnorm`` converts BatchNorm layers first);
+1. the model, seeded identically on every rank, built in fp32 and cast to ``param_dtype`` (so
+   every dtype starts from the same weights); ``dist.sync_batchnorm`` converts BatchNorm first;
+2. the DDP wrapper with DDP's own options from ``dist.``; its buckets are what
+   ``partitioner=ddp_bucket`` and the overlap hooks follow;
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
-   baselines, ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner, ``bucket_view``
-   and ``overlap`` passed in for the zero_* options (``optim.master_weights`` goes to it;
-   ``optim.max_grad_norm`` is the loop's, :func:`zero_lab.app.run.step.unscale_and_clip`); with ``overlap=true``
-   also DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`, from the DDP of step 2),
-   so its partition is built once, along them (what ``partitioner=ddp_bucket`` follows);
-4. with ``overlap=true``, the ZeRO step hook (``overlap_hook``) registered on DDP; it steps
-   each bucket inside backward with the shards built in step 3;
-5. with ``grad_reduce=`` (``zero_lab.grad_reduce.reduce_gradients``), the comm hook that reduces
-   each bucket to its owners (``shard_grads=true``: and releases the rest after backward); with
-   ``overlap=true`` it is the hook the ZeRO step hook wraps (so step 4 is done there). A plain
-   optimizer takes ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
-6. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the
-   step only issues the exchange (``exchange=``), the next forward waits per module;
-7. the LR scheduler (``scheduler=``, torch's, with warmup) and, for ``autocast=fp16``, the
-   ``GradScaler``; with ``compile=true`` the DDP wrapper is compiled (``torch.compile``).
+   baselines; for the zero_* options ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner,
+   ``bucket_view``, ``overlap``, ``exchange`` and, where followed, DDP's buckets
+   (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), so its partition is built once, along them
+   (``optim.max_grad_norm`` is the loop's: :func:`zero_lab.app.run.step.unscale_and_clip`);
+4. with ``grad_reduce=``, the comm hook that reduces each bucket to its owners
+   (:func:`zero_lab.grad_reduce.reduce_gradients`; ``shard_grads=true`` releases the rest after
+   backward), wrapping the ZeRO step hook (``overlap_hook``) with ``overlap=true``; without it,
+   ``overlap=true`` registers the step hook on DDP's all-reduce. A plain optimizer takes
+   ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
+5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the step only
+   issues the exchange (``exchange=``), the next forward waits per module;
+6. the LR scheduler (``scheduler=``, torch's, with warmup), the ``GradScaler`` for
+   ``autocast=fp16``, and ``torch.compile`` of the DDP wrapper for ``compile=true``.
+
+``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead.
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()

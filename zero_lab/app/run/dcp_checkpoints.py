@@ -1,19 +1,14 @@
 """The app's ``checkpoint_format=dcp``: checkpoints in torch's Distributed Checkpoint format.
 
-``<run dir>/checkpoints/step_NNNNNNNN.dcp/`` holds what ``torch.distributed.checkpoint.save``
-writes for ``{"model": ..., "optim": ...}`` — the model as ``get_model_state_dict`` gives it,
-the optimizer as :func:`zero_lab.dcp.get_optimizer_state_dict` does (torch's format: whole
-tensors keyed by FQN) — plus ``zero_lab.json`` (step, losses, world size, optimizer class
-and hyper-parameters, scheduler/scaler state) and, last, the integrity record
-``files.sha256.json`` (every file's size and sha256: :mod:`zero_lab.dcp_record`), both written
-by rank 0. So torchtitan,
-FSDP2 or a plain DDP + AdamW script read it with torch's own functions, and the app resumes
-it at any world size and partitioner, ZeRO or plain. Every rank writes into a hidden
-``.step_NNNNNNNN.dcp.partial-<token>`` directory; rank 0 renames it into place after all
-ranks finished (a barrier with the group's timeout), so a visible one is complete. A resume
-reads it through :func:`zero_lab.dcp.load` (restricted unpickling, every file checked against
-the record); the job's check has already checked it from its files and metadata
-(:mod:`zero_lab.app.check.dcp_resume`).
+``<run dir>/checkpoints/step_NNNNNNNN.dcp/`` holds what ``torch.distributed.checkpoint.save`` writes
+for ``{"model": ..., "optim": ...}`` (the optimizer as :func:`zero_lab.dcp.get_optimizer_state_dict`
+gives it: torch's format, whole tensors keyed by FQN), so torchtitan, FSDP2 or a plain DDP script
+reads it with torch's own functions, and the app resumes it at any world size, ZeRO or plain. Rank 0
+adds ``zero_lab.json`` (the app's record) and, last, ``files.sha256.json`` (every file's size and
+sha256: :mod:`zero_lab.dcp_record`). Every rank writes into a hidden ``.step_N.dcp.partial-<token>``;
+rank 0 renames it into place after a barrier, so a visible one is complete. A resume reads it through
+:func:`zero_lab.dcp.load` (restricted unpickling, every file checked against the record), after the
+job's check (:mod:`zero_lab.app.check.dcp_resume`) has read its files and metadata.
 
     save(training, path, extra)          # every rank
     extra = read_extra(path)             # the JSON, before anything is loaded

@@ -1,11 +1,10 @@
 """What a rank's loop ends with: replicas checked alike, and rank 0's ``summary.json``.
 
-:func:`agreed_checksum` hashes each rank's parameters (SHA-256 over name, shape, dtype and
-bytes, in registration order) and all-gathers the hashes: a rank that differs fails the run.
-:func:`summarize` builds the :class:`~zero_lab.app.record.summary.RunSummary` from the step
-records (medians over the timed steps: every step but the first, which pays one-off costs)
-and prices the "÷ DDP" baseline from the job plan's specs over the parameters some rank holds
-state for (:func:`held_anywhere`, every rank).
+:func:`agreed_checksum` hashes each rank's parameters (SHA-256 over name, shape, dtype and bytes,
+in registration order) and all-gathers the hashes: a rank that differs fails the run.
+:func:`summarize` builds the :class:`~zero_lab.app.record.summary.RunSummary` from the step records
+(medians over every step but the first, which pays one-off costs) and prices the "÷ DDP" baseline
+over the parameters some rank holds state for (:func:`held_anywhere`, every rank).
 
     checksum = agreed_checksum(training.model, gather)
     held = held_anywhere(training, gather)
@@ -42,22 +41,17 @@ from zero_lab.elementwise import is_elementwise
 from zero_lab.partition import ParamSpec
 from zero_lab.runtime.signals import signal_name
 
-__all__ = ["agreed_checksum", "held_anywhere", "param_checksum", "summarize"]
+__all__ = ["agreed_checksum", "held_anywhere", "summarize"]
 
 
-def param_checksum(model: torch.nn.Module) -> str:
-    """SHA-256 over every parameter's name, shape, dtype and bytes, in registration order."""
+def agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
+    """Every rank hashes its replica; all-gather the hashes and fail if any rank differs."""
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
         tensor = param.detach().cpu().contiguous()
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
         digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
-    """Every rank hashes its replica; all-gather the hashes and fail if any rank differs."""
-    mine = param_checksum(model)
+    mine = digest.hexdigest()
     words = torch.tensor(
         [int.from_bytes(bytes.fromhex(mine)[i : i + 8], "little", signed=True) for i in range(0, 32, 8)],
         dtype=torch.int64,

@@ -1,14 +1,12 @@
-"""What one rank's training holds in memory, measured from its tensors (and, for the "÷ DDP"
-baseline, predicted by the planner from the run plan's specs): the figures behind ``memory/*``
-in metrics and summary.json.
+"""What one rank's training holds in memory, measured from its tensors, and the "÷ DDP" baseline
+the planner predicts from the run plan's specs: the figures behind ``memory/*``.
 
-The baseline compares like with like: DDP + the same optimizer, priced over the parameters
-that have state in this run (:func:`params_with_state`, OR-ed over the ranks). A parameter
-that never gets a gradient (left unused by the model) gets no state under either, so it is
-not counted as saved.
+The baseline compares like with like: DDP + the same optimizer, priced over the parameters that
+have state in this run (OR-ed over the ranks). A parameter that never gets a gradient gets no
+state under either, so it is not counted as saved.
 
-    training_tensor_bytes(training)            # params + grads + buffers + local optimizer state, per storage
-    ddp_state_bytes(plan.specs, training.optimizer, held)   # what DDP + the same optimizer would hold
+    training_tensor_bytes(training)                        # params + grads + buffers + local state
+    ddp_state_bytes(plan.specs, training.optimizer, held)  # what DDP + the same optimizer would hold
 """
 
 from __future__ import annotations
@@ -29,12 +27,9 @@ __all__ = ["ddp_state_bytes", "optimizer_classes", "training_tensor_bytes"]
 
 
 def training_tensor_bytes(training: Training) -> int:
-    """Bytes of every distinct storage this rank trains with: parameters, gradients, module
-    buffers, the local optimizer's parameters (fp32 master shards) and state.
-
-    Counted per storage, so bucket views and flat slices are not counted twice. DDP's own
-    gradient buckets live in C++ and are not visible here (the planner prices them).
-    """
+    """Bytes of every distinct storage this rank trains with: parameters, gradients, module buffers, the
+    local optimizer's parameters (fp32 master shards) and state. Per storage, so bucket views and flat
+    slices count once; DDP's own gradient buckets live in C++ and are not seen here (the planner prices them)."""
     storages: dict[int, int] = {}
 
     def add(tensor: object) -> None:
@@ -64,14 +59,10 @@ def optimizer_classes(optimizer: Optimizer) -> list[type]:
 
 
 def ddp_state_bytes(specs: Sequence[ParamSpec], optimizer: Optimizer, held: Sequence[bool] | None = None) -> int:
-    """Per-rank state of DDP + the same optimizer, as the planner predicts it
-    (:func:`zero_lab.planner.plan_memory` with no partitioner): the "÷ DDP" baseline.
-
-    ``specs``: the job plan's (:attr:`zero_lab.app.plan.run_plan.RunPlan.specs`, carried by the
-    run spec), one per parameter of ``optimizer.param_groups`` in order, each with its group.
-    ``held``: per parameter, whether any rank holds state for it (``Strategy.params_with_state``
-    OR-ed over the ranks); only those are priced. ``None``: every trainable parameter. The
-    optimizer answers which class steps each group and with which options."""
+    """Per-rank state of DDP + the same optimizer as :func:`zero_lab.planner.plan_memory` predicts it
+    (no partitioner). ``specs``: the run plan's, one per parameter of ``optimizer.param_groups`` in
+    order; ``held``: per parameter, whether any rank holds state for it (only those are priced;
+    ``None``: every trainable one). The optimizer answers which class steps each group, with which options."""
     strategy = Strategy.of_optimizer(optimizer)
     count = len(strategy.params_with_state(optimizer))  # the model's parameters (the engine re-points its optimizer)
     if len(specs) != count:

@@ -34,19 +34,14 @@ class DataExhausted(RuntimeError):
     """A rank's data yielded no batch for a step the run still has to train."""
 
 
-def ddp_parameter_names(ddp: nn.Module) -> list[str]:
-    """The names of DDP's parameters in the order its reducer numbers them."""
-    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
-    module = getattr(ddp, "module", ddp)
-    return [name for name, param in module.named_parameters() if param.requires_grad and name not in ignored]
-
-
 def unused_parameters(error: BaseException, ddp: nn.Module, step: int) -> UnusedParameters | None:
     """The app's error for DDP's unused-parameter error ``error`` raised at ``step``, else ``None``."""
     text = str(error)
     if _DDP_UNUSED not in text:
         return None
-    names = ddp_parameter_names(ddp)
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())  # DDP's parameters, as its reducer numbers them
+    module = getattr(ddp, "module", ddp)
+    names = [name for name, param in module.named_parameters() if param.requires_grad and name not in ignored]
     found = _INDICES.search(text)
     indices = [int(i) for i in found.group(2).split()] if found else []
     named = [names[i] if i < len(names) else f"#{i}" for i in indices]

@@ -161,7 +161,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             if training.scheduler is not None:
                 record[LR.key] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                val = validation_loss(training, data, rank, world, cfg.eval_batches, options, device, gather.comm)
+                val = validation_loss(training, data, cfg.eval_batches, options, device, gather.comm)
                 record[VAL_LOSS.key] = val
             if rank == 0:
                 records.append(record)

@@ -29,7 +29,7 @@ from zero_lab.app.record.metrics import RankStep, peak_memory_bytes
 from zero_lab.app.run.memory import training_tensor_bytes
 from zero_lab.app.run.training import Training
 from zero_lab.app.workloads.protocols import OUTPUT_KEY, Batch, Inputs, batch_rows, call_model, loss_of, to_device
-from zero_lab.comm import INTER_GROUP, INTER_NODE, Communicator
+from zero_lab.comm import INTER_GROUP, INTER_NODE, CommStats, Communicator
 from zero_lab.grad_reduce import held_grad_bytes
 from zero_lab.measure import optimizer_state_bytes
 
@@ -140,17 +140,11 @@ def apply_step(training: Training) -> None:
 
 
 def validation_loss(
-    training: Training,
-    data: Any,
-    rank: int,
-    world_size: int,
-    batches: int,
-    options: StepOptions,
-    device: torch.device,
-    comm: Communicator,
+    training: Training, data: Any, batches: int, options: StepOptions, device: torch.device, comm: Communicator
 ) -> float:
     """Mean loss of held-out batches ``0..batches-1`` (``data.val_shard(index, rank, world_size)``)
-    over every rank, in eval mode and without gradients (the unwrapped model: no DDP hooks)."""
+    over every rank of ``comm``, in eval mode and without gradients (the unwrapped model: no DDP hooks)."""
+    rank, world_size = comm.rank, comm.world_size
     model = training.model
     was_training = model.training
     model.eval()
@@ -170,12 +164,13 @@ def validation_loss(
 
 def measured_step(training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device) -> RankStep:
     """One optimizer step on this rank's batch — zero the gradients, :func:`forward_backward`,
-    :func:`unscale_and_clip`, :func:`apply_step` — timed, with what it sent and holds measured."""
-    comm = training.exchange_stats
-    before = comm.snapshot() if comm is not None else None
+    :func:`unscale_and_clip`, :func:`apply_step` — timed, with what it sent and holds measured
+    (an exchange or a gradient reduction the run does not have measures zero)."""
+    comm = training.exchange_stats or CommStats()
+    before = comm.snapshot()
     reducer = training.grad_reducer
-    grads = reducer.stats if reducer is not None else None
-    grads_before = grads.snapshot() if grads is not None else None
+    grads = reducer.stats if reducer is not None else CommStats()
+    grads_before = grads.snapshot()
     exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
@@ -183,21 +178,20 @@ def measured_step(training: Training, data: Any, batch: Batch, options: StepOpti
     loss = forward_backward(training, data, batch, options, device)  # DDP all-reduces in the last backward
     grad_bytes = held_grad_bytes(list(training.model.parameters()), reducer)  # + DDP's buckets, with grad_reduce=
     grad_norm = unscale_and_clip(training)  # optim.max_grad_norm: the global norm, before any shard steps
-    if grad_norm is not None and comm is not None:
+    if grad_norm is not None:
         before = comm.snapshot()  # the norm's all-reduce is not exchange (clipping rules out overlap)
     apply_step(training)  # ZeRO: step own shards, then exchange parameters; then the LR scheduler
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
-    exchange = comm.since(before) if comm is not None and before is not None else None
-    reduced = grads.since(grads_before) if grads is not None and grads_before is not None else None
+    exchange, reduced = comm.since(before), grads.since(grads_before)
     return RankStep(
         loss=loss.item(),
         step_s=elapsed,
-        exchange_s=exchange.seconds if exchange else 0.0,
-        exchange_exposed_s=exchange.exposed_seconds if exchange else 0.0,
-        exchange_bytes=exchange.bytes if exchange else 0.0,
-        exchange_calls=exchange.calls if exchange else 0.0,
+        exchange_s=exchange.seconds,
+        exchange_exposed_s=exchange.exposed_seconds,
+        exchange_bytes=exchange.bytes,
+        exchange_calls=exchange.calls,
         optim_state_bytes=optimizer_state_bytes(training.optimizer),
         master_weight_bytes=training.strategy.master_weight_bytes(training.optimizer),
         tensor_bytes=training_tensor_bytes(training),
@@ -205,13 +199,13 @@ def measured_step(training: Training, data: Any, batch: Batch, options: StepOpti
         samples=batch_rows(batch[0]),
         grad_norm=grad_norm if grad_norm is not None else 0.0,
         optim_step_s=training.step_clock.seconds() - local_before,
-        grad_reduce_bytes=reduced.sent_bytes if reduced else 0.0,
-        exchange_sent_bytes=exchange.sent_bytes if exchange else 0.0,
-        grad_reduce_s=reduced.seconds if reduced else 0.0,
+        grad_reduce_bytes=reduced.sent_bytes,
+        exchange_sent_bytes=exchange.sent_bytes,
+        grad_reduce_s=reduced.seconds,
         grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
         grad_bytes=grad_bytes,
-        grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0) if reduced else 0.0,
-        grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0) if reduced else 0.0,
-        exchange_inter_group_bytes=exchange.sent_by_link.get(INTER_GROUP, 0) if exchange else 0.0,
-        exchange_inter_node_bytes=exchange.sent_by_link.get(INTER_NODE, 0) if exchange else 0.0,
+        grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0),
+        grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0),
+        exchange_inter_group_bytes=exchange.sent_by_link.get(INTER_GROUP, 0),
+        exchange_inter_node_bytes=exchange.sent_by_link.get(INTER_NODE, 0),
     )

@@ -1,8 +1,5 @@
-"""What one rank trains with: the model, its DDP wrapper, the optimizer and the loop's helpers.
-
-:func:`zero_lab.app.run.build.build_training` makes one; the loop, the checkpoints and the
-memory accounting read it. A module of its own so that they need not import the builder.
-"""
+"""What one rank trains with, made by :func:`zero_lab.app.run.build.build_training`: a module of its
+own so that the loop, the checkpoints and the memory accounting need not import the builder."""
 
 from __future__ import annotations
 
