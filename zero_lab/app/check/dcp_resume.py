@@ -28,8 +28,7 @@ from omegaconf import DictConfig
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.run_plan import RunPlan
-from zero_lab.app.run import dcp_checkpoints
-from zero_lab.app.run.checkpoints import find_any
+from zero_lab.app.run.checkpoints import find_any, is_dcp, read_dcp_extra
 from zero_lab.checkpoint import CheckpointError
 from zero_lab.dcp_check import check_files, check_fits, check_state_names
 from zero_lab.dcp_record import RECORD
@@ -45,11 +44,11 @@ def refuse_bad_dcp_resume(cfg: DictConfig, plan: RunPlan) -> None:
         return
     path = Path(str(cfg.resume)).expanduser()
     found = find_any(path) if path.exists() else None
-    if found is None or not dcp_checkpoints.is_dcp(found):
+    if found is None or not is_dcp(found):
         return  # no checkpoint is the config check's problem; the native format is checked as it loads
     try:
         metadata, verified = check_files(found)
-        dcp_checkpoints.read_extra(found)
+        read_dcp_extra(found)
         model = plan.model.value
         if model is not None:  # no model: the config check reported it
             check_fits(found, metadata, {"model": model.state_dict()}, strict=("model",))

@@ -35,9 +35,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from zero_lab.app.check.options import options_where
 from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, enum_str
 from zero_lab.app.config.targets import refusal
-from zero_lab.app.run import dcp_checkpoints
 from zero_lab.app.run.build import make_scheduler
-from zero_lab.app.run.checkpoints import find_any
+from zero_lab.app.run.checkpoints import find_any, is_dcp, read_dcp_extra
 from zero_lab.checkpoint import CheckpointError, load_plain, read_manifest
 
 __all__ = ["resumed_scheduler_problems", "scheduler_problems"]
@@ -147,8 +146,8 @@ def _json(state: Any) -> Any:
 
 def _saved_scheduler(found: Path) -> Any:
     """The scheduler state a checkpoint holds (``None``: it has none), read without loading tensors."""
-    if dcp_checkpoints.is_dcp(found):
-        return dcp_checkpoints.read_extra(found).get("scheduler")
+    if is_dcp(found):
+        return read_dcp_extra(found).get("scheduler")
     if found.is_dir():
         return read_manifest(found)["extra"].get("scheduler")
     state = load_plain(found, str(found), mmap=True)

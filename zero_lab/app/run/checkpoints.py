@@ -7,14 +7,22 @@ Three layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   sha256 and the app's record in ``extra``; a directory becomes visible only when complete.
 * ``step_NNNNNNNN.pt`` — plain optimizers: one atomic ``torch.save`` by rank 0 of the model, the
   whole optimizer state and the same record, its size and sha256 in ``step_NNNNNNNN.pt.sha256.json``.
-* ``step_NNNNNNNN.dcp/`` — either kind with ``checkpoint_format=dcp``: torch's Distributed
-  Checkpoint (:mod:`zero_lab.app.run.dcp_checkpoints`). A resume finds the newest of all three.
+* ``step_NNNNNNNN.dcp/`` — either kind with ``checkpoint_format=dcp``: what
+  ``torch.distributed.checkpoint.save`` writes for ``{"model": ..., "optim": ...}`` (the optimizer
+  as :func:`zero_lab.dcp.get_optimizer_state_dict` gives it: torch's format, whole tensors keyed by
+  FQN), so torchtitan, FSDP2 or a plain DDP script reads it with torch's own functions; rank 0 adds
+  the record as ``zero_lab.json`` and, last, ``files.sha256.json`` (:mod:`zero_lab.dcp_record`).
+  Every rank writes into a hidden ``.step_N.dcp.partial-<token>`` that rank 0 renames into place
+  after a barrier, so a visible one is complete; it is read through :func:`zero_lab.dcp.load`
+  (restricted unpickling, every file checked against the record), after the job's check
+  (:mod:`zero_lab.app.check.dcp_resume`) has read its files and metadata.
 
-The record (:func:`_record`): step, stepping class, losses, world size, and the scheduler's and
-fp16 scaler's state. Either loads into either kind of optimizer at any world size: the sharded
-format reshards by element ranges (a plain optimizer gets it merged), and a plain state loads
-into ``ZeroRedundancyOptimizer.load_state_dict``; every file is read through the core's checked
-loaders. The loop reseeds from ``(seed, rank, step)``, so the step is all the RNG a resume needs.
+A resume finds the newest of all three. The record (:func:`_record`): step, stepping class,
+losses, world size, and the scheduler's and fp16 scaler's state. Any layout loads into either kind
+of optimizer at any world size: the sharded format reshards by element ranges (a plain optimizer
+gets it merged), and a plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``; every
+file is read through the core's checked loaders. The loop reseeds from ``(seed, rank, step)``, so
+the step is all the RNG a resume needs.
 
 What a resume checks (:func:`restore`): the step inside the checkpoint equals the one in its
 name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``; the optimizer
@@ -24,22 +32,33 @@ class and hyper-parameters equal the checkpoint's unless ``resume_optimizer`` sa
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import tempfile
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from zero_lab import checkpoint as sharded
-from zero_lab.app.run import dcp_checkpoints
+from zero_lab import dcp as zero_dcp
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
 from zero_lab.checkpoint import CheckpointError, checkpoint_step, find_checkpoint, load_file
+from zero_lab.dcp_record import write_record
 
-__all__ = ["Restored", "ResumeMismatch", "find_any", "restore", "save", "step_of_any"]
+# torch.distributed.checkpoint itself is imported where a DCP checkpoint is written or read: the
+# config check (schema, validate) finds checkpoints through this module and should not pay for it.
+
+__all__ = ["Restored", "ResumeMismatch", "find_any", "is_dcp", "read_dcp_extra", "restore", "save", "step_of_any"]
 
 FORMAT = 1
+DCP_EXTRA = "zero_lab.json"  # written last: its presence marks a complete DCP checkpoint
+_DCP_NAME = re.compile(r"step_(\d+)\.dcp")
 
 
 class ResumeMismatch(CheckpointError):
@@ -57,12 +76,12 @@ def save(
     """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
     Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete."""
     if checkpoint_format == "dcp":
-        path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}{dcp_checkpoints.SUFFIX}"
+        path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}.dcp"
         path.parent.mkdir(parents=True, exist_ok=True)
         groups = json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups)))
         extra = {**_record(training, next_step, losses), "zero": training.strategy.shards_state, "param_groups": groups}
-        dcp_checkpoints.save(training, path, extra)
-        prune = dcp_checkpoints.prune
+        _save_dcp(training, path, extra)
+        prune = _prune_dcp
     else:
         path = training.strategy.checkpoint_path(run_dir, next_step)
         whole = {"format": FORMAT, **_record(training, next_step, losses), "rng": torch.get_rng_state()}
@@ -75,7 +94,7 @@ def save(
 
 def find_any(path: str | Path) -> Path | None:
     """The checkpoint ``path`` names (any format): itself, else the newest step among the run's."""
-    found = [p for p in (find_checkpoint(path), dcp_checkpoints.latest(path)) if p is not None]
+    found = [p for p in (find_checkpoint(path), _latest_dcp(path)) if p is not None]
     if len(found) == 2 and Path(path) in found:
         return Path(path)
     return max(found, key=step_of_any, default=None)
@@ -83,7 +102,7 @@ def find_any(path: str | Path) -> Path | None:
 
 def step_of_any(path: str | Path) -> int | None:
     """The step in a checkpoint's name, any format (``None``: not a checkpoint's name)."""
-    return dcp_checkpoints.step_of(path) if dcp_checkpoints.is_dcp(path) else checkpoint_step(path)
+    return _dcp_step(path) if is_dcp(path) else checkpoint_step(path)
 
 
 def _record(training: Training, next_step: int, losses: list[float]) -> dict[str, Any]:
@@ -120,10 +139,10 @@ def restore(training: Training, path: str | Path, steps: int, policy: str = "str
     if found is None:
         raise FileNotFoundError(f"no checkpoint found at {path}")
     keep_state = policy != "reset"
-    if dcp_checkpoints.is_dcp(found):
-        saved = dcp_checkpoints.read_extra(found)
+    if is_dcp(found):
+        saved = read_dcp_extra(found)
         groups = saved["param_groups"]
-        load = partial(dcp_checkpoints.load, training, found, load_optimizer=keep_state)
+        load = partial(_load_dcp, training, found, load_optimizer=keep_state)
     elif found.is_dir():
         manifest = sharded.read_manifest(found)
         saved, groups = {**manifest["extra"], GROUP_CLASS_KEY: manifest.get(GROUP_CLASS_KEY)}, manifest["param_groups"]
@@ -258,3 +277,87 @@ def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any],
             plain = load_file(sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt"))
             _check_plain_state(training, directory, plain)
             training.optimizer.load_state_dict(plain)
+
+
+# ---------------------------------------------------------------------------- checkpoint_format=dcp
+def is_dcp(path: str | Path) -> bool:
+    """A complete ``step_N.dcp`` directory."""
+    path = Path(path)
+    return path.is_dir() and _DCP_NAME.fullmatch(path.name) is not None and (path / DCP_EXTRA).is_file()
+
+
+def _dcp_step(path: str | Path) -> int | None:
+    match = _DCP_NAME.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def _dcp_checkpoints(root: Path) -> list[Path]:
+    """The complete DCP checkpoints directly under ``root``, oldest step first."""
+    return sorted((p for p in root.glob("step_*.dcp") if is_dcp(p)), key=_dcp_step) if root.is_dir() else []
+
+
+def _latest_dcp(path: str | Path) -> Path | None:
+    """``path`` itself when it is one, else the newest under ``<path>/checkpoints`` or ``<path>``."""
+    path = Path(path)
+    if is_dcp(path):
+        return path
+    found = _dcp_checkpoints(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
+    return found[-1] if found else None
+
+
+def _dcp_state(training: Training) -> dict[str, Any]:
+    """What DCP saves, and the template it loads into (every rank; collective for ZeRO)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return {
+        "model": get_model_state_dict(training.model),
+        "optim": zero_dcp.get_optimizer_state_dict(training.model, training.optimizer),
+    }
+
+
+def _save_dcp(training: Training, path: Path, extra: dict[str, Any]) -> None:
+    """Write ``path`` (``.../step_N.dcp``) on every rank; rank 0 adds ``extra`` as JSON and renames it in place."""
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    token = [uuid.uuid4().hex[:8] if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    partial = path.with_name(f".{path.name}.partial-{token[0]}")
+    dcp.save(_dcp_state(training), checkpoint_id=str(partial))  # collective: plans, writes, then metadata
+    dist.barrier()
+    if rank == 0:
+        (partial / DCP_EXTRA).write_text(json.dumps(extra))
+        write_record(partial)  # last: the size and sha256 of every file above
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(partial, path)
+    dist.barrier()
+
+
+def read_dcp_extra(path: Path) -> dict[str, Any]:
+    """The app's record of a DCP checkpoint (``zero_lab.json``)."""
+    try:
+        return json.loads((path / DCP_EXTRA).read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path / DCP_EXTRA}: cannot read the checkpoint's record ({error})") from error
+
+
+def _load_dcp(training: Training, path: Path, load_optimizer: bool) -> None:
+    """Load the model (and the optimizer) from ``path`` into this rank; call on every rank."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    state = _dcp_state(training)
+    if not load_optimizer:
+        state.pop("optim")
+    zero_dcp.load(state, path)
+    set_model_state_dict(training.model, state["model"])
+    if load_optimizer:
+        zero_dcp.set_optimizer_state_dict(training.model, training.optimizer, state["optim"])
+
+
+def _prune_dcp(root: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest DCP checkpoints under ``root`` (hidden first, then removed)."""
+    for path in _dcp_checkpoints(root)[:-keep] if keep > 0 else []:
+        hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
+        os.replace(path, hidden)
+        shutil.rmtree(hidden, ignore_errors=True)

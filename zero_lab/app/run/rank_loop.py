@@ -161,8 +161,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
             if training.scheduler is not None:
                 record[LR.key] = training.scheduler.get_last_lr()[0]  # group 0's, for the next step
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                val = validation_loss(training, data, cfg.eval_batches, options, device, gather.comm)
-                record[VAL_LOSS.key] = val
+                record[VAL_LOSS.key] = validation_loss(training, data, cfg.eval_batches, options, device, gather.comm)
             if rank == 0:
                 records.append(record)
                 progress.update(record)
@@ -173,7 +172,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
                 raise NonFiniteLoss(step, per_rank, saved)
             last = step + 1 == cfg.steps  # a signal during the last step changes nothing
             stopped_by = 0 if last else next((int(r.stop_signal) for r in per_rank if r.stop_signal), 0)
-            if _checkpoint_due(cfg.checkpoint_every, step, stopped_by):
+            if stopped_by or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):  # a stop always saves
                 training.strategy.settle(training.optimizer)  # prefetch=true: the exchange still in flight
                 saved = run_checkpoints.save(
                     training, run_dir, step + 1, losses, cfg.keep_checkpoints, enum_str(cfg.checkpoint_format)
@@ -209,11 +208,6 @@ def _data_option(spec: RunSpec, cfg: DictConfig) -> str:
     choice = spec.meta.get("choices", {}).get("data")
     target = cfg.data.get("_target_")
     return f"data={choice} ({target})" if choice else f"data._target_={target}"
-
-
-def _checkpoint_due(every: int, step: int, stopped_by: int) -> bool:
-    """Save after ``step``: every ``every`` steps, and always when a signal stops the run."""
-    return bool(stopped_by) or bool(every and (step + 1) % every == 0)
 
 
 def _open_sinks(stack: ExitStack, spec: RunSpec, cfg: DictConfig) -> list[MetricSink]:
