@@ -3,24 +3,23 @@
 One function, :func:`build_training`, owns the order, because the overlap mode ties the
 three together (the optimizer steps inside DDP's communication hook):
 
-1. the model, seeded identically on every rank, built in fp32 and cast to ``param_dtype`` (so
-   every dtype starts from the same weights); ``dist.sync_batchnorm`` converts BatchNorm first;
-2. the DDP wrapper with DDP's own options from ``dist.``; its buckets are what
-   ``partitioner=ddp_bucket`` and the overlap hooks follow;
+1. the model, seeded alike on every rank, built in fp32 and cast to ``param_dtype`` (every dtype
+   starts from the same weights); ``dist.sync_batchnorm`` converts BatchNorm first;
+2. the DDP wrapper with DDP's own options from ``dist.``;
 3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines; for the zero_* options ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner,
-   ``bucket_view``, ``overlap``, ``exchange`` and, where followed, DDP's buckets
-   (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), so its partition is built once, along them
-   (``optim.max_grad_norm`` is the loop's: :func:`zero_lab.app.run.step.unscale_and_clip`);
+   ``bucket_view``, ``overlap``, ``exchange`` and, where followed (``partitioner=ddp_bucket``,
+   overlap), DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), so its partition is built
+   once, along them (``optim.max_grad_norm`` is the loop's: :func:`zero_lab.app.run.step.unscale_and_clip`);
 4. with ``grad_reduce=``, the comm hook that reduces each bucket to its owners
    (:func:`zero_lab.grad_reduce.reduce_gradients`; ``shard_grads=true`` releases the rest after
    backward), wrapping the ZeRO step hook (``overlap_hook``) with ``overlap=true``; without it,
-   ``overlap=true`` registers the step hook on DDP's all-reduce. A plain optimizer takes
+   ``overlap=true`` puts the step hook on DDP's all-reduce. A plain optimizer takes
    ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
-5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange` on the model: the step only
-   issues the exchange (``exchange=``), the next forward waits per module;
-6. the LR scheduler (``scheduler=``, torch's, with warmup), the ``GradScaler`` for
-   ``autocast=fp16``, and ``torch.compile`` of the DDP wrapper for ``compile=true``.
+5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange`: the step only issues the
+   exchange, the next forward waits per module;
+6. the LR scheduler (torch's, with warmup), the ``GradScaler`` for ``autocast=fp16``, and
+   ``torch.compile`` of the DDP wrapper for ``compile=true``.
 
 ``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead.
 
@@ -54,16 +53,10 @@ from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.ddp_buckets import ddp_bucket_map
 from zero_lab.engine import ShardedDataParallel
-from zero_lab.grad_reduce import GradReduceHandle, reduce_gradients
+from zero_lab.grad_reduce import reduce_gradients
 from zero_lab.partition import WithoutGradients, bucket_use
 
-__all__ = [
-    "build_training",
-    "make_ddp",
-    "make_scheduler",
-    "optimizer_factory",
-    "params_never_reached",
-]
+__all__ = ["build_training", "make_ddp", "make_scheduler", "optimizer_factory", "params_never_reached"]
 
 
 log = logging.getLogger(__name__)
@@ -118,7 +111,9 @@ def build_training(
         )
     else:
         optimizer = make_optimizer(groups if groups is not None else model.parameters())
-    reducer = _grad_reducer(cfg, ddp, optimizer)  # with overlap, it registers the step hook around its own
+    reduce = grad_reduce_name(cfg.get("grad_reduce"))  # with overlap, its comm hook wraps the step hook
+    shard_grads = bool(cfg.get("shard_grads", False))
+    reducer = reduce_gradients(ddp, optimizer, reduce, shard_grads, _step_hook(cfg)) if reduce is not None else None
     if zero and cfg.overlap and reducer is None:
         shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
         ddp.register_comm_hook(None, _step_hook(cfg)(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets))
@@ -226,14 +221,6 @@ def _partitioner(cfg: DictConfig, without_grad: Sequence[str]) -> Any:
     """``partitioner=``, wrapped in :class:`~zero_lab.partition.WithoutGradients` when some never get a gradient."""
     partitioner = instantiate(cfg.partitioner)
     return WithoutGradients(partitioner, without_grad) if without_grad else partitioner
-
-
-def _grad_reducer(cfg: DictConfig, ddp: DDP, optimizer: Any) -> GradReduceHandle | None:
-    """``grad_reduce=``: install :func:`zero_lab.grad_reduce.reduce_gradients` (``None`` when unset)."""
-    name = grad_reduce_name(cfg.get("grad_reduce"))
-    if name is None:
-        return None
-    return reduce_gradients(ddp, optimizer, name, bool(cfg.get("shard_grads", False)), _step_hook(cfg))
 
 
 def _step_hook(cfg: DictConfig) -> Callable[..., Any]:

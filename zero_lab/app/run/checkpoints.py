@@ -7,22 +7,19 @@ Three layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   sha256 and the app's record in ``extra``; a directory becomes visible only when complete.
 * ``step_NNNNNNNN.pt`` — plain optimizers: one atomic ``torch.save`` by rank 0 of the model, the
   whole optimizer state and the same record, its size and sha256 in ``step_NNNNNNNN.pt.sha256.json``.
-* ``step_NNNNNNNN.dcp/`` — either kind with ``checkpoint_format=dcp``: what
-  ``torch.distributed.checkpoint.save`` writes for ``{"model": ..., "optim": ...}`` (the optimizer
-  as :func:`zero_lab.dcp.get_optimizer_state_dict` gives it: torch's format, whole tensors keyed by
-  FQN), so torchtitan, FSDP2 or a plain DDP script reads it with torch's own functions; rank 0 adds
-  the record as ``zero_lab.json`` and, last, ``files.sha256.json`` (:mod:`zero_lab.dcp_record`).
-  Every rank writes into a hidden ``.step_N.dcp.partial-<token>`` that rank 0 renames into place
-  after a barrier, so a visible one is complete; it is read through :func:`zero_lab.dcp.load`
-  (restricted unpickling, every file checked against the record), after the job's check
-  (:mod:`zero_lab.app.check.dcp_resume`) has read its files and metadata.
+* ``step_NNNNNNNN.dcp/`` — either kind with ``checkpoint_format=dcp``: torch's Distributed Checkpoint
+  of ``{"model": ..., "optim": ...}`` (the optimizer in torch's format, whole tensors keyed by FQN:
+  :func:`zero_lab.dcp.get_optimizer_state_dict`), which torchtitan, FSDP2 or a plain DDP script read
+  with torch's own functions; rank 0 adds the record (``zero_lab.json``) and, last, every file's
+  size and sha256 (:mod:`zero_lab.dcp_record`). Ranks write a hidden ``.step_N.dcp.partial-<token>``
+  that rank 0 renames into place after a barrier; it is read through :func:`zero_lab.dcp.load`
+  (restricted unpickling, every file checked), after the job's check (:mod:`zero_lab.app.check.dcp_resume`).
 
-A resume finds the newest of all three. The record (:func:`_record`): step, stepping class,
-losses, world size, and the scheduler's and fp16 scaler's state. Any layout loads into either kind
-of optimizer at any world size: the sharded format reshards by element ranges (a plain optimizer
-gets it merged), and a plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``; every
-file is read through the core's checked loaders. The loop reseeds from ``(seed, rank, step)``, so
-the step is all the RNG a resume needs.
+A resume finds the newest of the three. The record (:func:`_record`): step, stepping class, losses,
+world size, the scheduler's and fp16 scaler's state. Any layout loads into either kind of optimizer
+at any world size (the sharded format reshards by element ranges, merged for a plain optimizer; a
+plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``), every file through the core's
+checked loaders. The loop reseeds from ``(seed, rank, step)``: the step is all the RNG a resume needs.
 
 What a resume checks (:func:`restore`): the step inside the checkpoint equals the one in its
 name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``; the optimizer

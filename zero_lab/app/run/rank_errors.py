@@ -1,15 +1,14 @@
 """Failures inside a rank's loop, said in the app's words instead of torch's or Python's.
 
-* :func:`unused_parameters` — DDP's "Expected to have finished reduction in the prior
-  iteration" error (raised at the forward *after* a step that left a parameter without a
-  gradient) points at torch's keyword argument and at parameter **indices** ("… for rank 0:
-  4 5"). The indices are positions in DDP's own parameter list — the module's
-  ``named_parameters()`` that require a gradient, minus ``parameters_to_ignore`` — so they map
-  back to names; the error names those and the app's key ``dist.find_unused_parameters=true``.
-  The meta-tensor check before start (:func:`zero_lab.app.workloads.protocols.forward_problems`) already
-  catches a parameter unused from the first step; this is the one that goes unused later.
-* :func:`next_batch` — a rank whose data stops yielding batches before ``steps`` ends raised
-  a bare ``StopIteration``; :class:`DataExhausted` names the rank, the step and the data option.
+* :func:`unused_parameters` — DDP's "Expected to have finished reduction in the prior iteration"
+  (raised at the forward *after* a step that left a parameter without a gradient) names torch's
+  keyword argument and parameter **indices**: positions in DDP's own list (the module's parameters
+  that require a gradient, minus ``parameters_to_ignore``), so they map back to names, said with
+  the app's key ``dist.find_unused_parameters=true``. The check before start
+  (:func:`zero_lab.app.workloads.protocols.forward_problems`) catches a parameter unused from the
+  first step; this one catches a parameter that goes unused later.
+* :func:`next_batch` — data that runs out before ``steps`` raised a bare ``StopIteration``;
+  :class:`DataExhausted` names the rank, the step and the data option.
 """
 
 from __future__ import annotations

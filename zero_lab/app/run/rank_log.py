@@ -1,10 +1,8 @@
-"""A rank's log: the ``zero_lab`` loggers of the process sent to ``<run dir>/logs/rank{r}.log``.
+"""A rank's log, ``<run dir>/logs/rank{r}.log``. Hydra's logging config disables the loggers that
+exist when it runs (``disable_existing_loggers: true``), which would leave the log of ranks > 0
+under torchrun or srun empty: zero_lab's own loggers are enabled again here.
 
-Hydra's logging config disables loggers that exist when it runs (``disable_existing_loggers:
-true``); under torchrun or srun ranks > 0 configure Hydra's logging as disabled, which would
-leave their rank log empty, so zero_lab's own loggers are enabled again here.
-
-    path = log_to_file(run_dir, rank)
+    log_to_file(run_dir, rank)
 """
 
 from __future__ import annotations
@@ -17,8 +15,8 @@ from zero_lab.app.record.run_files import LOGS_DIR
 __all__ = ["log_to_file"]
 
 
-def log_to_file(run_dir: Path, rank: int) -> Path:
-    """Send the ``zero_lab`` loggers of this process to ``<run dir>/logs/rank{r}.log``; returns its path."""
+def log_to_file(run_dir: Path, rank: int) -> None:
+    """Send the ``zero_lab`` loggers of this process to ``<run dir>/logs/rank{r}.log``."""
     path = run_dir / LOGS_DIR / f"rank{rank}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
@@ -29,4 +27,3 @@ def log_to_file(run_dir: Path, rank: int) -> Path:
     for name, logger in logging.Logger.manager.loggerDict.items():  # undo Hydra's disable_existing_loggers
         if (name == "zero_lab" or name.startswith("zero_lab.")) and isinstance(logger, logging.Logger):
             logger.disabled = False
-    return path

@@ -59,9 +59,8 @@ __all__ = ["RANK_PRELOAD", "NonFiniteLoss", "RankResult", "RunSpec", "train_rank
 
 log = logging.getLogger("zero_lab.app")
 
-#: What a rank imports: this module, and the entry point that ``train.py`` (re-imported in each
-#: rank as ``__mp_main__``) imports. The forkserver the ranks fork from imports them once
-#: (:func:`zero_lab.runtime.spawn.start_forkserver`).
+#: What a rank imports: this module, and the entry point ``train.py`` (re-imported in each rank as
+#: ``__mp_main__``) imports; the forkserver imports them once (:func:`zero_lab.runtime.spawn.start_forkserver`).
 RANK_PRELOAD = (__name__, "zero_lab.app.launch.entry")
 
 
@@ -82,18 +81,14 @@ class RunSpec:
 class RankResult:
     rank: int
     losses: list[float]
-    param_checksum: str
-    log_path: str
     stopped_by: int = 0  # the signal that stopped the loop early (0: ran every step)
     checkpoint: str | None = None  # the last checkpoint this run wrote
 
 
 class NonFiniteLoss(FloatingPointError):
-    """A rank's loss was NaN or ±Inf: the run stops (no checkpoint of the diverged state).
-
-    Every rank raises it (every rank saw every loss); ``blames_rank`` names the first rank whose
-    loss was not finite, so the world reports that rank first (:mod:`zero_lab.runtime.spawn`),
-    not rank 0 for a NaN that rank 1 produced."""
+    """A rank's loss was NaN or ±Inf: every rank raises it (every rank saw every loss); ``blames_rank``
+    names the first rank whose loss was not finite, so the world reports that rank first
+    (:mod:`zero_lab.runtime.spawn`), not rank 0 for a NaN that rank 1 produced."""
 
     def __init__(self, step: int, per_rank: list[RankStep], saved: Path | None):
         culprits = [r for r, s in enumerate(per_rank) if not math.isfinite(s.loss)]
@@ -114,7 +109,7 @@ def train_rank(spec: RunSpec) -> RankResult:
 def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     run_dir = Path(spec.run_dir)
-    log_path = log_to_file(run_dir, rank)
+    log_to_file(run_dir, rank)
     cfg = OmegaConf.create(spec.config)
     device = _device(str(cfg.dist.device))
     torch.set_num_threads(cfg.dist.threads_per_rank)
@@ -196,8 +191,6 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     return RankResult(
         rank=rank,
         losses=losses,
-        param_checksum=checksum,
-        log_path=str(log_path),
         stopped_by=stopped_by,
         checkpoint=str(saved) if saved is not None else None,
     )

@@ -21,22 +21,16 @@ __all__ = ["Training"]
 
 @dataclass
 class Training:
-    """The model (unwrapped), its DDP wrapper and the optimizer of one rank.
-
-    ``exchange_stats`` is the running :class:`~zero_lab.comm.CommStats` of the parameter
-    exchange, ``optimizer.comm_stats`` (with overlap the hook meters into it too; its
-    broadcasts run inside backward, asynchronously: ``seconds`` spans issue to wait,
-    ``exposed_seconds`` is what the loop waited); ``None`` for plain optimizers.
-    ``zero``: the optimizer shards its state (:attr:`strategy` answers what that changes).
-    ``grad_reducer``: the ``grad_reduce=`` hook (its ``stats`` meter the gradient reduction), or ``None``.
-    """
+    """The model (unwrapped), its DDP wrapper and the optimizer of one rank. ``exchange_stats``: the
+    parameter exchange's running meter (with overlap its broadcasts run inside backward: ``seconds``
+    spans issue to wait, ``exposed_seconds`` is what the loop waited)."""
 
     model: nn.Module
     ddp: DDP
     optimizer: Optimizer
-    zero: bool
-    exchange_stats: CommStats | None = None
-    grad_reducer: GradReduceHandle | None = None
+    zero: bool  # the optimizer shards its state (``strategy`` answers what that changes)
+    exchange_stats: CommStats | None = None  # None: a plain optimizer, no exchange
+    grad_reducer: GradReduceHandle | None = None  # the grad_reduce= hook (its stats meter the reduction)
     max_grad_norm: float | None = None
     scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
     scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
