@@ -52,11 +52,7 @@ def agreed_checksum(model: torch.nn.Module, gather: MetricsGather) -> str:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
         digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
     mine = digest.hexdigest()
-    words = torch.tensor(
-        [int.from_bytes(bytes.fromhex(mine)[i : i + 8], "little", signed=True) for i in range(0, 32, 8)],
-        dtype=torch.int64,
-        device=gather.device,
-    )
+    words = torch.frombuffer(bytearray(digest.digest()), dtype=torch.int64).to(gather.device)  # the hash as 4 words
     everyone = torch.zeros(4 * gather.world_size, dtype=torch.int64, device=gather.device)
     gather.comm.all_gather_into(everyone, words, op="checksum")
     rows = everyone.view(gather.world_size, 4).cpu().tolist()

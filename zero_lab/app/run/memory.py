@@ -30,25 +30,20 @@ def training_tensor_bytes(training: Training) -> int:
     """Bytes of every distinct storage this rank trains with: parameters, gradients, module buffers, the
     local optimizer's parameters (fp32 master shards) and state. Per storage, so bucket views and flat
     slices count once; DDP's own gradient buckets live in C++ and are not seen here (the planner prices them)."""
+    local = training.strategy.local_optimizer(training.optimizer)
+    params = list(training.model.parameters())
+    tensors = [
+        *params,
+        *(param.grad for param in params),
+        *training.model.buffers(),
+        *(param for group in local.param_groups for param in group["params"]),
+        *(value for state in local.state.values() for value in state.values()),
+    ]
     storages: dict[int, int] = {}
-
-    def add(tensor: object) -> None:
+    for tensor in tensors:
         if torch.is_tensor(tensor):
             storage = tensor.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
-
-    for param in training.model.parameters():
-        add(param)
-        add(param.grad)
-    for buffer in training.model.buffers():
-        add(buffer)
-    local = training.strategy.local_optimizer(training.optimizer)
-    for group in local.param_groups:
-        for param in group["params"]:
-            add(param)
-    for state in local.state.values():
-        for value in state.values():
-            add(value)
     storages.pop(0, None)  # empty storages
     return sum(storages.values())
 
