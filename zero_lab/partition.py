@@ -773,8 +773,8 @@ class WithoutGradients:
     ``gets_grad=False`` (matched by name, or by tensor ``id`` as ``ParamSpec.key``), so they load
     their owner with nothing and the owners balance the parameters that get state.
 
-    For parameters known before the first step never to be used (the app finds them with a
-    forward and backward on ``meta`` tensors, :mod:`zero_lab.app.run.grad_reach`): pricing them as if
+    For parameters known before the first step never to be used (the app finds them with a forward and
+    backward on ``meta`` tensors, :attr:`zero_lab.app.plan.run_plan.RunPlan.never_reached`): pricing them as if
     they got state left one rank of the own-model example holding all of it. Give it to the
     optimizer's constructor: ``partitioner=WithoutGradients(SortedGreedy(), names)``.
     DDP-bucket use (``needs_ddp_buckets``, ``shard_buckets``) is ``inner``'s; ``repr`` is ``inner``'s
