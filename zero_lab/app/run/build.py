@@ -92,10 +92,10 @@ def build_training(
     if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
         return _engine_training(cfg, model, plan or OptimPlan.of(cfg.optim), without_grad)
     ddp = make_ddp(model, cfg.dist, device)
-    zero = (plan or OptimPlan.of(cfg.optim)).strategy.shards_state  # plain DDP, or ZeRO with its partitioner
+    strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
     make_optimizer = optimizer_factory(cfg.optim)
     groups = param_groups(cfg.optim, model)
-    if zero:
+    if strategy.shards_state:
         partitioner = _partitioner(cfg, without_grad)
         # DDP's buckets, modelled with its real caps (no hook needed): for the overlap hooks, and for a
         # partitioner that follows them (partitioner=ddp_bucket) with or without overlap
@@ -114,10 +114,10 @@ def build_training(
     reduce = grad_reduce_name(cfg.get("grad_reduce"))  # with overlap, its comm hook wraps the step hook
     shard_grads = bool(cfg.get("shard_grads", False))
     reducer = reduce_gradients(ddp, optimizer, reduce, shard_grads, _step_hook(cfg)) if reduce is not None else None
-    if zero and cfg.overlap and reducer is None:
+    if strategy.shards_state and cfg.overlap and reducer is None:
         shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
         ddp.register_comm_hook(None, _step_hook(cfg)(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets))
-    if zero and cfg.prefetch:
+    if strategy.shards_state and cfg.prefetch:
         overlap.prefetch_exchange(model, optimizer)  # lives as long as the model's hooks
     return Training(
         model=model,
@@ -125,8 +125,8 @@ def build_training(
         # still overlap backward; the compiled module forwards no_sync and every other attribute to DDP
         ddp=torch.compile(ddp) if cfg.get("compile") else ddp,
         optimizer=optimizer,
-        zero=zero,
-        exchange_stats=optimizer.comm_stats if zero else None,  # with overlap too: the hook meters into it
+        zero=strategy.shards_state,
+        exchange_stats=optimizer.comm_stats if strategy.shards_state else None,  # with overlap: metered by the hook
         grad_reducer=reducer,
         max_grad_norm=cfg.optim.get("max_grad_norm"),
         scheduler=make_scheduler(cfg, optimizer),
