@@ -11,9 +11,11 @@ nothing of the benchmark's classes:
 * :func:`plot_model_check` — the rows of ``scripts/check_model.py`` (``model``, ``world_size``,
   ``shard_size``, ``strategy``, ``predicted_s``, ``measured_s``, ``predicted_bytes``,
   ``measured_bytes``): predicted against measured step time (left, log–log, the y = x line and
-  the ±20 % band, each point labelled ``model W strategy``, hierarchical rows — ``shard_size`` <
-  W — drawn as red-edged stars) and the bytes error per row (right, the ±2 % band). Rows with no
-  measured time (or bytes) are left out of that panel and counted in its title.
+  the ±20 % band, hierarchical rows — ``shard_size`` < W — drawn as red-edged stars) and the
+  bytes error of every row (right, the ±2 % band, the value written beside each bar). Rows are
+  numbered: the number beside a point is the row named ``n  model W [S] strategy`` on the right
+  (thirty names beside thirty points would cover each other). Rows with no measured time are left
+  out of the left panel and counted in its title.
 
 Usage::
 
@@ -167,23 +169,23 @@ def _error(predicted: float, measured: float | None) -> float | None:
 
 
 def model_check_figure(checks: Rows, title: str) -> plt.Figure:
-    """The model-check figure (:func:`plot_model_check` saves it)."""
-    timed = [c for c in checks if c.get("measured_s")]
-    counted = [c for c in checks if c.get("measured_bytes")]
+    """The model-check figure (:func:`plot_model_check` saves it): every row numbered, the number
+    beside its point on the left and before its name on the right (the key)."""
     fig, (time_ax, bytes_ax) = plt.subplots(
-        1, 2, figsize=(14, max(5.0, 0.22 * len(counted) + 2.0)), gridspec_kw={"width_ratios": [1.2, 1.0]}
+        1, 2, figsize=(14, max(5.5, 0.2 * len(checks) + 2.0)), gridspec_kw={"width_ratios": [1.2, 1.0]}
     )
-    _time_panel(time_ax, timed, len(checks) - len(timed))
-    _bytes_panel(bytes_ax, counted, len(checks) - len(counted))
+    _time_panel(time_ax, checks)
+    _bytes_panel(bytes_ax, checks)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
-def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
-    models = _first_seen([c["model"] for c in timed])
-    strategies = _first_seen([c["strategy"] for c in timed])
-    values = [1e3 * c["measured_s"] for c in timed] + [1e3 * c["predicted_s"] for c in timed]
+def _time_panel(ax: plt.Axes, checks: Rows) -> None:
+    timed = [(number, c) for number, c in enumerate(checks, 1) if c.get("measured_s")]
+    models = _first_seen([c["model"] for _, c in timed])
+    strategies = _first_seen([c["strategy"] for _, c in timed])
+    values = [1e3 * c[key] for _, c in timed for key in ("measured_s", "predicted_s")]
     low, high = (min(values) / 1.5, max(values) * 1.5) if values else (1.0, 10.0)
     ax.fill_between(
         [low, high],
@@ -194,7 +196,7 @@ def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
         label=f"±{TIME_BAND:.0%} of measured",
     )
     ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
-    for c in timed:
+    for number, c in timed:
         x, y = 1e3 * c["measured_s"], 1e3 * c["predicted_s"]
         color = f"C{strategies.index(c['strategy']) % 10}"
         if _hierarchical(c):
@@ -202,7 +204,7 @@ def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
         else:
             marker = _MARKERS[models.index(c["model"]) % len(_MARKERS)]
             ax.scatter(x, y, marker=marker, s=40, color=color, edgecolors="black", linewidths=0.6, zorder=3)
-        ax.annotate(_check_name(c), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6, alpha=0.8)
+        ax.annotate(str(number), (x, y), xytext=(4, 2), textcoords="offset points", fontsize=7)
     handles = [
         *ax.get_legend_handles_labels()[0],
         *[Line2D([], [], linestyle="", marker="o", color=f"C{i % 10}", label=s) for i, s in enumerate(strategies)],
@@ -211,7 +213,7 @@ def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
             for i, m in enumerate(models)
         ],
     ]
-    if any(_hierarchical(c) for c in timed):
+    if any(_hierarchical(c) for _, c in timed):
         handles.append(
             Line2D([], [], linestyle="", marker="*", markersize=12, color="grey", markeredgecolor="red",
                    label="hierarchical (S < W, e.g. 2 × 2)")
@@ -223,29 +225,33 @@ def _time_panel(ax: plt.Axes, timed: Rows, untimed: int) -> None:
     ax.set_ylim(low, high)
     ax.set_xlabel("measured step time (ms, slowest rank's median)")
     ax.set_ylabel("predicted step time (ms)")
+    untimed = len(checks) - len(timed)
     left_out = f"; {untimed} row(s) without a measured time left out" if untimed else ""
-    ax.set_title(f"step time: predicted vs measured{left_out}", fontsize=10)
+    ax.set_title(f"step time: predicted vs measured (numbers: the rows on the right){left_out}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
 
 
-def _bytes_panel(ax: plt.Axes, counted: Rows, uncounted: int) -> None:
-    errors = [100 * (_error(c["predicted_bytes"], c["measured_bytes"]) or 0.0) for c in counted]
-    ys = list(range(len(counted)))
-    colors = ["tab:blue" if abs(e) <= 100 * BYTES_BAND else "tab:red" for e in errors]
-    edges = ["red" if _hierarchical(c) else "black" for c in counted]
+def _bytes_panel(ax: plt.Axes, checks: Rows) -> None:
+    """A bar per row (its error in %), the value written beside it; rows with nothing counted say so."""
+    errors = [_error(c["predicted_bytes"], c.get("measured_bytes")) for c in checks]
+    percent = [0.0 if e is None else 100 * e for e in errors]
+    ys = list(range(len(checks)))
+    colors = ["tab:blue" if abs(e) <= 100 * BYTES_BAND else "tab:red" for e in percent]
+    edges = ["red" if _hierarchical(c) else "black" for c in checks]
     ax.axvspan(-100 * BYTES_BAND, 100 * BYTES_BAND, color="tab:green", alpha=0.15, label=f"±{BYTES_BAND:.0%}")
     ax.axvline(0, color="black", linewidth=1)
     widths = [1.5 if edge == "red" else 0.6 for edge in edges]
-    ax.barh(ys, errors, height=0.6, color=colors, edgecolor=edges, linewidth=widths)
-    ax.scatter(errors, ys, marker="|", s=60, color="black", zorder=3)  # a zero error stays visible
-    ax.set_yticks(ys, [_check_name(c) for c in counted], fontsize=6)
+    ax.barh(ys, percent, height=0.6, color=colors, edgecolor=edges, linewidth=widths)
+    span = max([100 * BYTES_BAND * 2, *[abs(e) * 1.3 for e in percent]])
+    for y, error in zip(ys, errors):
+        note = "nothing counted" if error is None else f"{100 * error:+.1f} %"
+        ax.text(span * 0.97, y, note, fontsize=6, ha="right", va="center")
+    ax.set_yticks(ys, [f"{n}  {_check_name(c)}" for n, c in enumerate(checks, 1)], fontsize=6)
     ax.invert_yaxis()
-    span = max([100 * BYTES_BAND * 2, *[abs(e) * 1.2 for e in errors]])
     ax.set_xlim(-span, span)
     ax.set_xlabel("bytes per step: (predicted − measured) / measured (%)")
-    left_out = f"; {uncounted} row(s) with nothing counted left out" if uncounted else ""
-    ax.set_title(f"bytes error per row (red edge: hierarchical){left_out}", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("bytes error per row (red edge: hierarchical)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower left")
     ax.grid(axis="x", alpha=0.3)
 
 
