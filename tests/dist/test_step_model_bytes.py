@@ -1,6 +1,7 @@
 """The step model's bytes (zero_lab.step_model.communicator_bytes) equal what zero_lab's Communicators
 count on every rank of real Gloo worlds (W = 2, 3): the exchange in each layout and collective, and the
-gradient reduction by DDP's all-reduce (metered through the hook) and by the point-to-point reduce-scatter."""
+gradient reduction by DDP's all-reduce (metered through the hook) and by the point-to-point reduce-scatter;
+and at W = 4 as 2 × 2 (shard_size=2), where the reduce-scatter's owners then all-reduce across the pairs."""
 
 from __future__ import annotations
 
@@ -88,3 +89,32 @@ def test_predicted_bytes_are_the_communicators_counts(world, world_size: int) ->
     # the cases differ where they should: padding to the fullest owner, one broadcast per owner's range
     rank0 = {name: ranks[0][name]["exchange"][0] for name in CASES}
     assert rank0["greedy_view_all_gather"] > rank0["greedy_view_broadcast"] == sum(s.nbytes for s in specs)
+
+
+def counted_hierarchical() -> dict[str, tuple[int, int]]:
+    """W=4 as 2 × 2 (``shard_size=2``): flat, bucket view, p2p reduce-scatter inside the pair, each owner's
+    half all-reduced across the pairs, broadcast inside the pair; what the Communicators counted in step 2."""
+    ddp = DDP(model())
+    zero = ZeroRedundancyOptimizer(
+        ddp.parameters(), torch.optim.Adam, partitioner=Flat(), exchange="broadcast", shard_size=2, lr=1e-3
+    )
+    handle = reduce_gradients(ddp, zero, "reduce_scatter")
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(dist.get_rank()))
+    for _ in range(2):
+        exchange, grads = zero.comm_stats.snapshot(), handle.stats.snapshot()
+        zero.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        zero.step()
+    moved, reduced = zero.comm_stats.since(exchange), handle.stats.since(grads)
+    handle.close()
+    return {"exchange": (moved.bytes, moved.sent_bytes), "grad_reduce": (reduced.bytes, reduced.sent_bytes)}
+
+
+def test_hierarchical_bytes_are_the_communicators_counts(world) -> None:
+    ranks: list[Any] = world(counted_hierarchical, 4)
+    specs = specs_from_module(model())
+    strategy = CASES["flat_reduce_scatter"]
+    for rank, counted in enumerate(ranks):
+        assert counted == communicator_bytes(specs, strategy, 4, rank, shard_size=2), rank
+    # the replica all-reduce is counted: more gradient bytes than the pair's point to point alone
+    assert ranks[0]["grad_reduce"][0] > sum(s.nbytes for s in specs)
