@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from zero_lab.bench import plan
 
 
@@ -24,3 +26,10 @@ def test_plan_plot_writes_a_figure_per_model_and_the_tables(tmp_path, capsys) ->
     assert tables.count("| strategy | S | W=8 | W=64 |") == 2  # one summary per model
     # per model: ddp at W = 8, 64; zero1_flat at S = W (8, 64) and S = 8 at W = 64
     assert len(rows) == 2 * 5 and "figure: " in capsys.readouterr().out
+
+
+def test_plot_without_hardware_is_refused(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        plan.main(["--model", "tiny", "--plot", str(tmp_path)])
+    assert "--plot draws the step model's rows: give --hardware too" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -128,7 +128,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     step.add_argument(
         "--plot", type=Path, metavar="DIR", help="also write at_scale-<model>.png per model and at_scale.md there"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.plot and not args.hardware:
+        parser.error("--plot draws the step model's rows: give --hardware too (e.g. --hardware h100_ib)")
+    return args
 
 
 def step_times(args: argparse.Namespace, command: str = "") -> list[dict[str, Any]]:
