@@ -1,0 +1,202 @@
+"""The peak of a training step, planned: what :func:`zero_lab.planner.plan_memory` holds, plus what
+lives only for a moment.
+
+``plan_memory`` prices the tensors a rank keeps from step to step (gradients, DDP's buckets, the
+optimizer's state). A rank's peak resident memory is higher by what exists only inside a phase of
+the step; each term here is derived from the model, its layout and the batch, not fitted:
+
+* ``activations`` — the tensors autograd saves for backward (:func:`saved_activation_bytes`: the
+  forward and loss run once with ``saved_tensors_hooks`` counting every saved storage that is not a
+  parameter's; on a ``meta`` model it allocates nothing). They live until backward frees them.
+* ``produced_grad`` — the gradient autograd has just produced for a parameter, before it reaches
+  its bucket (DDP copies it into its bucket, the engine into its bucket buffer, and then frees it):
+  the largest trainable parameter's bytes, alive one at a time.
+* ``receive`` — communication buffers the gradient phase allocates: the engine's point-to-point
+  reduce-scatter (:class:`zero_lab.grad_reduce.P2PReduceScatter`) receives each peer's copy of this
+  rank's range of a bucket, for each of the (at most two) buckets in flight:
+  ``2 · (W − 1) · largest owned range``. DDP's all-reduce and the ZeRO exchange's broadcasts run in
+  place (0).
+* ``step_workspace`` — the optimizer's temporaries during ``step()``: torch's single-tensor
+  implementations step one tensor at a time, so ``workspace per byte`` (:func:`step_workspace_ratio`:
+  one measured step of the real class on a 4096-element tensor, counting the bytes of every
+  operator output that does not alias an input while it is alive — Adam: ``exp_avg_sq.sqrt()`` and
+  its quotient, 2 × the tensor) times the largest tensor this rank steps (a whole parameter on DDP
+  and ZeRO-1, an owned bucket range on the engine).
+
+The phases do not overlap: the backward peak is ``held + activations + produced_grad + receive``,
+the step's ``held + step_workspace``, and the plan is the larger (:class:`PeakPlan`). What this does
+not count, by design: the interpreter's and libraries' code pages first executed during training,
+and memory the C allocator keeps after a tensor is freed (glibc keeps up to twice its largest freed
+block, run-dependent) — ``scripts/bench_memory.py`` warms the first and pins the second
+(``MALLOC_MMAP_THRESHOLD_``) so that it measures what the tensors take.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from zero_lab.engine.layout import Bucket, grad_hold_bound
+from zero_lab.partition import ParamSpec
+from zero_lab.planner import MemoryPlan
+
+__all__ = [
+    "PeakPlan",
+    "engine_peak",
+    "peak_of_plan",
+    "saved_activation_bytes",
+    "step_workspace_ratio",
+]
+
+_PROBE_NUMEL = 4096
+
+
+@dataclass(frozen=True)
+class PeakPlan:
+    """One rank's planned peak of what training adds, in bytes, by term (see the module docstring)."""
+
+    held: int
+    activations: int
+    produced_grad: int
+    receive: int
+    step_workspace: int
+
+    @property
+    def backward_peak(self) -> int:
+        return self.held + self.activations + self.produced_grad + self.receive
+
+    @property
+    def step_peak(self) -> int:
+        return self.held + self.step_workspace
+
+    @property
+    def total(self) -> int:
+        return max(self.backward_peak, self.step_peak)
+
+
+def saved_activation_bytes(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``run()`` (forward + loss)
+    runs, parameters' storages excluded. With a model and inputs on ``meta`` nothing is allocated."""
+    excluded = {param.untyped_storage()._cdata for param in params}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in excluded:
+            saved[storage._cdata] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(saved.values())
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of operator outputs that alias no input while they are alive, and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+                nbytes = tensor.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(tensor, self._freed, nbytes)
+        return out
+
+
+@functools.cache
+def _workspace_ratio(optimizer_class: type[torch.optim.Optimizer], dtype: torch.dtype, defaults: tuple) -> float:
+    param = torch.nn.Parameter(torch.ones(_PROBE_NUMEL, dtype=dtype))
+    optimizer = optimizer_class([param], **dict(defaults))
+    counter = _LiveBytes()
+    for index in range(2):  # the second step: state exists, only the temporaries are new
+        param.grad = torch.full_like(param, 1e-3)
+        if index:
+            with counter:
+                optimizer.step()
+        else:
+            optimizer.step()
+    return counter.peak / (_PROBE_NUMEL * param.element_size())
+
+
+def step_workspace_ratio(
+    optimizer_class: type[torch.optim.Optimizer], dtype: torch.dtype = torch.float32, **defaults: Any
+) -> float:
+    """Peak temporary bytes of one ``optimizer_class(**defaults)`` step per byte of the tensor stepped
+    (measured on a CPU tensor of 4096 elements at its second step; cached). Adam: 2.0; SGD: 0.0."""
+    defaults = {"lr": 1e-3} | defaults
+    return _workspace_ratio(optimizer_class, dtype, tuple(sorted(defaults.items())))
+
+
+def peak_of_plan(
+    plan: MemoryPlan,
+    specs: Sequence[ParamSpec],
+    activations: int,
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
+    **optimizer_defaults: Any,
+) -> list[PeakPlan]:
+    """Per rank: DDP (``plan.partition is None``) or ZeRO-1 on DDP (whole parameters stepped by their
+    owners, ``SortedGreedy``), exchange and all-reduce in place."""
+    ratio = step_workspace_ratio(optimizer_class, **optimizer_defaults)
+    trainable = [i for i, spec in enumerate(specs) if spec.trainable]
+    produced = max((specs[i].nbytes for i in trainable), default=0)
+    if plan.partition is None:
+        stepped = [produced] * plan.world_size
+    else:
+        owners = plan.partition.owners()
+        stepped = [
+            max((specs[i].nbytes for i in trainable if owners[i] == r), default=0) for r in range(plan.world_size)
+        ]
+    return [
+        PeakPlan(
+            rank.grad_bytes + rank.ddp_buffer_bytes + rank.state_bytes,
+            activations,
+            produced,
+            0,
+            round(ratio * stepped[rank.rank]),
+        )
+        for rank in plan.ranks
+    ]
+
+
+def engine_peak(
+    plan: MemoryPlan,
+    specs: Sequence[ParamSpec],
+    buckets: Sequence[Bucket],
+    activations: int,
+    grad_reduce: str = "reduce_scatter",
+    optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
+    **optimizer_defaults: Any,
+) -> list[PeakPlan]:
+    """Per rank of :class:`zero_lab.ShardedDataParallel` with ``buckets``: its state (``plan``, whose
+    partition must be the engine's), the gradient bound of its layout, and the transient terms.
+    ``grad_reduce``: ``reduce_scatter`` (point-to-point, Gloo's default) or ``all_reduce`` (in place)."""
+    if grad_reduce not in ("reduce_scatter", "all_reduce"):
+        raise ValueError(f"grad_reduce={grad_reduce!r}: the plan knows 'reduce_scatter' and 'all_reduce'")
+    ratio = step_workspace_ratio(optimizer_class, **optimizer_defaults)
+    produced = max((spec.nbytes for spec in specs if spec.trainable), default=0)
+    peers = plan.world_size - 1 if grad_reduce == "reduce_scatter" else 0
+    out = []
+    for rank in plan.ranks:
+        ranges = [bucket.owned_numel(rank.rank) * bucket.itemsize for bucket in buckets]
+        largest = max(ranges, default=0)
+        held = rank.state_bytes + grad_hold_bound(buckets, rank.rank)
+        out.append(PeakPlan(held, activations, produced, 2 * peers * largest, round(ratio * largest)))
+    return out
