@@ -18,9 +18,10 @@ the step; each term here is derived from the model, its layout and the batch, no
   place (0).
 * ``step_workspace`` — the optimizer's temporaries during ``step()``: torch's single-tensor
   implementations step one tensor at a time, so ``workspace per byte`` (:func:`step_workspace_ratio`:
-  one measured step of the real class on a 4096-element tensor, counting the bytes of every
-  operator output that does not alias an input while it is alive — Adam: ``exp_avg_sq.sqrt()`` and
-  its quotient, 2 × the tensor) times the largest tensor this rank steps (a whole parameter on DDP
+  the second step of the real class on a 4096-element tensor, under a ``TorchFunctionMode`` that
+  counts, while it is alive, every torch call's output that aliases neither an input nor the
+  parameter, its gradient or its state — Adam: ``exp_avg_sq.sqrt()`` and its quotient, 2 × the
+  tensor) times the largest tensor this rank steps (a whole parameter on DDP
   and ZeRO-1, an owned bucket range on the engine).
 
 The phases do not overlap: the backward peak is ``held + activations + produced_grad + receive``,
@@ -40,8 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.overrides import TorchFunctionMode
 
 from zero_lab.engine.layout import Bucket, grad_hold_bound
 from zero_lab.partition import ParamSpec
@@ -84,40 +84,55 @@ class PeakPlan:
 def saved_activation_bytes(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages autograd saves for backward while ``run()`` (forward + loss)
     runs, parameters' storages excluded. With a model and inputs on ``meta`` nothing is allocated."""
-    excluded = {param.untyped_storage()._cdata for param in params}
-    saved: dict[int, int] = {}
+    # a storage's Python object is unique and preserved (``t.untyped_storage() is t.view(-1).untyped_storage()``);
+    # the objects are held here, so their ids stay theirs
+    excluded = {id(storage): storage for storage in (param.untyped_storage() for param in params)}
+    saved: dict[int, tuple[torch.UntypedStorage, int]] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage._cdata not in excluded:
-            saved[storage._cdata] = storage.nbytes()
+        if id(storage) not in excluded:
+            saved[id(storage)] = (storage, storage.nbytes())
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         run()
-    return sum(saved.values())
+    return sum(nbytes for _, nbytes in saved.values())
 
 
-class _LiveBytes(TorchDispatchMode):
-    """Counts the bytes of operator outputs that alias no input while they are alive, and their peak."""
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
 
-    def __init__(self) -> None:
+
+class _LiveBytes(TorchFunctionMode):
+    """Counts the bytes of torch calls' outputs that alias neither an input nor an ``existing`` tensor
+    (an attribute read such as ``param.grad`` is a call too) while they are alive, and their peak."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
         super().__init__()
+        self.existing = {id(storage): storage for storage in (t.untyped_storage() for t in existing)}
         self.live = 0
         self.peak = 0
 
     def _freed(self, nbytes: int) -> None:
         self.live -= nbytes
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
-                nbytes = tensor.untyped_storage().nbytes()
-                self.live += nbytes
+        inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+        for tensor in _tensors(out):
+            storage = tensor.untyped_storage()
+            if id(storage) not in inputs and id(storage) not in self.existing:
+                self.live += storage.nbytes()
                 self.peak = max(self.peak, self.live)
-                weakref.finalize(tensor, self._freed, nbytes)
+                weakref.finalize(tensor, self._freed, storage.nbytes())
         return out
 
 
@@ -125,14 +140,11 @@ class _LiveBytes(TorchDispatchMode):
 def _workspace_ratio(optimizer_class: type[torch.optim.Optimizer], dtype: torch.dtype, defaults: tuple) -> float:
     param = torch.nn.Parameter(torch.ones(_PROBE_NUMEL, dtype=dtype))
     optimizer = optimizer_class([param], **dict(defaults))
-    counter = _LiveBytes()
-    for index in range(2):  # the second step: state exists, only the temporaries are new
-        param.grad = torch.full_like(param, 1e-3)
-        if index:
-            with counter:
-                optimizer.step()
-        else:
-            optimizer.step()
+    param.grad = torch.full_like(param, 1e-3)
+    optimizer.step()  # the first step makes the state; the second's new tensors are only temporaries
+    state = [value for value in optimizer.state[param].values() if isinstance(value, torch.Tensor)]
+    with _LiveBytes([param, param.grad, *state]) as counter:
+        optimizer.step()
     return counter.peak / (_PROBE_NUMEL * param.element_size())
 
 
