@@ -95,3 +95,22 @@ def test_the_plan_finds_the_parameters_no_gradient_reaches_on_its_own_meta_model
     assert [s.name for s in plan.specs][-2:] == ["aux.weight", "aux.bias"]  # the specs the ranks price "÷ DDP" from
     for overrides in ([*aux, "optim=adam"], [*aux, "optim=zero_adam", "overlap=true"], ["optim=zero_adam"]):
         assert RunPlan.of(compose_job(overrides)[0]).never_reached is None, overrides  # nothing to probe
+
+
+class CountingAux(WithAux):
+    """:class:`WithAux`, counting its forwards (each one a probe of its meta model)."""
+
+    forwards: ClassVar[int] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountingAux.forwards += 1
+        return super().forward(x)
+
+
+def test_a_checked_zero_job_with_unused_parameters_probes_its_meta_model_once():
+    CountingAux.forwards = 0
+    overrides = [f"model._target_={__name__}.CountingAux", "dist.find_unused_parameters=true", "optim=zero_adam"]
+    cfg, hydra = preflight([*overrides, "dist.world_size=2"])  # the forward check reads the plan's probe
+    plan = check_unless_checked(cfg, hydra, None)  # the task's plan: the check's, its data let go
+    assert plan.never_reached == ("aux.weight", "aux.bias")  # read from that same probe
+    assert CountingAux.forwards == 1

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from zero_lab.app.workloads.data import ImageData, TextData, stdlib_source
 from zero_lab.app.workloads.hf_models import GPT2, Llama
 from zero_lab.app.workloads.models import ResNet
-from zero_lab.app.workloads.protocols import call_model, forward_problems, loss_of
+from zero_lab.app.workloads.protocols import call_model, forward_problems, loss_of, probe_on_meta
 
 
 @pytest.mark.parametrize("cls", [GPT2, Llama])
@@ -31,8 +31,8 @@ def test_transformers_models_return_a_model_output_read_at_logits(cls, tmp_path)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
     with torch.device("meta"):
         meta = cls(**small)
-    assert forward_problems(meta, data, 1, "logits") == []
-    assert "output_key=hidden" in forward_problems(meta, data, 1, "hidden")[0]
+    assert forward_problems(probe_on_meta(meta, data, 1, "logits")) == []
+    assert "output_key=hidden" in forward_problems(probe_on_meta(meta, data, 1, "hidden"))[0]
 
 
 def test_text_holds_out_its_tail_and_reads_the_standard_library_by_default(tmp_path):

@@ -13,15 +13,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hydra.errors import HydraException
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.config.paths import CONF_DIR, group_options
+from zero_lab.app.config.targets import build
 from zero_lab.app.plan.optim_plan import OptimPlan
-from zero_lab.app.plan.run_plan import buildable
 from zero_lab.optimizer import check_partition_fits
-from zero_lab.partition import ParamSpec, Partitioner, bucket_use
+from zero_lab.partition import ParamSpec, bucket_use
 
 __all__ = ["data_for_task", "either", "fitting_partitioners", "on_device", "options_where", "zero_options"]
 
@@ -57,8 +57,7 @@ def fitting_partitioners(
         if bucket_use(_target(node)).needs_ddp_buckets:
             return False
         kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
-        buildable(kept, "partitioner", Partitioner)
-        partitioner = instantiate(kept)
+        partitioner = build(kept, "partitioner")
         check_partition_fits(partitioner(specs, world), optimizer_class, partitioner, classes)
         return True
 

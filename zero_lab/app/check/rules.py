@@ -40,7 +40,6 @@ from zero_lab.app.config.schema import (
     APP_KEYS,
     GROUPS,
     HYDRA_KEYS,
-    PARAM_DTYPES,
     SUPPLIED_BY_APP,
     Config,
     DistConfig,
@@ -486,12 +485,10 @@ def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> 
     model_name = f"model={_choice(choices, 'model', cfg)}"
     if (error := plan.model.error) is not None:
         return [f"{model_name}: cannot be built: {refusal('model', cfg.model, error)}"]
-    model, data = plan.model.value, plan.data.value
-    if model is None or data is None or _check_model_data(cfg, choices, plan):  # reported by their own rules
-        return []
-    dtype = PARAM_DTYPES[enum_str(cfg.param_dtype)]
+    if plan.model.value is None or plan.data.value is None or _check_model_data(cfg, choices, plan):
+        return []  # reported by their own rules
     unused_ok = bool(cfg.dist.get("find_unused_parameters") or cfg.dist.get("static_graph"))  # DDP takes them then
-    problems = forward_problems(model, data, max(cfg.dist.world_size, 1), str(cfg.output_key), dtype, unused_ok)
+    problems = forward_problems(plan.probe, unused_ok) if plan.probe is not None else []  # the plan's one probe
     return [f"{model_name} with data={_choice(choices, 'data', cfg)}: {p}" for p in problems]
 
 

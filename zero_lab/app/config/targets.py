@@ -33,7 +33,7 @@ without Hydra's "Error in call to target" wrapper; :func:`refusal` words it as o
 naming the configured keys the error mentions (``partitioner.cost=bogus: ...``).
 
     problems = check_targets(cfg)          # [] or one line per refused _target_
-    partitioner = build(cfg.partitioner)   # after the check passed
+    partitioner = build(cfg.partitioner, "partitioner")   # refused unless its _target_ fits the key
 """
 
 from __future__ import annotations
@@ -175,9 +175,13 @@ def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
     return None
 
 
-def build(node: Any) -> Any:
-    """``instantiate(node)`` (a node :func:`check_targets` passed); a constructor's own error is
-    re-raised as itself, not inside Hydra's "Error in call to target" wrapper."""
+def build(node: Mapping[str, Any], key: str) -> Any:
+    """``instantiate(node)`` once its ``_target_`` fits ``key`` (:func:`target_problem`'s line as a
+    ``ValueError`` otherwise, nothing called); a constructor's own error is re-raised as itself,
+    not inside Hydra's "Error in call to target" wrapper."""
+    problem = target_problem(key, node)
+    if problem:
+        raise ValueError(problem)
     try:
         return instantiate(node)
     except InstantiationException as error:

@@ -1,13 +1,12 @@
-"""What ``cfg.optim`` builds, answered once from the config: is it ZeRO, which class steps.
+"""What ``cfg.optim`` builds, answered from the config: is it ZeRO, which class steps.
 
 Every part of the app that asks "which ``torch.optim`` class holds the state?" reads one
-:class:`OptimPlan` (the run plan, the builder, the W&B tags, the closing lines) instead of
-importing targets itself; what ZeRO changes is asked of :attr:`OptimPlan.strategy`. Making
-one looks classes up and calls nothing: ``optim.optimizer_class`` must be a
-``{_target_: hydra.utils.get_class, path: <class>}`` lookup.
+:class:`OptimPlan`; what ZeRO changes is asked of :attr:`OptimPlan.strategy`. Making one looks
+classes up and calls nothing: ``optim.optimizer_class`` must be a lookup
+(:data:`~zero_lab.app.config.targets.LOOKUPS`).
 
     plan = OptimPlan.of(cfg.optim)
-    plan.strategy.name, plan.optimizer_class.__name__, plan.name     # "zero", "Adam", "Adam"
+    plan.strategy.shards_state, plan.optimizer_class.__name__, plan.name     # True, "Adam", "Adam"
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from typing import Any
 
 from hydra.utils import get_object
 
+from zero_lab.app.config.targets import LOOKUPS
 from zero_lab.app.plan.strategy import Strategy
 from zero_lab.chained import GROUP_CLASS_KEY, group_class
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = ["OptimPlan"]
-
-#: The ``_target_`` an ``optimizer_class`` node may name: a lookup, nothing that runs.
-_LOOKUPS = ("hydra.utils.get_class", "hydra.utils.get_object")
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class OptimPlan:
 
     @property
     def strategy(self) -> Strategy:
-        """Plain DDP or ZeRO, as a :class:`~zero_lab.app.plan.strategy.Strategy` (what differs, asked of it)."""
+        """Plain DDP or ZeRO (what differs is asked of it)."""
         return Strategy.of(self.zero)
 
     @property
@@ -68,11 +65,10 @@ class OptimPlan:
 
 
 def _looked_up(node: Any, key: str) -> Any:
-    """The class a ``{_target_: hydra.utils.get_class, path: ...}`` node names, looked up
-    without calling anything else: a node whose ``_target_`` is another callable is refused
-    before it could run (``builtins.open`` would create a file)."""
+    """The class a lookup node (``{_target_: hydra.utils.get_class, path: ...}``) names; a node whose
+    ``_target_`` is another callable is refused before it could run (``builtins.open`` would create a file)."""
     target = str(node.get("_target_")) if isinstance(node, Mapping) else None
-    if target not in _LOOKUPS:
+    if target not in LOOKUPS:
         raise ValueError(
             f"{key}._target_={target}: must be hydra.utils.get_class (a lookup, with {key}.path=<a class>); "
             "nothing else is called before the config is accepted"

@@ -8,29 +8,20 @@ computed once:
 
 * :attr:`~RunPlan.specs` — one :class:`~zero_lab.partition.ParamSpec` per parameter, in the
   optimizer's order: shape, dtype, trainability, the param group and the class that steps it
-  (routing: elementwise or not), and with ``overlap=true`` or ``partitioner=ddp_bucket`` the DDP
-  bucket it lands in (:class:`~zero_lab.ddp_buckets.DdpBuckets` at ``dist.bucket_cap_mb``, DDP's
-  bucket map);
-  the app's one place that builds specs for a config;
-* :attr:`~RunPlan.classes` — the optimizer class of each param group (``None``: one group);
-* :meth:`~RunPlan.partition` — the real partitioner's partition of those specs at
-  ``dist.world_size``, with its costs;
+  (elementwise or not), and, where the partition follows DDP's buckets, the bucket it lands in
+  (:class:`~zero_lab.ddp_buckets.DdpBuckets`); the app's one place that builds specs for a
+  config, and what the ranks price "÷ DDP" from (:class:`zero_lab.app.run.rank_loop.RunSpec`);
+* :meth:`~RunPlan.partition` — the configured partitioner's partition of them, with its costs;
 * :meth:`~RunPlan.memory` — the planner's per-rank memory (:func:`zero_lab.planner.plan_memory`),
-  every group priced by the class that steps it (Muon's groups as Muon, the rest as AdamW),
-  so the memory and the partition answer for the same routing;
-* :attr:`~RunPlan.never_reached` — with ZeRO and unused parameters allowed, the parameters
-  rank 0's first batch leaves without a gradient
-  (:func:`~zero_lab.app.workloads.protocols.probe_on_meta` on the same meta model), which the
-  ranks' partitioner prices at nothing.
-
-The ranks read the specs and the never-reached parameters from the run spec the job hands
-them (:class:`zero_lab.app.run.rank_loop.RunSpec`): the "÷ DDP" baseline is priced from these
-specs, and no rank builds a meta model or a spec of its own.
+  every group priced by the class that steps it, so memory and partition agree on the routing;
+* :attr:`~RunPlan.probe` — rank 0's first batch through the meta model, the loss and backward
+  (:func:`~zero_lab.app.workloads.protocols.probe_on_meta`), run once for the forward check and
+  for :attr:`~RunPlan.never_reached`.
 
 What could not be built is kept with its error (:class:`~zero_lab.app.workloads.user_code.Attempt`):
-the check that owns it reports it (:mod:`zero_lab.app.check.rules`), every other reader skips what is missing. The
-checks, the job's notices, the W&B config and the Slurm launcher's memory estimate read one
-plan; the check callback keeps it for the task (:func:`zero_lab.app.check.callback.checked_plan`).
+the check that owns it reports it (:mod:`zero_lab.app.check.rules`), every other reader skips
+what is missing. The checks, the job's notices, the W&B config and the Slurm launcher's memory
+estimate read one plan; the check callback keeps it for the task.
 
     plan = RunPlan.of(cfg)
     plan.specs[0].name, plan.partition().report().imbalance, plan.memory().ranks[0].total_bytes
@@ -50,7 +41,7 @@ from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
 from zero_lab.app.config.targets import build
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import Strategy
-from zero_lab.app.workloads.protocols import OUTPUT_KEY, probe_on_meta
+from zero_lab.app.workloads.protocols import OUTPUT_KEY, MetaProbe, probe_on_meta
 from zero_lab.app.workloads.user_code import Attempt, attempt
 from zero_lab.comm import ranks_per_node
 from zero_lab.ddp_buckets import DdpBuckets
@@ -59,26 +50,7 @@ from zero_lab.hierarchy import NODE, resolve_shard_size
 from zero_lab.partition import ParamSpec, Partition, Partitioner, bucket_use
 from zero_lab.planner import MemoryPlan, plan_memory
 
-__all__ = ["RunPlan", "buildable", "param_groups"]
-
-
-def buildable(node: DictConfig, key: str, base: type) -> None:
-    """Refuse to build ``node`` unless its ``_target_`` is a subclass of ``base`` (nothing
-    else is called while checking: ``model._target_=builtins.open`` must not run)."""
-    target = get_object(str(node.get("_target_")))
-    if not (isinstance(target, type) and _is_kind_of(target, base)):
-        raise ValueError(
-            f"{key}._target_={node.get('_target_')}: must name a {base.__module__}.{base.__qualname__} subclass; "
-            "it was not called"
-        )
-
-
-def _is_kind_of(target: type, base: type) -> bool:
-    """``issubclass``, except for a Protocol with data members (``Partitioner``: a class whose
-    instances are callable is enough; its attributes are read with defaults)."""
-    if getattr(base, "_is_protocol", False):
-        return any("__call__" in vars(klass) for klass in target.__mro__[:-1])
-    return issubclass(target, base)
+__all__ = ["RunPlan", "param_groups"]
 
 
 def param_groups(optim_cfg: DictConfig, model: torch.nn.Module) -> list[dict[str, Any]] | None:
@@ -91,9 +63,7 @@ def param_groups(optim_cfg: DictConfig, model: torch.nn.Module) -> list[dict[str
 
 class RunPlan:
     """One job's plan (module docstring). Each part is computed on first use and kept: the
-    checks use all of them, the Slurm launcher only the memory plan. ``optim``: ``None`` when
-    ``cfg.optim`` cannot be looked up (:attr:`optim_problem` says why, or its ``_target_``
-    cannot be imported: the arguments check names that)."""
+    checks use all of them, the Slurm launcher only the memory plan."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -105,7 +75,16 @@ class RunPlan:
 
     @cached_property
     def _optim(self) -> tuple[OptimPlan | None, str | None]:
-        return _optim_plan(self.cfg)
+        """``(None, problem)`` when a class ``cfg.optim`` names cannot be looked up, ``(None, None)``
+        when its ``_target_`` cannot be imported (the arguments check names that)."""
+        try:
+            get_object(str(self.cfg.optim.get("_target_")))
+        except ImportError:
+            return None, None
+        try:
+            return OptimPlan.of(self.cfg.optim), None
+        except (ImportError, ValueError) as error:
+            return None, f"optim: {error}"
 
     @property
     def optim(self) -> OptimPlan | None:
@@ -133,7 +112,7 @@ class RunPlan:
         """The configured partitioner, built once (ZeRO only: a plain optimizer partitions nothing)."""
         if self.optim is None or not self.optim.strategy.shards_state:
             return Attempt()
-        return attempt(lambda: _partitioner(self.cfg))
+        return attempt(lambda: build(self.cfg.partitioner, "partitioner"))
 
     @property
     def _follows_ddp_buckets(self) -> bool:
@@ -148,7 +127,7 @@ class RunPlan:
     @cached_property
     def data(self) -> Attempt[Any]:
         """The data source, built once (its constructor's checks run: a missing corpus)."""
-        return attempt(lambda: build(self.cfg.data))
+        return attempt(lambda: build(self.cfg.data, "data"))
 
     def release_data(self) -> None:
         """Let go of the data source (kept plans need only the model's shapes and what the data's
@@ -191,8 +170,7 @@ class RunPlan:
         device = torch.device(enum_str(self.cfg.dist.device))
         groups, classes = self.groups.value, self.classes
         if groups is None or classes is None:
-            named = [(name, 0, param) for name, param in model.named_parameters()]
-            specs = [ParamSpec.of(p, name=name, device=device) for name, _, p in named]
+            specs = [ParamSpec.of(p, name=name, device=device) for name, p in model.named_parameters()]
         else:
             specs = [
                 ParamSpec.of(
@@ -207,18 +185,28 @@ class RunPlan:
                 for name, param in (p if isinstance(p, tuple) else (None, p) for p in group["params"])
             ]
         if self._follows_ddp_buckets:  # the optimizer partitions along the buckets DDP will make
-            buckets = iter(DdpBuckets.from_bucket_cap_mb(self.cfg.dist.bucket_cap_mb).assign(
-                [s.nbytes for s in specs if s.trainable]
-            ))  # fmt: skip
+            sizes = [s.nbytes for s in specs if s.trainable]
+            buckets = iter(DdpBuckets.from_bucket_cap_mb(self.cfg.dist.bucket_cap_mb).assign(sizes))
             specs = [replace(s, bucket=next(buckets)) if s.trainable else s for s in specs]
         return specs
+
+    @cached_property
+    def probe(self) -> MetaProbe | None:
+        """Rank 0's first batch through the meta model, the loss and backward (the model is left as it
+        was); ``None`` without a model or data (their checks report why)."""
+        model, data = self.model.value, self.data.value
+        if model is None or data is None:
+            return None
+        dtype = PARAM_DTYPES[enum_str(self.cfg.param_dtype)]
+        output_key = str(self.cfg.get("output_key", OUTPUT_KEY))
+        return probe_on_meta(model, data, max(self.world_size, 1), output_key, dtype)
 
     @cached_property
     def never_reached(self) -> tuple[str, ...] | None:
         """The trainable parameters rank 0's first batch leaves without a gradient (a model's unused
         ``aux`` layer): they never get optimizer state, so a ZeRO partitioner that priced them like
         the rest would hand their owner nothing to hold; the ranks' partitioner prices them at
-        nothing (:class:`zero_lab.partition.WithoutGradients`). Found on the meta model before the
+        nothing (:class:`zero_lab.partition.WithoutGradients`). Found by :attr:`probe` before the
         first step (a resume loads state into the partition), so a parameter only a later batch
         leaves unused is still stepped, only less balanced; empty when the meta device cannot run
         the model. ``None`` when that does not apply: a plain optimizer, ``overlap=true`` (the
@@ -227,12 +215,7 @@ class RunPlan:
         unused_allowed = bool(self.cfg.dist.get("find_unused_parameters") or self.cfg.dist.get("static_graph"))
         if self.strategy is None or not self.strategy.shards_state or not unused_allowed or self.cfg.get("overlap"):
             return None
-        model, data = self.model.value, self.data.value
-        if model is None or data is None:  # reported by the checks of the model and the data
-            return ()
-        dtype = PARAM_DTYPES[enum_str(self.cfg.param_dtype)]
-        output_key = str(self.cfg.get("output_key", OUTPUT_KEY))
-        return tuple(probe_on_meta(model, data, max(self.world_size, 1), output_key, dtype).unused or ())
+        return tuple(self.probe.unused or ()) if self.probe is not None else ()
 
     def partition(self, partitioner: Partitioner | None = None, world_size: int | None = None) -> Partition:
         """The partition of :attr:`specs` by ``partitioner`` (the configured one) at ``world_size``
@@ -280,26 +263,7 @@ def shard_size_of(cfg: DictConfig) -> int | None:
     return resolve_shard_size(size, world, "dist.shard_size")
 
 
-def _optim_plan(cfg: DictConfig) -> tuple[OptimPlan | None, str | None]:
-    """What ``cfg.optim`` builds; ``(None, problem)`` when a class it names cannot be looked up,
-    ``(None, None)`` when its ``_target_`` cannot be imported (the arguments check names that)."""
-    try:
-        get_object(str(cfg.optim.get("_target_")))
-    except ImportError:
-        return None, None
-    try:
-        return OptimPlan.of(cfg.optim), None
-    except (ImportError, ValueError) as error:
-        return None, f"optim: {error}"
-
-
 def _meta_model(cfg: DictConfig) -> torch.nn.Module:
     """The model built on the meta device in ``param_dtype``: names and sizes, no memory."""
-    buildable(cfg.model, "model", torch.nn.Module)
     with torch.device("meta"):
-        return build(cfg.model).to(PARAM_DTYPES[enum_str(cfg.param_dtype)])
-
-
-def _partitioner(cfg: DictConfig) -> Partitioner:
-    buildable(cfg.partitioner, "partitioner", Partitioner)
-    return build(cfg.partitioner)
+        return build(cfg.model, "model").to(PARAM_DTYPES[enum_str(cfg.param_dtype)])

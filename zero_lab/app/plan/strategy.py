@@ -1,28 +1,22 @@
-"""How a run keeps its optimizer state — plain DDP or ZeRO — as one typed object, not a flag.
+"""How a run keeps its optimizer state — plain DDP, ZeRO or the engine — as one typed object, not a flag.
 
 Plain DDP: every rank holds and steps the whole optimizer state; gradients are all-reduced.
 ZeRO (:class:`~zero_lab.ZeroRedundancyOptimizer`): each rank holds and steps the state of its
 shard, and the parameters it stepped are exchanged. Everything the app does differently for
-the two is a method here, so the app asks its run's :class:`Strategy` instead of testing a
-boolean: how gradients are clipped (a local norm, or one all-reduced scalar over the shards),
-how the parameters are settled before they are read whole (a prefetched exchange waited for),
-which ``torch.optim`` object holds the state and what it holds, which keys it leaves unused,
-how a checkpoint is named and written (one ``.pt`` file, or a directory of shards), what the
-exchange reports, and the closing lines' state and exchange wording.
+them is a method here, so the app asks its run's :class:`Strategy` instead of testing a
+boolean: how gradients are clipped, how the parameters are settled before they are read whole,
+which ``torch.optim`` object holds the state, which keys it leaves unused, how a checkpoint is
+named and written, what the exchange reports, and the closing lines' wording.
 
     strategy = Strategy.of(zero=plan.zero)        # PlainDdp() or Zero(); also Strategy.of(zero=summary.zero)
     norm = strategy.clip_grad_norm(model, optimizer, 1.0)
     strategy.settle(optimizer)                    # before a checkpoint or the final checksum
-
-The gradient modes (``grad_reduce=``, ``shard_grads=``) are :class:`GradMode`: which of them a
-strategy can run is :meth:`Strategy.grad_mode_problem`'s answer.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,22 +30,12 @@ from zero_lab.engine import ShardedDataParallel, engine_of
 from zero_lab.engine.main_params import main_copy_bytes
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
-__all__ = ["Engine", "GradMode", "PlainDdp", "Strategy", "Zero"]
-
-
-@dataclass(frozen=True)
-class GradMode:
-    """``grad_reduce=`` (``None``: DDP's own all-reduce) and ``shard_grads=`` of a run."""
-
-    reduce: str | None = None
-    shard: bool = False
+__all__ = ["Engine", "PlainDdp", "Strategy", "Zero"]
 
 
 class Strategy(ABC):
     """What differs between plain DDP and ZeRO, answered by the run's one strategy object."""
 
-    #: ``"ddp"`` or ``"zero"``: the name the closing lines and reports use.
-    name: ClassVar[str]
     #: Recorded as ``zero`` in summary.json, checkpoints and W&B (files keep their key).
     shards_state: ClassVar[bool]
     #: Top-level keys this strategy does not use (said once when a job starts).
@@ -73,9 +57,9 @@ class Strategy(ABC):
         return Strategy.of(isinstance(optimizer, ZeroRedundancyOptimizer))
 
     # ------------------------------------------------------------------ the optimizer's state
-    @abstractmethod
     def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """The ``torch.optim`` object that holds this rank's state."""
+        return optimizer
 
     @abstractmethod
     def params_with_state(self, optimizer: Optimizer) -> list[bool]:
@@ -135,9 +119,9 @@ class Strategy(ABC):
         return None
 
     # ------------------------------------------------------------------ checkpoints
-    @abstractmethod
     def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
-        """``<run_dir>/checkpoints/step_<step>``: a directory of shards (ZeRO), one ``.pt`` file (plain)."""
+        """``<run_dir>/checkpoints/step_<step>``: a directory of shards (sharded), one ``.pt`` file (plain)."""
+        return Path(run_dir) / "checkpoints" / f"step_{step:08d}{'' if self.shards_state else '.pt'}"
 
     @abstractmethod
     def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
@@ -165,13 +149,9 @@ class Strategy(ABC):
 class PlainDdp(Strategy):
     """DDP + a ``torch.optim`` optimizer: every rank holds and steps the whole state."""
 
-    name = "ddp"
     shards_state = False
     unused_keys = ("partitioner", "bucket_view")
     identity_groups = ("optim", "model")
-
-    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        return optimizer
 
     def params_with_state(self, optimizer: Optimizer) -> list[bool]:
         return [bool(optimizer.state.get(p)) for group in optimizer.param_groups for p in group["params"]]
@@ -182,9 +162,6 @@ class PlainDdp(Strategy):
 
     def settle(self, optimizer: Optimizer) -> None:
         """Nothing is in flight: every rank stepped every parameter."""
-
-    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
-        return Path(run_dir) / "checkpoints" / f"step_{step:08d}.pt"
 
     def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
         """Rank 0 writes one file: the model, the whole optimizer state and ``whole``."""
@@ -209,13 +186,49 @@ class PlainDdp(Strategy):
         return "none (plain DDP: every rank steps every parameter)"
 
 
-class Zero(Strategy):
+class _Sharded(Strategy):
+    """What ZeRO and the engine share: each rank holds its shard's state, checkpoints are
+    directories of shards (:mod:`zero_lab.checkpoint`), and the parameters are exchanged."""
+
+    shards_state = True
+    identity_groups = ("optim", "partitioner", "model")
+
+    @abstractmethod
+    def _states(self, optimizer: Optimizer) -> Any:
+        """What :mod:`zero_lab.checkpoint` saves and loads the shards' state through."""
+
+    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
+        """Every rank writes its shard; the manifest carries ``whole``'s step, losses, world size, loop state."""
+        extra = {k: v for k, v in whole.items() if k not in ("format", "model", "optimizer", GROUP_CLASS_KEY, "rng")}
+        sharded.save_checkpoint(path, self._states(optimizer), model, extra=extra)
+
+    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
+        sharded.load_checkpoint(directory, self._states(optimizer), model)
+        return True
+
+    def state_line(
+        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
+    ) -> str:
+        return (
+            f"{size(held)} on the fullest of {world} rank(s) (imbalance {imbalance:.2f}); "
+            f"DDP + the same {classes} would hold {size(ddp_bytes)} on every rank (planner): "
+            f"÷ {ddp_bytes / max(held, 1):.2f}"
+        )
+
+    def exchange_line(self, exchange_share: str) -> str:
+        return exchange_share
+
+    def of_exchange(self, figure: Any) -> Any:
+        return figure
+
+
+class Zero(_Sharded):
     """:class:`~zero_lab.ZeroRedundancyOptimizer`: each rank holds and steps its shard's state."""
 
-    name = "zero"
-    shards_state = True
     unused_keys = ()
-    identity_groups = ("optim", "partitioner", "model")
+
+    def _states(self, optimizer: Optimizer) -> ZeroRedundancyOptimizer:
+        return _zero(optimizer)
 
     def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
         return _zero(optimizer).optim
@@ -261,52 +274,30 @@ class Zero(Strategy):
         record.update({f"comm/exchange_tune_s/{name}": seconds for name, seconds in report.timings_s.items()})
         return record
 
-    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
-        return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
-
-    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
-        """Every rank writes its shard; the manifest carries ``whole``'s step, losses, world size, loop state."""
-        extra = {k: v for k, v in whole.items() if k not in ("format", "model", "optimizer", GROUP_CLASS_KEY, "rng")}
-        sharded.save_checkpoint(path, _zero(optimizer), model, extra=extra)
-
-    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
-        sharded.load_checkpoint(directory, _zero(optimizer), model)
-        return True
-
     def state_line(
         self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
     ) -> str:
         """The fullest rank against DDP's. ``ddp_bytes`` is priced over the parameters that have
         state on some rank, so the ranks together hold at least that much and the fullest at least
-        1/W of it: a larger "÷" would be a measurement or planner error, and is never printed."""
+        1/W of it: a larger "÷" would be a measurement or planner error, and is never printed.
+        (The engine keeps one ``step`` scalar per bucket where DDP keeps one per parameter, so its
+        ranks together may hold a few bytes less: it has no such bound.)"""
         assert ddp_bytes <= world * held * (1 + 1e-9), (
             f"DDP + {classes} priced at {ddp_bytes} B but the fullest of {world} rank(s) holds {held} B: a saving "
             "above the world size cannot be; the planner and the measurement disagree"
         )
-        return (
-            f"{size(held)} on the fullest of {world} rank(s) (imbalance {imbalance:.2f}); "
-            f"DDP + the same {classes} would hold {size(ddp_bytes)} on every rank (planner): "
-            f"÷ {ddp_bytes / max(held, 1):.2f}"
-        )
-
-    def exchange_line(self, exchange_share: str) -> str:
-        return exchange_share
-
-    def of_exchange(self, figure: Any) -> Any:
-        return figure
+        return super().state_line(held, ddp_bytes, world, imbalance, classes, size)
 
 
-class Engine(Strategy):
+class Engine(_Sharded):
     """``dp=zero_lab``: :class:`~zero_lab.ShardedDataParallel` re-points a ``torch.optim`` optimizer at this
     rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket."""
 
-    name = "zero_lab"
-    shards_state = True
     unused_keys = ("bucket_view", "overlap", "shard_grads")
-    identity_groups = ("optim", "partitioner", "model")
 
-    def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        return optimizer
+    def _states(self, optimizer: Optimizer) -> Any:
+        """The engine's state per parameter (:mod:`zero_lab.engine.state`)."""
+        return _engine(optimizer).states()
 
     def params_with_state(self, optimizer: Optimizer) -> list[bool]:
         """Per parameter of the wrapped module: whether this rank steps any of its elements."""
@@ -333,35 +324,6 @@ class Engine(Strategy):
 
     def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
         return _engine(optimizer).modes()
-
-    def checkpoint_path(self, run_dir: str | Path, step: int) -> Path:
-        return Path(run_dir) / "checkpoints" / f"step_{step:08d}"
-
-    def save_checkpoint(self, path: Path, model: nn.Module, optimizer: Optimizer, whole: dict[str, Any]) -> None:
-        """ZeRO's sharded directory, from the engine's state per parameter (:mod:`zero_lab.engine.state`)."""
-        extra = {k: v for k, v in whole.items() if k not in ("format", "model", "optimizer", GROUP_CLASS_KEY, "rng")}
-        sharded.save_checkpoint(path, _engine(optimizer).states(), model, extra=extra)
-
-    def load_sharded(self, directory: Path, model: nn.Module, optimizer: Optimizer) -> bool:
-        sharded.load_checkpoint(directory, _engine(optimizer).states(), model)
-        return True
-
-    def state_line(
-        self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
-    ) -> str:
-        """Zero's line without its bound: the engine's optimizer steps one tensor per bucket, so it keeps one
-        ``step`` scalar per bucket where DDP keeps one per parameter, and the ranks together may hold a few bytes
-        less than DDP's state."""
-        return (
-            f"{size(held)} on the fullest of {world} rank(s) (imbalance {imbalance:.2f}); "
-            f"DDP + the same {classes} would hold {size(ddp_bytes)} on every rank (planner): "
-            f"÷ {ddp_bytes / max(held, 1):.2f}"
-        )
-
-    exchange_line = Zero.exchange_line
-
-    def of_exchange(self, figure: Any) -> Any:
-        return figure
 
 
 _BY_SHARDING: dict[bool, Strategy] = {False: PlainDdp(), True: Zero()}

@@ -309,18 +309,10 @@ def _forward_backward(model: nn.Module, inputs: Inputs, targets: Any, data: Any,
     return MetaProbe([], [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None])
 
 
-def forward_problems(
-    model: nn.Module,
-    data: Any,
-    world_size: int,
-    output_key: str,
-    float_dtype: torch.dtype | None = None,
-    find_unused_parameters: bool = False,
-) -> list[str]:
-    """The pre-start check's reading of :func:`probe_on_meta`: its problems, and parameters the
+def forward_problems(probe: MetaProbe, find_unused_parameters: bool = False) -> list[str]:
+    """The pre-start check's reading of a :func:`probe_on_meta`: its problems, and parameters the
     forward leaves unused, which DDP refuses unless ``dist.find_unused_parameters=true`` (or
     ``dist.static_graph=true``: ``find_unused_parameters``)."""
-    probe = probe_on_meta(model, data, world_size, output_key, float_dtype)
     if probe.problems or find_unused_parameters or not probe.unused:
         return probe.problems
     unused = probe.unused
