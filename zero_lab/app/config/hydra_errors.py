@@ -2,8 +2,7 @@
 
 Hydra reports a config it cannot compose (an unknown key or group option, a wrong type, a
 comma list without ``-m``) in several lines with a hint about ``HYDRA_FULL_ERROR``;
-:func:`describe_hydra_error` says the same in one line (or a few), as every other config
-problem is said (:class:`zero_lab.app.check.rules.ConfigError`).
+:func:`describe_hydra_error` says it as every other config problem is said.
 
     describe_hydra_error(error)  # "optim=nope: no such option; choose one of: adam, sgd, ..."
 """
@@ -23,6 +22,7 @@ from omegaconf.errors import (
 )
 
 from zero_lab.app.config.overrides import read
+from zero_lab.app.config.problems import first_line
 from zero_lab.app.config.schema import HYDRA_KEYS
 
 __all__ = ["describe_hydra_error"]
@@ -53,15 +53,15 @@ def describe_hydra_error(error: BaseException) -> str:
         key = getattr(cause, "full_key", None) or override
         given_value = read([override])[0].value if override else None
         value = "" if given_value is None else f"={given_value}"
-        message = _first_line(getattr(cause, "msg", str(cause)))
+        message = first_line(getattr(cause, "msg", str(cause)))
         hint = next((h for word, h in _TYPE_HINTS.items() if word in message), "")
         return f"{key}{value}: {message}{hint}"
     if "--multirun" in str(error):  # "Ambiguous value for argument 'optim=adam,zero_adam'" and Hydra's 3 ways out
         return (
-            f"{_first_line(str(error))}: to sweep over it add -m (--multirun); as a list write key=[a,b]; "
+            f"{first_line(str(error))}: to sweep over it add -m (--multirun); as a list write key=[a,b]; "
             "as a string quote it: key='a,b'"
         )
-    return _first_line(str(error))
+    return first_line(str(error))
 
 
 _TYPE_HINTS = {
@@ -81,7 +81,7 @@ def _unparsable(error: OverrideParseException) -> str:
             f"'{argument}': several overrides in one argument; give each as its own argument: {' '.join(words)} "
             "(quote only a value that holds spaces: key='a b')"
         )
-    reason = _first_line(error.message).removeprefix("LexerNoViableAltException: ")
+    reason = first_line(error.message).removeprefix("LexerNoViableAltException: ")
     return (
         f"'{argument}': not an override Hydra can parse ({reason}); write key=value, quoting a value with spaces or "
         "brackets ('key=[a,b]', \"key='a b'\"); see https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -106,7 +106,3 @@ def _override_in(message: str) -> str | None:
             rest = message.split(marker, 1)[1]
             return rest.split("'", 1)[0].splitlines()[0].strip() if marker.endswith("'") else rest.splitlines()[0]
     return None
-
-
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else message

@@ -1,11 +1,9 @@
 """Command-line overrides read one way: with Hydra's own parser, as Hydra reads them.
 
-``+dist.world_size=2``, ``~model.x``, ``++x.y=[1,2]``, ``hydra/launcher=slurm``,
-``key='a,b'`` and sweeps (``optim=adam,zero_adam``) all mean what they mean to Hydra;
-:func:`read` gives each as an :class:`Override` (its key without the ``+``/``~``/``++``
-prefix, its value as written, ``None`` for a deletion without one). Every place of the app
-that asks "which key does this override set" asks here (Hydra's parser costs a few
-milliseconds per override, so each distinct string is parsed once per process).
+``+dist.world_size=2``, ``~model.x``, ``hydra/launcher=slurm``, ``key='a,b'`` and sweeps
+(``optim=adam,zero_adam``) mean what they mean to Hydra: :func:`read` gives each as an
+:class:`Override`. Every place of the app that asks "which key does this override set" asks
+here (each distinct string is parsed once per process: Hydra's parser costs milliseconds).
 
     [o.key for o in read(["+dist.world_size=2", "~model.x"])]   # ["dist.world_size", "model.x"]
 """

@@ -1,14 +1,11 @@
 """One problem, one line: failures that follow from another problem are folded into it, and keys
 that exclude each other are named together.
 
-:func:`unresolved_problems` turns the interpolation failures the checks meet
-(``data.vocab_size: ${model.vocab_size}`` with a model that has no ``vocab_size``) into one line
-per key, and drops them when a reported problem already names both groups the interpolation
-joins (``data=tokens: model=mlp is a 'regression' model ...``: the missing key follows from the
-mismatch). :func:`exclusive_key_problems` refuses ``partitioner=manual`` with both or neither
-of ``order`` and ``params_per_rank``, naming the keys and the fix, before the partitioner is
-built. Both means both given: the preset's own default of one yields to the other
-(:data:`UNLESS`), so ``partitioner=manual 'partitioner.params_per_rank=[[...],[...]]'`` runs.
+:func:`unresolved_problems` turns the interpolation failures the checks meet into one line per
+key, none where a reported problem already names both groups the interpolation joins (the
+missing key follows from that mismatch). :func:`exclusive_key_problems` refuses
+``partitioner=manual`` with both or neither of ``order`` and ``params_per_rank`` before the
+partitioner is built; the preset's own default of one yields to the other (:data:`UNLESS`).
 
     problems += unresolved_problems(failures, problems, choices)
     exclusive_key_problems(cfg.partitioner, "partitioner=manual")   # [] or one line
@@ -26,13 +23,11 @@ from omegaconf.errors import InterpolationResolutionError
 
 from zero_lab.partition import Manual
 
-__all__ = ["UNLESS", "exclusive_key_problems", "unresolved_problems"]
+__all__ = ["UNLESS", "exclusive_key_problems", "first_line", "unresolved_problems"]
 
-#: ``${zero_lab.unless:<other key>,<default>}``: ``default`` while the other key is null, else null.
-#: A preset's default for one of two keys that exclude each other, which yields to the other:
-#: ``conf/partitioner/manual.yaml``'s ``order: ${zero_lab.unless:${.params_per_rank},["*"]}``
-#: keeps the model's order until ``params_per_rank`` is given. Registered when this module is
-#: imported (every process that checks or runs a job imports it), as Hydra registers its own.
+#: ``${zero_lab.unless:<other key>,<default>}``: ``default`` while the other key is null, else null
+#: (``conf/partitioner/manual.yaml``'s ``order`` yields to a given ``params_per_rank``). Registered
+#: on import: every process that checks or runs a job imports this module.
 UNLESS = "zero_lab.unless"
 if not OmegaConf.has_resolver(UNLESS):
     OmegaConf.register_new_resolver(UNLESS, lambda other, default: default if other is None else None)
@@ -47,10 +42,10 @@ def unresolved_problems(
     same failure); none for a failure a line of ``reported`` already explains (it names both
     groups, ``data=...`` and ``model=...``)."""
     out: dict[str, str] = {}
-    located = {_first_line(e) for e in failures if getattr(e, "full_key", "")}
+    located = {first_line(str(getattr(e, "msg", None) or e)) for e in failures if getattr(e, "full_key", "")}
     for error in failures:
         key = str(getattr(error, "full_key", "") or "?")
-        message = _first_line(error)
+        message = first_line(str(getattr(error, "msg", None) or error))
         if key == "?" and message in located:  # the same failure, met where its key was not known
             continue
         found = _MISSING_KEY.search(message)
@@ -73,8 +68,9 @@ def unresolved_problems(
     return list(out.values())
 
 
-def _first_line(error: InterpolationResolutionError) -> str:
-    return str(getattr(error, "msg", None) or error).strip().splitlines()[0]
+def first_line(text: str) -> str:
+    """The first line of ``text``, stripped (``""``: blank): how a config problem quotes an error."""
+    return text.strip().splitlines()[0] if text.strip() else ""
 
 
 def _group(key: str) -> str:
@@ -82,9 +78,8 @@ def _group(key: str) -> str:
 
 
 def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
-    """``partitioner=manual`` takes ``order`` or ``params_per_rank``: exactly one of them (its
-    YAML's default ``order`` yields to a given ``params_per_rank``). ``name``: how the option is
-    written (``partitioner=manual``)."""
+    """``partitioner=manual`` takes exactly one of ``order`` and ``params_per_rank``. ``name``: how
+    the option is written (``partitioner=manual``)."""
     try:
         target = get_object(str(node.get("_target_")))
     except (ImportError, ValueError):  # get_object's: an unimportable target is _check_arguments'

@@ -2,17 +2,11 @@
 
 Each key names a strategy class the core keeps in a registry (a collective,
 :func:`zero_lab.collectives.register_collective`; a gradient reduction,
-:func:`zero_lab.grad_reduce.register_grad_reduce`). Its value is either
-
-* a registered name (``exchange=broadcast``; ``auto`` times every registered one), looked up
-  when the job is checked and when each rank builds its optimizer, so a class registered by
-  code that ran first (your own entry script) is a choice; or
-* the dotted path of such a class (``exchange=my_project.collectives.PaddedAllReduce``), like a
-  ``_target_``: imported (held to the same rule as every target: a class of yours, nothing of
-  the standard library or torch's machinery), registered, and then used by its ``name``;
-  every rank does the same.
-
-Anything else is one line naming the key, the registered names and both fixes.
+:func:`zero_lab.grad_reduce.register_grad_reduce`). Its value is a registered name
+(``auto`` times every registered one), looked up when the job is checked and when each rank
+builds its optimizer, so a class your own entry script registered first is a choice; or the
+dotted path of such a class, held to the rule of every ``_target_``
+(:func:`~zero_lab.app.config.targets.target_problem`), imported and registered on every rank.
 
     exchange_name("my_project.collectives.PaddedAllReduce")   # -> "all_reduce", now registered
 """

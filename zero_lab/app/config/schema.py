@@ -2,31 +2,22 @@
 derived from the constructors.
 
 The root :class:`Config` types the plain keys (enums for the choices a YAML value cannot
-restrict, ints, bools), so ``overlap=maybe`` or ``param_dtype=bf16`` fail while Hydra
-composes. A group option's schema is *not* written here: :func:`register_configs` reads
-each ``conf/<group>/<name>.yaml``, resolves its ``_target_`` and derives the schema from
-the constructor's signature (:func:`option_schema`): every argument with a plain default
-becomes a typed key with that default (``optim.eps=1e-6`` works on ``optim=adam``
-although adam.yaml sets only ``lr``), arguments the app passes at the call site
-(:data:`SUPPLIED_BY_APP`) are left out, and a ``**kwargs`` forwarded to a class the YAML
-names (``optimizer_class``) takes that class's arguments. The constructor stays the one
-place where an argument, its type and its default are stated.
+restrict), so ``overlap=maybe`` or ``param_dtype=bf16`` fail while Hydra composes. A group
+option's schema is derived from its ``_target_``'s signature (:func:`option_schema`): every
+argument with a plain default becomes a typed key with that default (``optim.eps=1e-6`` works
+on ``optim=adam`` although adam.yaml sets only ``lr``), arguments the app passes at the call
+site (:data:`SUPPLIED_BY_APP`) are left out, and a ``**kwargs`` forwarded to a class the YAML
+names (``optimizer_class``) takes that class's arguments. The constructor stays the one place
+where an argument, its type and its default are stated.
 
-    from zero_lab.app.config.schema import register_configs
     register_configs()  # before hydra.main / hydra.compose
 
-To add a group option: write ``conf/<group>/<name>.yaml`` (or a YAML in a config dir of your
-own, ``--config-dir``) with a ``_target_``. Nothing to add here: the root config merges the
-derived schema under every option (``derived/<group>``).
-
-To add a plain top-level key: one field in :class:`Config` (or :class:`DistConfig`) with its
-type, its default and a comment on what it does. That field is the one place of all three:
-``conf/config.yaml`` picks group options only (tests/unit/test_config.py holds it so). A key
-with a range also gets a rule in :mod:`zero_lab.app.check.rules`. A key whose values are a
-constant of the code (``resume_optimizer``, ``param_dtype``) is typed by an enum made from
-that constant (:func:`_choices`), so its choices too are stated once; ``exchange`` and
-``grad_reduce`` name registries that grow after import, so they are strings checked against
-the registry when the job runs (:mod:`zero_lab.app.config.registered`).
+A group option needs only its YAML with a ``_target_``. A plain top-level key is one field of
+:class:`Config` (or :class:`DistConfig`) with its type, default and a comment (a key with a
+range also gets a rule in :mod:`zero_lab.app.check.rules`); a key whose values are a constant
+of the code is typed by an enum made from it (:func:`_choices`); ``exchange`` and
+``grad_reduce`` name registries that grow after import, so they are strings
+(:mod:`zero_lab.app.config.registered`).
 """
 
 from __future__ import annotations
@@ -82,10 +73,8 @@ __all__ = [
 #: Config groups whose options are built from a ``_target_``.
 GROUPS = ("optim", "partitioner", "model", "data", "logger", "scheduler")
 
-#: Constructor arguments the app passes at the call site, never from the config, per group:
-#: the parameters and the ZeRO wiring (``app/run/build.py``, from the top-level ``bucket_view``,
-#: ``overlap`` and ``exchange`` keys, the ``partitioner`` group, ``dist.shard_size`` and the DDP wrapper's buckets; the
-#: process group is the world), the sink's run dir and resolved config (``app/record/sinks.py``).
+#: Constructor arguments the app passes at the call site, never from the config, per group: the
+#: parameters and the ZeRO wiring (``app/run/build.py``), the sink's run dir and config (``app/record/sinks.py``).
 SUPPLIED_BY_APP: dict[str, frozenset[str]] = {
     "optim": frozenset(
         {
@@ -116,25 +105,8 @@ APP_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 
-class Backend(str, enum.Enum):
-    gloo = "gloo"
-    nccl = "nccl"
-
-
-class Device(str, enum.Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class OverlapHook(str, enum.Enum):
-    """Which ``zero_lab.overlap`` hook steps the optimizer inside DDP's backward."""
-
-    zero_step = "zero_step"  # hook_with_zero_step: after the last bucket is reduced
-    interleaved = "interleaved"  # hook_with_zero_step_interleaved: each bucket as soon as it is reduced
-
-
 def enum_str(value: Any) -> str:
-    """``Backend.gloo`` -> ``"gloo"``; plain strings pass through."""
+    """``Backend["gloo"]`` -> ``"gloo"``; plain strings pass through."""
     return str(getattr(value, "value", value))
 
 
@@ -146,40 +118,31 @@ def _choices(name: str, values: Iterable[str], doc: str) -> type[enum.Enum]:
     return made
 
 
+Backend = _choices("Backend", ("gloo", "nccl"), "``dist.backend=``: gloo (CPU) or nccl (GPU)")
+Device = _choices("Device", ("cpu", "cuda"), "``dist.device=``: cpu, or cuda (one GPU per rank)")
+OverlapHook = _choices("OverlapHook", ("zero_step", "interleaved"), "``overlap_hook=``: zero_lab.overlap's hook")
+Autocast = _choices("Autocast", ("bf16", "fp16"), "``autocast=``: torch.autocast's dtype around forward and loss")
+
 #: ``resume_optimizer``: what to do with the checkpoint's optimizer.
 POLICIES = {
     "strict": "load its state; the optimizer class and hyper-parameters must equal this run's",
     "override": "load its state (same class), then this run's hyper-parameters replace the checkpoint's",
     "reset": "load the model weights and step only; the optimizer starts fresh from this run's config",
 }
-
-
 #: ``checkpoint_format``: how ``checkpoint_every`` saves.
 FORMATS = {
     "native": "zero_lab's sharded directories (ZeRO) or one .pt file (plain optimizers)",
     "dcp": "torch.distributed.checkpoint directories (step_N.dcp), readable by torchtitan/FSDP2/DDP scripts",
 }
-#: ``resume_optimizer=``: what a resume does with the checkpoint's optimizer.
 ResumeOptimizer = _choices("ResumeOptimizer", POLICIES, "``resume_optimizer=``: zero_lab.app.config.schema.POLICIES")
-#: ``checkpoint_format=``: how checkpoint_every saves (native sharded/.pt, or torch's DCP).
 CheckpointFormat = _choices("CheckpointFormat", FORMATS, "``checkpoint_format=``: zero_lab.app.config.schema.FORMATS")
-
 
 #: ``dp=``: which data-parallel engine trains.
 DATA_PARALLEL = {
     "ddp": "torch's DistributedDataParallel (gradients all-reduced by DDP; zero_* shards the state after it)",
     "zero_lab": "zero_lab.ShardedDataParallel: ZeRO-2 on buffers it owns (zero_lab/engine/, docs/core.md)",
 }
-#: ``dp=``: zero_lab.app.config.schema.DATA_PARALLEL.
 DataParallel = _choices("DataParallel", DATA_PARALLEL, "``dp=``: zero_lab.app.config.schema.DATA_PARALLEL")
-
-
-class Autocast(str, enum.Enum):
-    """``autocast=``: ``torch.autocast`` around forward and loss in this dtype (fp32 parameters)."""
-
-    bf16 = "bf16"
-    fp16 = "fp16"  # with torch's GradScaler
-
 
 #: ``param_dtype=``: the dtype the model's parameters (and so DDP's gradients and the exchange) live in.
 PARAM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -232,7 +195,7 @@ class Config:
     dp: DataParallel = DataParallel["ddp"]
     overlap: bool = False  # step inside DDP's comm hook (needs a zero_* optimizer)
     # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
-    overlap_hook: OverlapHook = OverlapHook.zero_step
+    overlap_hook: OverlapHook = OverlapHook["zero_step"]
     bucket_view: bool = False  # parameters_as_bucket_view: one collective per buffer, not per tensor
     # zero_*: the parameter exchange's collective, a registered name or a class's dotted path (app/config/registered.py;
     # auto times each at step 1)
@@ -288,11 +251,8 @@ def constructor_arguments(
 
 def forwarded_classes(node: DictConfig | dict[str, Any]) -> list[type]:
     """Classes a node names as ``{_target_: hydra.utils.get_class, path: <dotted path>}``."""
-    found = []
-    for value in node.values():
-        if isinstance(value, (dict, DictConfig)) and value.get("_target_") == "hydra.utils.get_class":
-            found.append(get_object(str(value["path"])))
-    return found
+    lookups = [v for v in node.values() if isinstance(v, (dict, DictConfig)) and v.get("_target_") == _GET_CLASS]
+    return [get_object(str(value["path"])) for value in lookups]
 
 
 def option_schema(group: str, name: str, node: DictConfig) -> type:
@@ -314,9 +274,8 @@ def option_schema(group: str, name: str, node: DictConfig) -> type:
 
 
 #: What a group option's YAML or its ``_target_`` can raise while its schema is derived: a file or
-#: YAML that cannot be read, an interpolated ``_target_``, an import that fails (``get_object``
-#: raises ImportError for any error of the module's own code), a signature that cannot be read or
-#: whose string annotations name what is not there (``eval_str``), a key that is no field name.
+#: YAML that cannot be read, an import that fails, a signature or string annotation that cannot be
+#: read (``eval_str``), a key that is no field name.
 UNSCHEMED = (
     OSError,
     yaml.YAMLError,
@@ -336,10 +295,9 @@ def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ())
     Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
     (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored as ``derived/<group>/<name>``,
     which the root config merges under whatever option a group picks
-    (``optional derived/<group>@<group>: ${<group>}``), so no YAML, ours or a user's, names its
-    schema: its keys are its ``_target_``'s arguments. On a name that several dirs hold, the first
-    dir wins, as in Hydra's search path. A YAML whose ``_target_`` cannot be imported gets no
-    schema here; the pre-start check names it.
+    (``optional derived/<group>@<group>: ${<group>}``), so no YAML names its schema. On a name
+    that several dirs hold, the first dir wins, as in Hydra's search path. A YAML whose
+    ``_target_`` cannot be imported gets no schema here; the pre-start check names it.
     """
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
@@ -375,6 +333,7 @@ def _hydra_lookup_quiet() -> Iterator[None]:
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_GET_CLASS = "hydra.utils.get_class"
 _PRIMITIVES = (bool, int, float, str)
 
 
@@ -383,7 +342,7 @@ def _omegaconf_type(annotation: Any) -> Any:
 
     Tensors in a union are dropped (``float | Tensor`` -> float); ``int | float`` is float.
     """
-    if annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+    if _is_plain_type(annotation):
         return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None) and _is_plain_type(a)]

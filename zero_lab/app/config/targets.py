@@ -1,39 +1,23 @@
 """Every ``_target_`` the app builds, checked before anything is called; built and worded after.
 
 Hydra's ``instantiate`` imports a dotted path and *calls* whatever it finds there, nested
-nodes first: ``data._target_=builtins.open`` with ``mode: w`` truncates a file,
-``logger._target_=logging.basicConfig`` with ``filename:`` overwrites one. So before any
+nodes first: ``data._target_=builtins.open`` with ``mode: w`` truncates a file. So before any
 rule of the config check builds anything (:func:`zero_lab.app.check.rules.check` calls
 :func:`check_targets` first and stops on a problem), every node with a ``_target_`` in the
-groups the app instantiates is **resolved by import and lookup only**
-(``hydra.utils.get_object``) and refused unless it fits its key:
+groups the app instantiates is **resolved by import and lookup only** (``hydra.utils.get_object``)
+and refused unless it fits its key (:data:`RULES`: ``model`` a ``torch.nn.Module`` subclass,
+``optim.param_groups`` a ``_partial_`` function of the model, ...; a nested node a lookup, a
+class or a function of yours), and never anything of the standard library (``os.system``,
+``logging.basicConfig``...), nor a function of torch (``torch.save``), nor of torch's I/O and
+process machinery (:data:`TORCH_MACHINERY`), nor Hydra's or OmegaConf's own
+(``hydra.utils.call`` would build a node nobody checked). A lookup's ``path`` is held to the same rule.
 
-===========================  ==============================================================
-``model``                    a ``torch.nn.Module`` subclass (``GPT2``/``Llama``: factories
-                             with a class's face, subclasses too)
-``data``                     a class with ``shard(...)`` or ``batches(...)`` (``protocols.py``)
-``partitioner``              a class whose instances are called (the ``Partitioner`` protocol)
-``optim``                    a ``torch.optim.Optimizer`` subclass
-``optim.optimizer_class``    a lookup (``hydra.utils.get_class``) of an ``Optimizer`` subclass
-``optim.param_groups``       a Python function ``(model, **keys) -> groups``, ``_partial_: true``
-``scheduler``                a ``torch.optim.lr_scheduler.LRScheduler`` subclass, or a class
-                             of yours with ``step()``
-``logger``                   a class with ``log``, ``summary`` and ``close`` (``MetricSink``)
-any node nested in them      a lookup, a class or a function of yours
-===========================  ==============================================================
-
-and never anything of the standard library (``builtins.open``, ``os.system``,
-``subprocess.run``, ``logging.basicConfig``, ``shutil.rmtree``...), nor a function of torch
-(``torch.save``, ``torch.load``, ``torch.hub.load``), nor of torch's I/O and process
-machinery (:data:`TORCH_MACHINERY`), nor Hydra's or OmegaConf's own (``hydra.utils.call``
-would build a node nobody checked). A lookup's ``path`` is held to the same rule.
-
-After the check, :func:`build` instantiates a node and re-raises a constructor's own error
+:func:`build` instantiates a node that fits its key and re-raises a constructor's own error
 without Hydra's "Error in call to target" wrapper; :func:`refusal` words it as one line
 naming the configured keys the error mentions (``partitioner.cost=bogus: ...``).
 
     problems = check_targets(cfg)          # [] or one line per refused _target_
-    partitioner = build(cfg.partitioner, "partitioner")   # refused unless its _target_ fits the key
+    partitioner = build(cfg.partitioner, "partitioner")
 """
 
 from __future__ import annotations
@@ -50,6 +34,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from zero_lab.app.config.problems import first_line
 
 __all__ = ["LOOKUPS", "TORCH_MACHINERY", "build", "check_targets", "refusal", "target_problem"]
 
@@ -95,10 +81,6 @@ def _has(obj: Any, *methods: str) -> bool:
     return isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in methods)
 
 
-def _is_data(obj: Any) -> bool:
-    return _has(obj, "shard") or _has(obj, "batches")
-
-
 def _is_partitioner(obj: Any) -> bool:
     return isinstance(obj, type) and any("__call__" in vars(klass) for klass in obj.__mro__[:-1])
 
@@ -108,10 +90,6 @@ def _is_scheduler(obj: Any) -> bool:
     return _is_class(obj, torch.optim.lr_scheduler.LRScheduler) or (own and _has(obj, "step"))
 
 
-def _is_param_groups(obj: Any) -> bool:
-    return inspect.isfunction(obj)
-
-
 _OPTIMIZER = "a torch.optim.Optimizer subclass"
 _SINK = "a class with log, summary and close (zero_lab.app.record.sinks.MetricSink)"
 _DATA = f"a class with shard(step, rank, world_size) or batches(rank, world_size, start_step) ({_PROTOCOLS})"
@@ -119,14 +97,14 @@ _DATA = f"a class with shard(step, rank, world_size) or batches(rank, world_size
 #: The rule of each key the app instantiates (a group, or a node it reads inside one).
 RULES: dict[str, _Rule] = {
     "model": _Rule(lambda t: _is_class(t, torch.nn.Module), "a torch.nn.Module subclass (your model's class)"),
-    "data": _Rule(_is_data, _DATA),
+    "data": _Rule(lambda t: _has(t, "shard") or _has(t, "batches"), _DATA),
     "partitioner": _Rule(_is_partitioner, "a zero_lab.partition.Partitioner (a class whose instances are called)"),
     "optim": _Rule(lambda t: _is_class(t, torch.optim.Optimizer), _OPTIMIZER),
     "optim.optimizer_class": _Rule(
         lambda t: _is_class(t, torch.optim.Optimizer), f"hydra.utils.get_class with path=<{_OPTIMIZER}>"
     ),
     "optim.param_groups": _Rule(
-        _is_param_groups, "a Python function model -> param groups (zero_lab.muon_param_groups), _partial_: true"
+        inspect.isfunction, "a Python function model -> param groups (zero_lab.muon_param_groups), _partial_: true"
     ),
     "scheduler": _Rule(_is_scheduler, "a torch.optim.lr_scheduler class, or a class of yours with step()"),
     "logger": _Rule(lambda t: _has(t, "log", "summary", "close"), _SINK),
@@ -140,12 +118,8 @@ def check_targets(cfg: Mapping[str, Any]) -> list[str]:
     """One line per ``_target_`` under the groups the app builds that does not fit its key
     (module docstring); ``[]`` when every one does. Calls nothing but imports and lookups.
     A group's own target that cannot be imported is left to the argument check, which names it."""
-    out = []
-    for key, node in _target_nodes(cfg):
-        problem = target_problem(key, node)
-        if problem:
-            out.append(problem)
-    return out
+    problems = (target_problem(key, node) for key, node in _target_nodes(cfg))
+    return [problem for problem in problems if problem]
 
 
 def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
@@ -195,7 +169,7 @@ def refusal(group: str, node: Mapping[str, Any], error: BaseException, blamed: S
     names (by ``key=`` or by value) and those in ``blamed``; without any, the target's name alone.
     A key the error already writes as ``<group>.<key>=`` is not repeated."""
     keys = _own_keys(node)
-    text = _first_line(error)
+    text = first_line(str(error)) or type(error).__name__
     named = [k for k in keys if k in blamed or f"{k}=" in text or f"'{k}'" in text or _shows(text, node.get(k))]
     named = [k for k in named if f"{group}.{k}=" not in text]
     target = str(node.get("_target_", "?")).rsplit(".", 1)[-1]
@@ -208,11 +182,8 @@ def refusal(group: str, node: Mapping[str, Any], error: BaseException, blamed: S
 # ----------------------------------------------------------------------------- helpers
 def _target_nodes(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """``(key, node)`` for every node with a ``_target_`` under the groups the app builds."""
-    for group in RULES:
-        if "." in group:
-            continue
-        node = cfg.get(group)
-        if isinstance(node, (Mapping, DictConfig)):
+    for group in (key for key in RULES if "." not in key):
+        if isinstance(node := cfg.get(group), (Mapping, DictConfig)):
             yield from _walk(group, node)
 
 
@@ -296,8 +267,3 @@ def _shows(text: str, value: Any) -> bool:
 
 def _plain(value: Any) -> str:
     return str(list(value) if isinstance(value, ListConfig) else value)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

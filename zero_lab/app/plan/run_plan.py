@@ -203,15 +203,12 @@ class RunPlan:
 
     @cached_property
     def never_reached(self) -> tuple[str, ...] | None:
-        """The trainable parameters rank 0's first batch leaves without a gradient (a model's unused
-        ``aux`` layer): they never get optimizer state, so a ZeRO partitioner that priced them like
-        the rest would hand their owner nothing to hold; the ranks' partitioner prices them at
-        nothing (:class:`zero_lab.partition.WithoutGradients`). Found by :attr:`probe` before the
-        first step (a resume loads state into the partition), so a parameter only a later batch
-        leaves unused is still stepped, only less balanced; empty when the meta device cannot run
-        the model. ``None`` when that does not apply: a plain optimizer, ``overlap=true`` (the
-        shards are bound to DDP's hook first), or DDP that allows no unused parameter (a config
-        fact, alike on every rank)."""
+        """The trainable parameters rank 0's first batch leaves without a gradient (:attr:`probe`, before
+        the first step: a resume loads state into the partition; empty when the meta device cannot run
+        the model). They never get optimizer state, so the ranks' partitioner prices them at nothing
+        (:class:`zero_lab.partition.WithoutGradients`); one only a later batch leaves unused is still
+        stepped, only less balanced. ``None`` where that does not apply: a plain optimizer,
+        ``overlap=true`` (the shards are bound to DDP's hook first), or DDP that allows no unused parameter."""
         unused_allowed = bool(self.cfg.dist.get("find_unused_parameters") or self.cfg.dist.get("static_graph"))
         if self.strategy is None or not self.strategy.shards_state or not unused_allowed or self.cfg.get("overlap"):
             return None
