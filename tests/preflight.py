@@ -44,8 +44,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.check.callback import check_run, check_sweep, expand_sweep, job_config
 from zero_lab.app.check.rules import ConfigError
-from zero_lab.app.config.hydra_errors import describe_hydra_error
 from zero_lab.app.config.paths import CONF_DIR
+from zero_lab.app.config.problems import describe_hydra_error
 from zero_lab.app.config.schema import register_configs
 
 __all__ = ["compose_job", "preflight", "problems", "sweep_jobs"]

@@ -1,4 +1,4 @@
-"""One problem, one line (zero_lab/app/config/problems.py, hydra_errors.py): an interpolation that
+"""One problem, one line (zero_lab/app/config/problems.py): an interpolation that
 fails in every check is one line, or none when the model/data mismatch behind it is reported;
 ``partitioner=manual`` takes exactly one of ``order`` and ``params_per_rank``; an argument Hydra
 cannot parse is named, and several overrides in one argument are said to be that."""

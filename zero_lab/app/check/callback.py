@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zero_lab.app.check.before_start import check_external_world, fail, share_run_dir
 from zero_lab.app.check.dcp_resume import refuse_bad_dcp_resume
 from zero_lab.app.check.rules import ConfigError, check
-from zero_lab.app.config.hydra_errors import describe_hydra_error
+from zero_lab.app.config.problems import describe_hydra_error
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.objective import check_directions
 from zero_lab.app.run.rank_loop import RANK_PRELOAD

@@ -1,9 +1,6 @@
-"""Command-line overrides read one way: with Hydra's own parser, as Hydra reads them.
-
-``+dist.world_size=2``, ``~model.x``, ``hydra/launcher=slurm``, ``key='a,b'`` and sweeps
-(``optim=adam,zero_adam``) mean what they mean to Hydra: :func:`read` gives each as an
-:class:`Override`. Every place of the app that asks "which key does this override set" asks
-here (each distinct string is parsed once per process: Hydra's parser costs milliseconds).
+"""Command-line overrides read one way: with Hydra's own parser, as Hydra reads them
+(``+dist.world_size=2``, ``~model.x``, ``hydra/launcher=slurm``, sweeps); each distinct string
+is parsed once per process (Hydra's parser costs milliseconds).
 
     [o.key for o in read(["+dist.world_size=2", "~model.x"])]   # ["dist.world_size", "model.x"]
 """
@@ -41,8 +38,7 @@ def _parsed(text: str) -> Override:
 
 
 def read(overrides: Iterable[str]) -> list[Override]:
-    """Each override parsed by Hydra (raises Hydra's ``OverrideParseException`` for one it cannot
-    read, as the command line would)."""
+    """Each override parsed by Hydra (``OverrideParseException`` for one it cannot read, as on the command line)."""
     return [_parsed(str(text)) for text in overrides]
 
 

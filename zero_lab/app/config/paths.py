@@ -1,11 +1,8 @@
 """Where the app's files live: the Hydra configs (the package ``zero_lab.conf``) and the source tree.
 
-The configs are the top-level ``conf/`` of the repository, served as the package
-``zero_lab.conf`` and read only through the import system: an editable install maps that
-package onto ``conf/`` (setup.py's ``package_dir``), a wheel carries it as
-``zero_lab/conf/``. So ``train.py`` in a checkout and ``zero-lab-train`` from an installed
-wheel compose the same tree. Runs land under ``outputs/`` of the working directory (Hydra's
-convention); override ``hydra.run.dir=...`` / ``hydra.sweep.dir=...`` to move them.
+The configs are the repository's ``conf/``, read only through the import system: an editable
+install maps the package ``zero_lab.conf`` onto ``conf/`` (setup.py's ``package_dir``), a wheel
+carries it, so ``train.py`` in a checkout and an installed ``zero-lab-train`` compose one tree.
 """
 
 from __future__ import annotations
@@ -35,6 +32,5 @@ CONF_DIR = _conf_dir()
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
-    """The options of config group ``group``: the names of ``<conf_dir>/<group>/*.yaml``, sorted.
-    The one list of them; a message that names options reads it, so a new YAML shows up there."""
+    """The options of ``group`` (``<conf_dir>/<group>/*.yaml``, sorted): every message naming options reads it."""
     return sorted(path.stem for path in Path(conf_dir, group).glob("*.yaml"))

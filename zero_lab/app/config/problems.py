@@ -1,29 +1,40 @@
-"""One problem, one line: failures that follow from another problem are folded into it, and keys
-that exclude each other are named together.
+"""One problem, one line: Hydra's composition errors, failures that follow from another problem, and
+keys that exclude each other.
 
-:func:`unresolved_problems` turns the interpolation failures the checks meet into one line per
-key, none where a reported problem already names both groups the interpolation joins (the
-missing key follows from that mismatch). :func:`exclusive_key_problems` refuses
-``partitioner=manual`` with both or neither of ``order`` and ``params_per_rank`` before the
-partitioner is built; the preset's own default of one yields to the other (:data:`UNLESS`).
+:func:`describe_hydra_error` names the key and what is allowed where Hydra writes several lines.
+:func:`unresolved_problems` words each failed interpolation once, and not at all where a reported
+problem names both groups it joins. :func:`exclusive_key_problems` refuses ``partitioner=manual``
+with both or neither of ``order`` and ``params_per_rank`` (a preset's default of one yields to
+the other: :data:`UNLESS`).
 
+    describe_hydra_error(error)  # "optim=nope: no such option; choose one of: adam, sgd, ..."
     problems += unresolved_problems(failures, problems, choices)
-    exclusive_key_problems(cfg.partitioner, "partitioner=manual")   # [] or one line
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    ConfigTypeError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
+from zero_lab.app.config.overrides import read
+from zero_lab.app.config.schema import HYDRA_KEYS
 from zero_lab.partition import Manual
 
-__all__ = ["UNLESS", "exclusive_key_problems", "first_line", "unresolved_problems"]
+__all__ = ["UNLESS", "describe_hydra_error", "exclusive_key_problems", "first_line", "unresolved_problems"]
 
 #: ``${zero_lab.unless:<other key>,<default>}``: ``default`` while the other key is null, else null
 #: (``conf/partitioner/manual.yaml``'s ``order`` yields to a given ``params_per_rank``). Registered
@@ -51,10 +62,8 @@ def unresolved_problems(
         found = _MISSING_KEY.search(message)
         missing = found.group(1) if found else None
         groups = {_group(key)} | ({_group(missing)} if missing else set())
-        if any(all(f"{group}=" in line for group in groups) for line in reported if len(groups) > 1):
-            continue  # e.g. the model/data task mismatch: the interpolation between them follows from it
-        if key in out:
-            continue
+        if key in out or any(all(f"{group}=" in line for group in groups) for line in reported if len(groups) > 1):
+            continue  # said already, or it follows from a reported mismatch of both groups (the model/data task)
         if missing and "." in missing and choices.get(_group(missing)):
             owner = _group(missing)
             out[key] = (
@@ -78,8 +87,7 @@ def _group(key: str) -> str:
 
 
 def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
-    """``partitioner=manual`` takes exactly one of ``order`` and ``params_per_rank``. ``name``: how
-    the option is written (``partitioner=manual``)."""
+    """``partitioner=manual`` (``name``) takes exactly one of ``order`` and ``params_per_rank``."""
     try:
         target = get_object(str(node.get("_target_")))
     except (ImportError, ValueError):  # get_object's: an unimportable target is _check_arguments'
@@ -98,3 +106,83 @@ def exclusive_key_problems(node: DictConfig, name: str) -> list[str]:
             f"{name} takes one; drop one, or set it to null (partitioner.order=null)"
         ]
     return []
+
+
+_HIDDEN_KEYS = (*HYDRA_KEYS, "hydra")
+
+
+def describe_hydra_error(error: BaseException) -> str:
+    """One line (or a few) naming the key and what is allowed, from Hydra/OmegaConf errors."""
+    if isinstance(error, OverrideParseException):
+        return _unparsable(error)
+    if isinstance(error, MissingConfigException) and error.options is not None:
+        group, _, name = (error.missing_cfg_file or "").rpartition("/")
+        return f"{group}={name}: no such option; choose one of: {', '.join(sorted(error.options))}"
+    cause = error.__cause__ if isinstance(error, ConfigCompositionException) and error.__cause__ else error
+    override = _override_in(str(error))
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        return _unknown_key(cause, override)
+    if isinstance(cause, ConfigTypeError) and "deletion" in str(cause) and override:
+        key, group = (parsed := read([override])[0]).key, parsed.root
+        return (
+            f"{override}: the keys of {group} are its _target_'s arguments and cannot be removed; set the value "
+            f"instead ({key}=<value>, or null where the argument is optional); for a class with other arguments "
+            f"write its own YAML in a config dir of yours: --config-dir DIR with DIR/{group}/<name>.yaml "
+            "(docs/own-model.md)"
+        )
+    if isinstance(cause, ValidationError):
+        key = getattr(cause, "full_key", None) or override
+        given_value = read([override])[0].value if override else None
+        value = "" if given_value is None else f"={given_value}"
+        message = first_line(getattr(cause, "msg", str(cause)))
+        hint = next((h for word, h in _TYPE_HINTS.items() if word in message), "")
+        return f"{key}{value}: {message}{hint}"
+    if "--multirun" in str(error):  # "Ambiguous value for argument 'optim=adam,zero_adam'" and Hydra's 3 ways out
+        return (
+            f"{first_line(str(error))}: to sweep over it add -m (--multirun); as a list write key=[a,b]; "
+            "as a string quote it: key='a,b'"
+        )
+    return first_line(str(error))
+
+
+_TYPE_HINTS = {
+    "valid bool": " (use true or false)",
+    "converted to Float": " (expected a number, e.g. 1e-3)",
+    "converted to Integer": " (expected an integer)",
+}
+
+
+def _unparsable(error: OverrideParseException) -> str:
+    """The argument Hydra could not parse, named (several ``key=value`` pairs in one are said as such)."""
+    argument = error.override
+    words = argument.split()
+    if len(words) > 1 and sum("=" in word for word in words) > 1:
+        return (
+            f"'{argument}': several overrides in one argument; give each as its own argument: {' '.join(words)} "
+            "(quote only a value that holds spaces: key='a b')"
+        )
+    reason = first_line(error.message).removeprefix("LexerNoViableAltException: ")
+    return (
+        f"'{argument}': not an override Hydra can parse ({reason}); write key=value, quoting a value with spaces or "
+        "brackets ('key=[a,b]', \"key='a b'\"); see https://hydra.cc/docs/advanced/override_grammar/basic/"
+    )
+
+
+def _unknown_key(error: OmegaConfBaseException, override: str | None) -> str:
+    key = getattr(error, "full_key", None) or override or "?"
+    parent = getattr(error, "parent_node", None)
+    allowed = [str(k) for k in parent if k not in _HIDDEN_KEYS] if isinstance(parent, DictConfig) else []
+    parent_key, _, leaf = key.rpartition(".")
+    close = difflib.get_close_matches(leaf, allowed, n=1)
+    guess = f"did you mean {'.'.join(filter(None, [parent_key, close[0]]))}? " if close else ""
+    where = parent_key or "the top level"
+    return f"{key}: no such key; {guess}{where} takes: {', '.join(allowed)}"
+
+
+def _override_in(message: str) -> str | None:
+    """The override an error message quotes ("Could not override 'x'", "Error merging override x=1")."""
+    for marker in ("Could not override '", "Error merging override "):
+        if marker in message:
+            rest = message.split(marker, 1)[1]
+            return rest.split("'", 1)[0].splitlines()[0].strip() if marker.endswith("'") else rest.splitlines()[0]
+    return None

@@ -1,12 +1,10 @@
 """``exchange=`` and ``grad_reduce=``: chosen from the core's registries as they are, not as they were at import.
 
-Each key names a strategy class the core keeps in a registry (a collective,
-:func:`zero_lab.collectives.register_collective`; a gradient reduction,
-:func:`zero_lab.grad_reduce.register_grad_reduce`). Its value is a registered name
-(``auto`` times every registered one), looked up when the job is checked and when each rank
-builds its optimizer, so a class your own entry script registered first is a choice; or the
-dotted path of such a class, held to the rule of every ``_target_``
-(:func:`~zero_lab.app.config.targets.target_problem`), imported and registered on every rank.
+A value is a registered name (``auto``: time every registered one), looked up when the job is
+checked and when each rank builds its optimizer, so a class your entry script registered first
+is a choice; or the dotted path of a class of yours, held to the rule of every ``_target_``,
+imported and registered (:func:`zero_lab.collectives.register_collective`,
+:func:`zero_lab.grad_reduce.register_grad_reduce`) on every rank.
 
     exchange_name("my_project.collectives.PaddedAllReduce")   # -> "all_reduce", now registered
 """
@@ -89,8 +87,7 @@ def grad_reduce_name(value: Any) -> str | None:
 
 
 def name_or_value(registry: RegisteredKey, value: Any) -> str:
-    """The name ``value`` picks, or ``value`` itself where it picks none (for a rule's message;
-    :func:`registry_problems` reports why)."""
+    """The name ``value`` picks, or ``value`` itself where it picks none (:func:`registry_problems` says why)."""
     try:
         return chosen(registry, value)
     except ValueError:
@@ -98,8 +95,7 @@ def name_or_value(registry: RegisteredKey, value: Any) -> str:
 
 
 def registry_problems(cfg: DictConfig, choices: Mapping[str, Any], plan: Any) -> list[str]:
-    """One line per ``exchange=`` / ``grad_reduce=`` value that names no registered class (a rule of
-    :func:`zero_lab.app.check.rules.check`)."""
+    """One line per ``exchange=`` / ``grad_reduce=`` value that names no registered class (a check rule)."""
     out = []
     for registry in (EXCHANGE, GRAD_REDUCE):
         value = cfg.get(registry.key)

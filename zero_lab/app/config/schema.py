@@ -1,23 +1,16 @@
 """Config schemas, registered in Hydra's ConfigStore: typed plain keys, and group schemas
 derived from the constructors.
 
-The root :class:`Config` types the plain keys (enums for the choices a YAML value cannot
-restrict), so ``overlap=maybe`` or ``param_dtype=bf16`` fail while Hydra composes. A group
-option's schema is derived from its ``_target_``'s signature (:func:`option_schema`): every
-argument with a plain default becomes a typed key with that default (``optim.eps=1e-6`` works
-on ``optim=adam`` although adam.yaml sets only ``lr``), arguments the app passes at the call
-site (:data:`SUPPLIED_BY_APP`) are left out, and a ``**kwargs`` forwarded to a class the YAML
-names (``optimizer_class``) takes that class's arguments. The constructor stays the one place
-where an argument, its type and its default are stated.
+:class:`Config` types the plain keys (enums for choices), so ``overlap=maybe`` or
+``param_dtype=bf16`` fail while Hydra composes; a new key is one field there (or in
+:class:`DistConfig`) with its type, default and a comment. A group option's schema is derived
+from its ``_target_``'s signature (:func:`option_schema`): every argument with a plain default
+becomes a typed key with that default (``optim.eps=1e-6`` works on ``optim=adam`` although
+adam.yaml sets only ``lr``), arguments the app passes (:data:`SUPPLIED_BY_APP`) are left out,
+and a ``**kwargs`` forwarded to a class the YAML names (``optimizer_class``) takes that
+class's arguments. So the constructor stays the one place of an argument, its type and default.
 
     register_configs()  # before hydra.main / hydra.compose
-
-A group option needs only its YAML with a ``_target_``. A plain top-level key is one field of
-:class:`Config` (or :class:`DistConfig`) with its type, default and a comment (a key with a
-range also gets a rule in :mod:`zero_lab.app.check.rules`); a key whose values are a constant
-of the code is typed by an enum made from it (:func:`_choices`); ``exchange`` and
-``grad_reduce`` name registries that grow after import, so they are strings
-(:mod:`zero_lab.app.config.registered`).
 """
 
 from __future__ import annotations
@@ -179,9 +172,8 @@ class DistConfig:
 
 @dataclass
 class Config:
-    """The root config: the groups (typed by their option's derived schema; ``conf/config.yaml``
-    picks the default options) and every plain key with its type, default and what it does.
-    ``python train.py --cfg job`` prints them all."""
+    """The root config: the groups (typed by their option's derived schema) and every plain key with
+    its type, default and what it does (``python train.py --cfg job`` prints them all)."""
 
     optim: Any = MISSING
     partitioner: Any = MISSING
@@ -234,12 +226,8 @@ class Config:
 def constructor_arguments(
     target: Any, node: DictConfig | dict[str, Any], supplied: frozenset[str] = frozenset()
 ) -> dict[str, inspect.Parameter]:
-    """The arguments a config node may set: ``target``'s, without the ``supplied`` ones.
-
-    A ``**kwargs`` is replaced by the arguments of the class the node names with
-    ``{_target_: hydra.utils.get_class, path: ...}`` (ZeRO's ``optimizer_class``), which
-    is where such a constructor forwards them.
-    """
+    """The arguments a config node may set: ``target``'s, without the ``supplied`` ones; a ``**kwargs``
+    takes those of the classes the node looks up (:func:`forwarded_classes`: ZeRO's ``optimizer_class``)."""
     parameters = dict(inspect.signature(target, eval_str=True).parameters)
     out = {name: p for name, p in parameters.items() if name not in supplied and p.kind not in _VARIADIC}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
@@ -290,15 +278,11 @@ UNSCHEMED = (
 
 
 def register_configs(conf_dir: Path = CONF_DIR, extra_dirs: Sequence[Path] = ()) -> None:
-    """Store the root schema as ``config_schema`` and every option's derived schema.
-
-    Each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and of the user's ``extra_dirs``
-    (``--config-dir``, ``hydra.searchpath``) gets one dataclass, stored as ``derived/<group>/<name>``,
-    which the root config merges under whatever option a group picks
-    (``optional derived/<group>@<group>: ${<group>}``), so no YAML names its schema. On a name
-    that several dirs hold, the first dir wins, as in Hydra's search path. A YAML whose
-    ``_target_`` cannot be imported gets no schema here; the pre-start check names it.
-    """
+    """Store the root schema as ``config_schema`` and, as ``derived/<group>/<name>``, the schema of
+    each ``<dir>/<group>/<name>.yaml`` of ``conf_dir`` and the user's ``extra_dirs`` (``--config-dir``,
+    ``hydra.searchpath``; the first dir holding a name wins, as in Hydra's search path). The root
+    config merges it under whatever option a group picks (``optional derived/<group>@<group>``). A
+    YAML whose ``_target_`` cannot be imported gets none; the pre-start check names it."""
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
     for group in GROUPS:
@@ -338,10 +322,8 @@ _PRIMITIVES = (bool, int, float, str)
 
 
 def _omegaconf_type(annotation: Any) -> Any:
-    """The annotation as a type OmegaConf checks: a primitive, an Enum, ``X | None``, else Any.
-
-    Tensors in a union are dropped (``float | Tensor`` -> float); ``int | float`` is float.
-    """
+    """The annotation as a type OmegaConf checks: a primitive, an Enum, ``X | None``, else Any; tensors
+    in a union are dropped (``float | Tensor`` -> float), ``int | float`` is float."""
     if _is_plain_type(annotation):
         return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

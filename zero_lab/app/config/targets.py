@@ -115,9 +115,8 @@ _PARTIAL = ("optim.param_groups",)
 
 
 def check_targets(cfg: Mapping[str, Any]) -> list[str]:
-    """One line per ``_target_`` under the groups the app builds that does not fit its key
-    (module docstring); ``[]`` when every one does. Calls nothing but imports and lookups.
-    A group's own target that cannot be imported is left to the argument check, which names it."""
+    """One line per ``_target_`` under the groups the app builds that does not fit its key, calling
+    nothing but imports and lookups (a group's own unimportable target is the argument check's to name)."""
     problems = (target_problem(key, node) for key, node in _target_nodes(cfg))
     return [problem for problem in problems if problem]
 
@@ -134,10 +133,8 @@ def target_problem(key: str, node: Mapping[str, Any]) -> str | None:
         if key != "optim.optimizer_class" and key in RULES:  # a group builds an object, not a lookup
             return _refused(key, name, target, rule)
         return _lookup_problem(key, node, rule)
-    if key == "optim.optimizer_class":
-        return _refused(key, name, target, rule, _denied(target))
     denied = _denied(target)
-    if denied or not rule.test(target):
+    if denied or not rule.test(target) or key == "optim.optimizer_class":  # that one is a lookup or nothing
         return _refused(key, name, target, rule, denied)
     if key in _PARTIAL and not node.get("_partial_"):
         return f"{key}: add {key}._partial_=true ({name} is called with the model by the app, nothing else calls it)"

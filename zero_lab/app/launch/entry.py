@@ -28,8 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from zero_lab.app.check.before_start import fail
 from zero_lab.app.check.callback import composed
 from zero_lab.app.check.rules import ConfigError
-from zero_lab.app.config.hydra_errors import describe_hydra_error
 from zero_lab.app.config.paths import CONF_PACKAGE
+from zero_lab.app.config.problems import describe_hydra_error
 from zero_lab.app.config.schema import register_configs
 from zero_lab.app.launch.task import Objective, run
 from zero_lab.runtime.signals import Stopped, stopping_raises

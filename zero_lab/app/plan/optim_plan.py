@@ -27,16 +27,12 @@ __all__ = ["OptimPlan"]
 
 @dataclass(frozen=True)
 class OptimPlan:
-    """``target``: the class ``optim._target_`` names (``ZeroRedundancyOptimizer``,
-    ``ChainedOptimizer``, ``torch.optim.Adam``); ``zero``: it shards the state (a
-    ``ZeroRedundancyOptimizer``); ``optimizer_class``: the class that holds and steps the state
-    (the ``optimizer_class`` a wrapper names, else the target); ``routed``: ``optim.param_groups``
-    is set, so a group may name a class of its own (:meth:`group_classes`)."""
+    """What an ``optim`` node builds (module docstring)."""
 
-    target: Any
-    optimizer_class: Any
-    zero: bool
-    routed: bool = False
+    target: Any  # the class optim._target_ names (ZeroRedundancyOptimizer, ChainedOptimizer, torch.optim.Adam)
+    optimizer_class: Any  # the class that holds and steps the state (a wrapper's optimizer_class, else the target)
+    zero: bool  # it shards the state (a ZeroRedundancyOptimizer)
+    routed: bool = False  # optim.param_groups is set: a group may name a class of its own (group_classes)
 
     @classmethod
     def of(cls, optim: Mapping[str, Any]) -> OptimPlan:

@@ -1,27 +1,16 @@
 """The run's plan: what a composed config implies, computed once per job on one meta model.
 
-:meth:`RunPlan.of` looks the optimizer up (:class:`~zero_lab.app.plan.optim_plan.OptimPlan`:
-ZeRO or not, which class steps), builds the model once on the ``meta`` device in
-``param_dtype`` (names, shapes and dtypes, no memory), applies ``optim.param_groups`` to it
-once, builds the partitioner (ZeRO) and the data source once. From those it answers, each
-computed once:
-
-* :attr:`~RunPlan.specs` — one :class:`~zero_lab.partition.ParamSpec` per parameter, in the
-  optimizer's order: shape, dtype, trainability, the param group and the class that steps it
-  (elementwise or not), and, where the partition follows DDP's buckets, the bucket it lands in
-  (:class:`~zero_lab.ddp_buckets.DdpBuckets`); the app's one place that builds specs for a
-  config, and what the ranks price "÷ DDP" from (:class:`zero_lab.app.run.rank_loop.RunSpec`);
-* :meth:`~RunPlan.partition` — the configured partitioner's partition of them, with its costs;
-* :meth:`~RunPlan.memory` — the planner's per-rank memory (:func:`zero_lab.planner.plan_memory`),
-  every group priced by the class that steps it, so memory and partition agree on the routing;
-* :attr:`~RunPlan.probe` — rank 0's first batch through the meta model, the loss and backward
-  (:func:`~zero_lab.app.workloads.protocols.probe_on_meta`), run once for the forward check and
-  for :attr:`~RunPlan.never_reached`.
-
-What could not be built is kept with its error (:class:`~zero_lab.app.workloads.user_code.Attempt`):
-the check that owns it reports it (:mod:`zero_lab.app.check.rules`), every other reader skips
-what is missing. The checks, the job's notices, the W&B config and the Slurm launcher's memory
-estimate read one plan; the check callback keeps it for the task.
+:meth:`RunPlan.of` looks the optimizer up (:class:`~zero_lab.app.plan.optim_plan.OptimPlan`) and
+builds, each once, the model on the ``meta`` device in ``param_dtype`` (shapes, no memory), its
+``optim.param_groups``, the partitioner (ZeRO) and the data source. From those it answers, each
+once: :attr:`~RunPlan.specs` (one :class:`~zero_lab.partition.ParamSpec` per parameter in the
+optimizer's order, routed to the class that steps it and, where the partition follows DDP's
+buckets, in the bucket it lands in: the app's one place that builds specs, and what the ranks
+price "÷ DDP" from), :meth:`~RunPlan.partition`, the per-rank :meth:`~RunPlan.memory` (each
+group priced by the class that steps it, so memory and partition agree), and the
+:attr:`~RunPlan.probe` of rank 0's first batch. What could not be built is kept with its error
+(:class:`~zero_lab.app.workloads.user_code.Attempt`): the check that owns it reports it, every
+other reader skips it.
 
     plan = RunPlan.of(cfg)
     plan.specs[0].name, plan.partition().report().imbalance, plan.memory().ranks[0].total_bytes
@@ -54,16 +43,14 @@ __all__ = ["RunPlan", "param_groups"]
 
 
 def param_groups(optim_cfg: DictConfig, model: torch.nn.Module) -> list[dict[str, Any]] | None:
-    """``optim.param_groups``: a ``_partial_`` target ``model -> param groups`` (e.g.
-    ``zero_lab.muon_param_groups``, whose groups name their own optimizer class), applied
-    to ``model``; ``None`` when unset (every parameter in one group)."""
+    """``optim.param_groups`` (a ``_partial_`` target ``model -> param groups``: ``zero_lab.muon_param_groups``)
+    applied to ``model``; ``None`` when unset (every parameter in one group)."""
     node = optim_cfg.get("param_groups")
     return None if node is None else instantiate(node)(model)
 
 
 class RunPlan:
-    """One job's plan (module docstring). Each part is computed on first use and kept: the
-    checks use all of them, the Slurm launcher only the memory plan."""
+    """One job's plan (module docstring); each part is computed on first use and kept."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -130,8 +117,8 @@ class RunPlan:
         return attempt(lambda: build(self.cfg.data, "data"))
 
     def release_data(self) -> None:
-        """Let go of the data source (kept plans need only the model's shapes and what the data's
-        first batch answered: :attr:`never_reached`, answered first); built again if asked for."""
+        """Let go of the data source (a kept plan needs only what it answered: :attr:`never_reached`, answered
+        first); built again if asked for."""
         _ = self.never_reached
         self.__dict__.pop("data", None)
 
@@ -149,10 +136,9 @@ class RunPlan:
         """The ranks the optimizer state is partitioned over: ``dist.shard_size`` (:func:`shard_size_of`),
         else ``dist.world_size`` (also when it is refused: the checks report that)."""
         try:
-            size = shard_size_of(self.cfg)
+            return shard_size_of(self.cfg) or self.world_size
         except ValueError:
             return self.world_size
-        return size if size is not None else self.world_size
 
     @cached_property
     def classes(self) -> list[type] | None:
@@ -225,10 +211,9 @@ class RunPlan:
     def memory(
         self, partitioner: Partitioner | None = None, world_size: int | None = None, master_weights: bool | None = None
     ) -> MemoryPlan:
-        """Every rank's planned memory: :attr:`specs` over ``world_size`` (:attr:`shard_size`),
-        sharded by ``partitioner`` (``None``: plain DDP, every rank all of it), each param group
-        priced by the class that steps it; ``master_weights`` (``optim.master_weights``) adds the
-        fp32 masters. Raises the model's own error when it could not be built."""
+        """Every rank's planned memory: :attr:`specs` over ``world_size`` (:attr:`shard_size`), sharded by
+        ``partitioner`` (``None``: plain DDP), plus fp32 masters with ``master_weights`` (default:
+        ``optim.master_weights``). Raises the model's own error when it could not be built."""
         if self.model.error is not None:
             raise self.model.error
         if self.specs is None or self.optim is None:
@@ -248,10 +233,8 @@ class RunPlan:
 
 
 def shard_size_of(cfg: DictConfig) -> int | None:
-    """``dist.shard_size`` as a number of ranks (``None``: unset): ``node`` is the launcher's ranks per
-    node (:func:`zero_lab.hierarchy.resolve_shard_size`), or all of ``dist.world_size`` where no
-    launcher says (zero_lab starts the ranks on this host, one node). Raises ``ValueError`` naming
-    ``dist.shard_size`` for a size that does not divide the world size."""
+    """``dist.shard_size`` in ranks (``None``: unset; ``node``: the launcher's ranks per node, else all, on one
+    host); raises ``ValueError`` naming ``dist.shard_size`` for a size that does not divide the world size."""
     size, world = cfg.dist.get("shard_size"), int(cfg.dist.world_size)
     if size is None:
         return None

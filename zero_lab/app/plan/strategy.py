@@ -1,12 +1,9 @@
 """How a run keeps its optimizer state — plain DDP, ZeRO or the engine — as one typed object, not a flag.
 
-Plain DDP: every rank holds and steps the whole optimizer state; gradients are all-reduced.
-ZeRO (:class:`~zero_lab.ZeroRedundancyOptimizer`): each rank holds and steps the state of its
-shard, and the parameters it stepped are exchanged. Everything the app does differently for
-them is a method here, so the app asks its run's :class:`Strategy` instead of testing a
-boolean: how gradients are clipped, how the parameters are settled before they are read whole,
-which ``torch.optim`` object holds the state, which keys it leaves unused, how a checkpoint is
-named and written, what the exchange reports, and the closing lines' wording.
+Plain DDP: every rank holds and steps the whole optimizer state. ZeRO
+(:class:`~zero_lab.ZeroRedundancyOptimizer`) and the engine (``dp=zero_lab``): each rank holds
+and steps its shard's state, and the parameters are exchanged. Whatever the app does differently
+for them (clipping, settling, checkpoints, reports, the closing lines) is a method here.
 
     strategy = Strategy.of(zero=plan.zero)        # PlainDdp() or Zero(); also Strategy.of(zero=summary.zero)
     norm = strategy.clip_grad_norm(model, optimizer, 1.0)
@@ -50,11 +47,9 @@ class Strategy(ABC):
 
     @staticmethod
     def of_optimizer(optimizer: Optimizer) -> Strategy:
-        """The strategy ``optimizer`` runs under: the engine's for one it re-pointed, ZeRO for a
-        ZeroRedundancyOptimizer, else plain DDP."""
-        if engine_of(optimizer) is not None:
-            return ENGINE
-        return Strategy.of(isinstance(optimizer, ZeroRedundancyOptimizer))
+        """The strategy ``optimizer`` runs under: the engine's for one it re-pointed, else ZeRO's or plain DDP's."""
+        zero = isinstance(optimizer, ZeroRedundancyOptimizer)
+        return ENGINE if engine_of(optimizer) is not None else Strategy.of(zero)
 
     # ------------------------------------------------------------------ the optimizer's state
     def local_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -66,8 +61,7 @@ class Strategy(ABC):
         """Per parameter of ``optimizer.param_groups`` (in order): whether this rank holds state for it."""
 
     def group_classes(self, optimizer: Optimizer) -> list[type]:
-        """The class stepping each param group (a :class:`~zero_lab.ChainedOptimizer` names one per
-        group; any other optimizer is its own class), one per param group."""
+        """The class stepping each param group (a :class:`~zero_lab.ChainedOptimizer` names one per group)."""
         local = self.local_optimizer(optimizer)
         return (
             list(local.group_classes())
@@ -106,8 +100,7 @@ class Strategy(ABC):
         return None
 
     def first_step_record(self, optimizer: Optimizer, mode_key: str) -> dict[str, Any]:
-        """Metrics recorded once, after the first step: the exchange's mode under ``mode_key``, ``exchange=auto``'s
-        timings."""
+        """Metrics recorded after the first step: the exchange's mode under ``mode_key``, exchange=auto's timings."""
         return {}
 
     def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
@@ -277,11 +270,9 @@ class Zero(_Sharded):
     def state_line(
         self, held: float, ddp_bytes: float, world: int, imbalance: float, classes: str, size: Callable[[float], str]
     ) -> str:
-        """The fullest rank against DDP's. ``ddp_bytes`` is priced over the parameters that have
-        state on some rank, so the ranks together hold at least that much and the fullest at least
-        1/W of it: a larger "÷" would be a measurement or planner error, and is never printed.
-        (The engine keeps one ``step`` scalar per bucket where DDP keeps one per parameter, so its
-        ranks together may hold a few bytes less: it has no such bound.)"""
+        """The sharded line, bounded: ``ddp_bytes`` is priced over the parameters that have state on
+        some rank, so the fullest rank holds at least 1/W of it and a larger "÷" would be a measurement
+        or planner error. (The engine has no such bound: it keeps one ``step`` per bucket, not per parameter.)"""
         assert ddp_bytes <= world * held * (1 + 1e-9), (
             f"DDP + {classes} priced at {ddp_bytes} B but the fullest of {world} rank(s) holds {held} B: a saving "
             "above the world size cannot be; the planner and the measurement disagree"
