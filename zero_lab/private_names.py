@@ -114,15 +114,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "change process-wide state); nothing of it is imported or called",
     ),
     PrivateName(
-        "typing",
-        "typing.Protocol._is_protocol",
-        ("_is_protocol",),
-        ("zero_lab.app.plan.run_plan",),
-        "tells a Protocol class (checked by its call signature: Partitioner) from an ordinary base class "
-        "when a config's _target_ is checked before start",
-        "typing.is_protocol (Python 3.13+) or typing_extensions.is_protocol",
-    ),
-    PrivateName(
         "python",
         "multiprocessing.forkserver._forkserver",
         ("_forkserver",),

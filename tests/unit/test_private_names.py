@@ -214,21 +214,6 @@ def _logging_module() -> None:
     assert importlib.import_module("torch._logging").__name__ == "torch._logging"
 
 
-def _is_protocol() -> None:
-    from typing import Protocol
-
-    class Shape(Protocol):
-        def __call__(self) -> int: ...
-
-    class Concrete(Shape):
-        def __call__(self) -> int:
-            return 1
-
-    assert getattr(Shape, "_is_protocol", False) is True
-    assert getattr(Concrete, "_is_protocol", False) is False
-    assert getattr(int, "_is_protocol", False) is False
-
-
 def _forkserver() -> None:
     from multiprocessing import forkserver
 
@@ -287,7 +272,6 @@ CHECKS: dict[str, Callable[[], None]] = {
     "torch._dynamo.utils.counters": _dynamo_counters,
     "torch._dynamo": _dynamo_module,
     "torch._logging": _logging_module,
-    "typing.Protocol._is_protocol": _is_protocol,
     "multiprocessing.forkserver._forkserver": _forkserver,
     "multiprocessing.forkserver.ForkServer._forkserver_pid": _forkserver,
     "multiprocessing.forkserver.ForkServer._forkserver_alive_fd": _forkserver,

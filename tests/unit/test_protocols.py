@@ -120,16 +120,16 @@ def test_the_meta_forward_names_the_output_key_and_unused_parameters():
     data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
     with torch.device("meta"):
         model, spare = DictNet(), DictNet(unused=True)
-    assert forward_problems(model, data, 2, "pred") == []
-    (wrong_key,) = forward_problems(model, data, 2, "logits")
+    assert forward_problems(probe_on_meta(model, data, 2, "pred")) == []
+    (wrong_key,) = forward_problems(probe_on_meta(model, data, 2, "logits"))
     assert "output_key=logits" in wrong_key and "set output_key=<one of those>" in wrong_key
-    (unused,) = forward_problems(spare, data, 2, "pred")
+    (unused,) = forward_problems(probe_on_meta(spare, data, 2, "pred"))
     assert "leaves 2 parameter(s) unused (spare.weight, spare.bias)" in unused
     assert "set dist.find_unused_parameters=true" in unused
-    assert forward_problems(spare, data, 2, "pred", find_unused_parameters=True) == []
+    assert forward_problems(probe_on_meta(spare, data, 2, "pred"), find_unused_parameters=True) == []
     with torch.device("meta"):
         own = OwnLoss()
-    assert forward_problems(own, NoLoss(), 2, "logits") == []
+    assert forward_problems(probe_on_meta(own, NoLoss(), 2, "logits")) == []
 
 
 def test_a_transformers_class_takes_its_task_from_transformers_tables():
@@ -174,7 +174,7 @@ def test_a_backward_that_fails_for_its_own_reason_is_named():
     data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
     with torch.device("meta"):
         model = OwnBackward()
-    (problem,) = forward_problems(model, data, 2, "logits")
+    (problem,) = forward_problems(probe_on_meta(model, data, 2, "logits"))
     assert problem == ("model: its backward fails on the data's first batch: TypeError: no meta tensors of that kind")
 
 
@@ -207,7 +207,7 @@ def test_a_forward_the_meta_device_cannot_run_is_not_judged(mode: str):
     data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
     with torch.device("meta"):
         model = Branchy(mode)
-    assert forward_problems(model, data, 2, "logits") == []
+    assert forward_problems(probe_on_meta(model, data, 2, "logits")) == []
     assert all(p.grad is None for p in model.parameters())  # the plan's model is left as it was
 
 
@@ -215,10 +215,10 @@ def test_a_forward_that_fails_for_its_own_reason_is_named_whatever_its_message_s
     data = RegressionData(global_batch=8, in_dim=4, out_dim=3, seed=0)
     with torch.device("meta"):
         raises, shape = Branchy("raises"), Branchy("shape")
-    assert forward_problems(raises, data, 2, "logits") == [
+    assert forward_problems(probe_on_meta(raises, data, 2, "logits")) == [
         "model: its forward fails on the data's first batch: ValueError: metadata of the batch is missing"
     ]
-    (problem,) = forward_problems(shape, data, 2, "logits")
+    (problem,) = forward_problems(probe_on_meta(shape, data, 2, "logits"))
     assert problem.startswith("model: its forward fails on the data's first batch: RuntimeError: ")
 
 
