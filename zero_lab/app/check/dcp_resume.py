@@ -1,21 +1,13 @@
 """``resume=`` of a DCP checkpoint, checked before any rank starts: one line, nothing loaded.
 
 A ``step_N.dcp`` directory the job will resume (``resume=`` names it, or a run dir whose newest
-checkpoint it is) is checked from its files and ``.metadata`` alone (:mod:`zero_lab.dcp_check`),
-against the job's meta model (the plan's):
-
-* its integrity record: every file's size and sha256 (a byte flipped mid-file is named);
-* ``.metadata``: readable, unpickled with DCP's metadata classes only (a tampered one is refused
-  by the global it names, and nothing of it runs); every ``.distcp`` file it names there and long
-  enough; ``zero_lab.json`` readable;
-* every model tensor in the checkpoint with this model's shape and dtype, and no model key the
-  model lacks; with the optimizer loaded, no optimizer state of a parameter the model lacks.
-
-A problem ends the job with one ``zero_lab: resume: checkpoint ...: <file>: <cause>`` line (exit
-code 2) before Hydra creates the run dir. A checkpoint without an integrity record (written by
-torch's ``dcp.save`` alone) loads after a one-line note that it is unverified.
-
-    refuse_bad_dcp_resume(cfg, plan)   # fail() on a problem, or print the note
+checkpoint it is) is checked from its files and ``.metadata`` alone by :mod:`zero_lab.dcp_check`
+(its integrity record, the metadata unpickled with DCP's classes only, every ``.distcp`` file there
+and long enough, ``zero_lab.json`` readable) and against the plan's meta model (every tensor's
+shape and dtype, no model key the model lacks; with the optimizer loaded, no state of a parameter
+the model lacks). A problem ends the job with one ``zero_lab: resume: checkpoint ...: <file>:
+<cause>`` line (exit code 2) before Hydra creates the run dir; a checkpoint without an integrity
+record (torch's ``dcp.save`` alone) loads after a one-line note that it is unverified.
 """
 
 from __future__ import annotations

@@ -259,7 +259,8 @@ def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
 
 
 def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``accumulate`` against the batch, ``autocast``, ``eval_every`` (ranges: :func:`_check_ranges`)."""
+    """``accumulate`` against the batch, ``autocast``, ``eval_every``, ``optim.max_grad_norm`` (positive, and
+    every gradient must exist before the step); ranges: :func:`_check_ranges`."""
     out = []
     accumulate, world, batch = cfg.accumulate, cfg.dist.world_size, cfg.data.get("global_batch")
     rows = batch // world if isinstance(batch, int) and world >= 1 and batch % world == 0 else None
@@ -284,6 +285,14 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunP
         out.append(
             f"eval_every={cfg.eval_every}: data={_choice(choices, 'data', cfg)} has no held-out batches; add "
             "val_shard(index, rank, world_size) to it (zero_lab/app/workloads/protocols.py), or eval_every=0"
+        )
+    max_norm = cfg.optim.get("max_grad_norm")
+    if max_norm is not None and max_norm <= 0:
+        out.append(f"optim.max_grad_norm={max_norm}: must be > 0, or null to not clip")
+    elif max_norm is not None and cfg.overlap:
+        out.append(
+            "optim.max_grad_norm: clipping needs the global norm of every gradient before the step, but "
+            "overlap=true steps each bucket inside backward; use overlap=false or optim.max_grad_norm=null"
         )
     return out
 
@@ -326,7 +335,11 @@ def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
 
 
 def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """The model/data protocol (:mod:`zero_lab.app.workloads.protocols`): ``task`` on both, a way to read batches."""
+    """The model/data protocol (:mod:`zero_lab.app.workloads.protocols`): ``task`` on both, a way to read
+    batches, ``data.global_batch``. Then the data source built (its constructor's checks: ``data=text``
+    with a missing or empty corpus), and a vocabulary it declares (``vocab_size``) fitting the model's
+    input embedding (:func:`~zero_lab.app.workloads.protocols.embedding_rows`): ids past it fail in every
+    rank's lookup."""
     model_name, data_name = f"model={_choice(choices, 'model', cfg)}", f"data={_choice(choices, 'data', cfg)}"
     model_cls, data_cls = get_object(cfg.model._target_), get_object(cfg.data._target_)
     task = task_of(model_cls)  # a transformers class's from its task tables
@@ -340,7 +353,23 @@ def _check_model_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
         out.append(f"data.global_batch: required (rows per step over all ranks); add global_batch: <int> ({data_name})")
     elif batch < 1 or (world >= 1 and batch % world):
         out.append(f"data.global_batch={batch}: must be a positive multiple of dist.world_size={world}")
-    return out
+    if isinstance(plan.data.error, OmegaConfBaseException):  # an interpolation that does not resolve: the
+        return out  # composition's to name
+    if (error := plan.data.error) is not None:
+        return [*out, f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
+    vocab = getattr(plan.data.value, "vocab_size", None)
+    rows = embedding_rows(plan.model.value) if isinstance(vocab, int) and plan.model.value is not None else None
+    if rows is None or vocab <= rows:  # no model: reported by _check_model
+        return out
+    own = "vocab_size" in cfg.model
+    model_key = f"model.vocab_size={rows}" if own else model_name
+    data_key = f"data.vocab_size={vocab}" if "vocab_size" in cfg.data else f"{data_name} (vocabulary {vocab})"
+    fix = f"set model.vocab_size={vocab}" if own else "give the model an embedding of that many rows"
+    return [
+        *out,
+        f"{model_key} with {data_key}: the data's token ids go up to {vocab - 1}, but the model's embedding has "
+        f"{rows} rows; {fix}",
+    ]
 
 
 def _check_arguments(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
@@ -465,20 +494,6 @@ def _mentions(message: str, value: Any) -> bool:
     return any(isinstance(v, (int, float)) and not isinstance(v, bool) and str(v) in message for v in values)
 
 
-def _check_clipping(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``optim.max_grad_norm``: positive, and every gradient must exist before the step."""
-    out = []
-    max_norm = cfg.optim.get("max_grad_norm")
-    if max_norm is not None and max_norm <= 0:
-        out.append(f"optim.max_grad_norm={max_norm}: must be > 0, or null to not clip")
-    elif max_norm is not None and cfg.overlap:
-        out.append(
-            "optim.max_grad_norm: clipping needs the global norm of every gradient before the step, but "
-            "overlap=true steps each bucket inside backward; use overlap=false or optim.max_grad_norm=null"
-        )
-    return out
-
-
 def _check_model(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """The model builds (on ``meta``, once, in the plan), and rank 0's first batch runs through it to
     the loss (:func:`~zero_lab.app.workloads.protocols.forward_problems`)."""
@@ -576,46 +591,19 @@ def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) ->
     return []
 
 
-def _check_logger(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+def _check_records(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
+    """What the run records: ``objective`` (:func:`~zero_lab.app.record.objective.check_objective`), and
+    with ``logger.mode=online`` a W&B login to record to."""
+    out = check_objective(cfg.objective)
     if enum_str(cfg.logger.get("mode")) != "online":
-        return []
+        return out
     netrc = Path.home() / ".netrc"
-    logged_in = os.environ.get("WANDB_API_KEY") or (netrc.exists() and "api.wandb.ai" in netrc.read_text())
-    if not logged_in:
-        return [
+    if not (os.environ.get("WANDB_API_KEY") or (netrc.exists() and "api.wandb.ai" in netrc.read_text())):
+        out.append(
             "logger.mode=online: not logged in to W&B (run `wandb login` or set WANDB_API_KEY); "
             "or keep logger.mode=offline and `wandb sync` later"
-        ]
-    return []
-
-
-def _check_objective(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    return check_objective(cfg.objective)
-
-
-def _check_data(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """The data source is built (its constructor's checks: ``data=text`` with a missing or empty
-    corpus), and a vocabulary it declares (``vocab_size``) fits the model's input embedding
-    (:func:`~zero_lab.app.workloads.protocols.embedding_rows`): ids past it fail in every rank's lookup."""
-    data_name = f"data={_choice(choices, 'data', cfg)}"
-    if isinstance(plan.data.error, OmegaConfBaseException):  # an interpolation that does not resolve: the
-        return []  # composition's to name
-    if (error := plan.data.error) is not None:
-        return [f"{data_name}: cannot be built: {refusal('data', cfg.data, error)}"]
-    vocab = getattr(plan.data.value, "vocab_size", None)
-    if not isinstance(vocab, int) or plan.model.value is None:  # no model: reported by _check_model
-        return []
-    rows = embedding_rows(plan.model.value)
-    if rows is None or vocab <= rows:
-        return []
-    own = "vocab_size" in cfg.model
-    model_key = f"model.vocab_size={rows}" if own else f"model={_choice(choices, 'model', cfg)}"
-    data_key = f"data.vocab_size={vocab}" if "vocab_size" in cfg.data else f"{data_name} (vocabulary {vocab})"
-    fix = f"set model.vocab_size={vocab}" if own else "give the model an embedding of that many rows"
-    return [
-        f"{model_key} with {data_key}: the data's token ids go up to {vocab - 1}, but the model's embedding has "
-        f"{rows} rows; {fix}"
-    ]
+        )
+    return out
 
 
 def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
@@ -630,7 +618,6 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_ranges,
     _check_devices,
     _check_model_data,
-    _check_data,
     _check_engine,
     _check_shard_size,
     _check_loop_features,
@@ -638,12 +625,10 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     registry_problems,
     _check_arguments,
     _check_optim,
-    _check_clipping,
     _check_grad_reduce,
     _check_model,
     _check_partition,
     _check_memory_fits,
     _check_resume,
-    _check_logger,
-    _check_objective,
+    _check_records,
 ]
