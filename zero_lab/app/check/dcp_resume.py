@@ -34,8 +34,7 @@ def refuse_bad_dcp_resume(cfg: DictConfig, plan: RunPlan) -> None:
     exit code 2, :func:`~zero_lab.app.check.before_start.fail`); a note is printed once per world."""
     if cfg.get("resume") is None:
         return
-    path = Path(str(cfg.resume)).expanduser()
-    found = find_any(path) if path.exists() else None
+    found = find_any(Path(str(cfg.resume)).expanduser())
     if found is None or not is_dcp(found):
         return  # no checkpoint is the config check's problem; the native format is checked as it loads
     try:

@@ -23,8 +23,7 @@ __all__ = ["notices"]
 def notices(cfg: DictConfig, overrides: Sequence[str], plan: RunPlan) -> list[str]:
     """The lines printed when the job ``cfg`` starts; ``plan``: the job's, as the check made it."""
     assert plan.optim is not None, "notices of a checked config: its optimizer can be looked up"
-    unused_keys = plan.optim.strategy.unused_keys
-    unused = [o.text for o in read(overrides) if o.root in unused_keys]
+    unused = [o.text for o in read(overrides) if o.root in plan.optim.strategy.unused_keys]
     said = [
         f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer (every rank keeps the "
         "full state); pick optim=zero_* to shard"

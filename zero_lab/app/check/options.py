@@ -45,7 +45,7 @@ def on_device(device: str) -> list[str]:
 
 def data_for_task(task: Any) -> list[str]:
     """The ``data`` options whose class reads batches for a model of ``task``."""
-    return options_where("data", lambda node: _target(node).task == task)
+    return options_where("data", lambda node: get_object(str(node.get("_target_"))).task == task)
 
 
 def fitting_partitioners(
@@ -54,7 +54,7 @@ def fitting_partitioners(
     """The ``partitioner`` options (as shipped) whose partition of ``specs`` the optimizer can step."""
 
     def fits(node: DictConfig) -> bool:
-        if bucket_use(_target(node)).needs_ddp_buckets:
+        if bucket_use(get_object(str(node.get("_target_")))).needs_ddp_buckets:
             return False
         kept = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
         partitioner = build(kept, "partitioner")
@@ -74,7 +74,3 @@ def options_where(group: str, test: Callable[[DictConfig], bool]) -> list[str]:
         except (ImportError, TypeError, ValueError, HydraException, OmegaConfBaseException):  # does not build
             continue
     return out
-
-
-def _target(node: DictConfig) -> Any:
-    return get_object(str(node.get("_target_")))

@@ -305,8 +305,7 @@ def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
     gradients only, and ranks that disagree on skipping a step would issue different exchanges."""
     name = enum_str(cfg.grad_reduce) if cfg.get("grad_reduce") is not None else None
     shard = bool(cfg.get("shard_grads", False))
-    strategy = plan.strategy  # None: the optimizer cannot be looked up (reported elsewhere)
-    steps_every_parameter = strategy is not None and not strategy.shards_state
+    steps_every_parameter = plan.strategy is not None and not plan.strategy.shards_state  # None: reported elsewhere
     optim = choices.get("optim") or "this optimizer"
     out = []
     if name is not None and name != "all_reduce" and steps_every_parameter:
