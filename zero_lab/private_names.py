@@ -140,7 +140,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch",
         "torch.optim.lr_scheduler.SequentialLR._schedulers",
         ("_schedulers",),
-        ("zero_lab.app.check.scheduler",),
+        ("zero_lab.app.check.resume",),
         "the key under which a chained schedule's state_dict holds each scheduler's state (torch saves "
         "its private attribute as is); read to tell which scheduler= option fits a saved schedule",
     ),

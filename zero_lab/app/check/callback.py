@@ -17,7 +17,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
@@ -29,13 +31,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from zero_lab.app.check.before_start import check_external_world, fail, share_run_dir
-from zero_lab.app.check.dcp_resume import refuse_bad_dcp_resume
 from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.problems import describe_hydra_error
+from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.objective import check_directions
+from zero_lab.app.run.checkpoints import find_any, is_dcp, read_dcp_extra
 from zero_lab.app.run.rank_loop import RANK_PRELOAD
 from zero_lab.app.workloads.torch_extras import model_extras_problem
+from zero_lab.checkpoint import CheckpointError
+from zero_lab.dcp_check import check_files, check_fits, check_state_names
+from zero_lab.dcp_record import RECORD
 from zero_lab.runtime import external
 from zero_lab.runtime.spawn import start_forkserver
 
@@ -47,6 +53,7 @@ __all__ = [
     "composed",
     "expand_sweep",
     "job_config",
+    "refuse_bad_dcp_resume",
     "was_checked",
 ]
 
@@ -164,6 +171,37 @@ def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.Ext
         return _check_job(cfg, hydra)
     except ConfigError as error:
         fail(error)
+
+
+def refuse_bad_dcp_resume(cfg: DictConfig, plan: RunPlan) -> None:
+    """Check the DCP checkpoint ``cfg.resume`` resumes, if any, from its files and ``.metadata`` alone
+    (:mod:`zero_lab.dcp_check`: its integrity record, the metadata unpickled with DCP's classes only,
+    every ``.distcp`` file there and long enough) and against the plan's meta model (every tensor's
+    shape and dtype; with the optimizer loaded, no state of a parameter the model lacks). A problem
+    ends the job with one ``zero_lab: resume: checkpoint ...: <file>: <cause>`` line (exit code 2); a
+    checkpoint without an integrity record (torch's ``dcp.save`` alone) loads after a one-line note."""
+    if cfg.get("resume") is None:
+        return
+    found = find_any(Path(str(cfg.resume)).expanduser())
+    if found is None or not is_dcp(found):
+        return  # no checkpoint is the config check's problem; the native format is checked as it loads
+    try:
+        metadata, verified = check_files(found)
+        read_dcp_extra(found)
+        model = plan.model.value
+        if model is not None:  # no model: the config check reported it
+            check_fits(found, metadata, {"model": model.state_dict()}, strict=("model",))
+            if enum_str(cfg.get("resume_optimizer", "strict")) != "reset":
+                check_state_names(found, metadata, "optim.state", [name for name, _ in model.named_parameters()])
+    except CheckpointError as error:
+        fail(f"resume: {error}")  # the error names the checkpoint, the file and the cause
+    if not verified and external.rank() == 0:
+        print(
+            f"zero_lab: note: checkpoint {found} has no integrity record ({RECORD}): it was written by another "
+            "tool or an older zero_lab, or copied without it; its files are loaded unverified",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class CheckConfig(Callback):

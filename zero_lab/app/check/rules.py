@@ -33,7 +33,8 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from zero_lab.app.check.host import available_memory_bytes, cpu_cores
 from zero_lab.app.check.options import data_for_task, either, fitting_partitioners, on_device, zero_options
-from zero_lab.app.check.scheduler import resumed_scheduler_problems, scheduler_problems
+from zero_lab.app.check.resume import resume_problems
+from zero_lab.app.check.scheduler import scheduler_problems
 from zero_lab.app.config.problems import exclusive_key_problems, unresolved_problems
 from zero_lab.app.config.registered import EXCHANGE, name_or_value, registry_problems
 from zero_lab.app.config.schema import (
@@ -50,8 +51,8 @@ from zero_lab.app.config.schema import (
 from zero_lab.app.config.targets import check_targets, refusal
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan, shard_size_of
+from zero_lab.app.plan.strategy import ENGINE
 from zero_lab.app.record.objective import check_objective
-from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.app.workloads.user_code import attempt
 from zero_lab.chained import GROUP_CLASS_KEY, NOT_HYPERPARAMETERS, group_class
@@ -215,25 +216,15 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
     return out
 
 
-#: ``dp=zero_lab``: the switches (off by default) the engine does not take yet.
-_ENGINE_REFUSES = (
-    "overlap",  # the engine overlaps its own reductions with backward; DDP's hooks are not there
-    "bucket_view",  # its parameters are views of its buckets already
-    "shard_grads",  # the engine releases unowned gradients per bucket itself
-    "compile",
-)
-
-
 def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dp=zero_lab``: each switch the engine does not take, and ``autocast=fp16`` (GradScaler unscales
-    the gradients before the engine's step pre-hook reduces them)."""
+    """``dp=zero_lab``: each switch the engine does not take yet (its strategy's ``unused_keys``: it overlaps
+    its own reductions with backward, its parameters are views of its buckets already, it releases unowned
+    gradients per bucket itself; and ``compile``), and ``autocast=fp16`` (GradScaler unscales the gradients
+    before the engine's step pre-hook reduces them)."""
     if enum_str(cfg.get("dp", "ddp")) != "zero_lab":
         return []
-    out = [
-        f"{key}=true: dp=zero_lab does not take it yet; set {key}=false or use dp=ddp"
-        for key in _ENGINE_REFUSES
-        if cfg.get(key)
-    ]
+    refused = [key for key in (*ENGINE.unused_keys, "compile") if cfg.get(key)]
+    out = [f"{key}=true: dp=zero_lab does not take it yet; set {key}=false or use dp=ddp" for key in refused]
     if cfg.get("autocast") is not None and enum_str(cfg.autocast) == "fp16":
         out.append("autocast=fp16: dp=zero_lab does not take it yet (GradScaler); use autocast=bf16 or dp=ddp")
     return out
@@ -572,24 +563,6 @@ def _list_syntax(node: DictConfig, world: int) -> str:
     return ""
 
 
-def _check_resume(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    if cfg.resume is None:
-        return []
-    path = Path(str(cfg.resume)).expanduser()
-    if not path.exists():
-        return [f"resume={cfg.resume}: no such file or directory; give a run dir, or one of its checkpoints/step_*"]
-    found = find_any(path)
-    if found is None:
-        return [f"resume={cfg.resume}: holds no complete checkpoint; run with checkpoint_every=K to write some"]
-    step = step_of_any(found)
-    if step is not None and step >= cfg.steps:
-        return [
-            f"resume={cfg.resume}: its checkpoint {found.name} is at step {step}; steps={cfg.steps} leaves nothing to "
-            f"run (raise steps)"
-        ]
-    return []
-
-
 def _check_records(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """What the run records: ``objective`` (:func:`~zero_lab.app.record.objective.check_objective`), and
     with ``logger.mode=online`` a W&B login to record to."""
@@ -605,12 +578,6 @@ def _check_records(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
     return out
 
 
-def _check_scheduler(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """The scheduler built and stepped by torch's class on a dummy optimizer, and under
-    ``resume_optimizer=strict`` the kind of the checkpoint's (:mod:`zero_lab.app.check.scheduler`)."""
-    return scheduler_problems(cfg) + resumed_scheduler_problems(cfg, choices)
-
-
 _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_known_keys,
     _check_numbers,
@@ -620,7 +587,7 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_engine,
     _check_shard_size,
     _check_loop_features,
-    _check_scheduler,
+    scheduler_problems,
     registry_problems,
     _check_arguments,
     _check_optim,
@@ -628,6 +595,6 @@ _RULES: list[Callable[[DictConfig, Mapping[str, Any], RunPlan], list[str]]] = [
     _check_model,
     _check_partition,
     _check_memory_fits,
-    _check_resume,
+    resume_problems,
     _check_records,
 ]

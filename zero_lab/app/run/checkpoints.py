@@ -13,7 +13,7 @@ Three layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   with torch's own functions; rank 0 adds the record (``zero_lab.json``) and, last, every file's
   size and sha256 (:mod:`zero_lab.dcp_record`). Ranks write a hidden ``.step_N.dcp.partial-<token>``
   that rank 0 renames into place after a barrier; it is read through :func:`zero_lab.dcp.load`
-  (restricted unpickling, every file checked), after the job's check (:mod:`zero_lab.app.check.dcp_resume`).
+  (restricted unpickling, every file checked), after the job's check (:mod:`zero_lab.app.check.callback`).
 
 A resume finds the newest of the three. The record (:func:`_record`): step, stepping class, losses,
 world size, the scheduler's and fp16 scaler's state. Any layout loads into either kind of optimizer
