@@ -4,24 +4,22 @@ One function, :func:`build_training`, owns the order, because the overlap mode t
 three together (the optimizer steps inside DDP's communication hook):
 
 1. the model, seeded alike on every rank, built in fp32 and cast to ``param_dtype`` (every dtype
-   starts from the same weights); ``dist.sync_batchnorm`` converts BatchNorm first;
-2. the DDP wrapper with DDP's own options from ``dist.``;
-3. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
+   starts from the same weights), wrapped in DDP with DDP's own options from ``dist.``;
+2. the optimizer from ``cfg.optim`` (a ``_partial_`` target): plain ``torch.optim`` for the
    baselines; for the zero_* options ``zero_lab.ZeroRedundancyOptimizer`` with the partitioner,
    ``bucket_view``, ``overlap``, ``exchange`` and, where followed (``partitioner=ddp_bucket``,
    overlap), DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), so its partition is built
    once, along them (``optim.max_grad_norm`` is the loop's: :func:`zero_lab.app.run.step.unscale_and_clip`);
-4. with ``grad_reduce=``, the comm hook that reduces each bucket to its owners
+3. with ``grad_reduce=``, the comm hook that reduces each bucket to its owners
    (:func:`zero_lab.grad_reduce.reduce_gradients`; ``shard_grads=true`` releases the rest after
    backward), wrapping the ZeRO step hook (``overlap_hook``) with ``overlap=true``; without it,
    ``overlap=true`` puts the step hook on DDP's all-reduce. A plain optimizer takes
    ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
-5. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange`: the step only issues the
-   exchange, the next forward waits per module;
-6. the LR scheduler (torch's, with warmup), the ``GradScaler`` for ``autocast=fp16``, and
-   ``torch.compile`` of the DDP wrapper for ``compile=true``.
+4. with ``prefetch=true``, :func:`zero_lab.overlap.prefetch_exchange`: the step only issues the
+   exchange, the next forward waits per module.
 
-``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead.
+The LR scheduler, fp16's ``GradScaler`` and ``compile=true``'s ``torch.compile`` of the DDP wrapper
+come last. ``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead.
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -63,10 +61,9 @@ log = logging.getLogger(__name__)
 
 
 def params_never_reached(planned: Sequence[str] | None) -> list[str]:
-    """Rank 0's ``planned`` names (:attr:`~zero_lab.app.plan.run_plan.RunPlan.never_reached`, which the
-    run spec carries) on every rank — under torchrun or srun every rank planned its own job — so every
-    rank partitions alike; ``[]`` when the plan says nothing applies (``None``: a config fact, alike on
-    every rank). Collective when it applies: call on every rank, before :func:`build_training`."""
+    """Rank 0's ``planned`` names (:attr:`~zero_lab.app.plan.run_plan.RunPlan.never_reached`) on every
+    rank — under torchrun or srun every rank planned its own job — so every rank partitions alike; ``[]``
+    for ``None`` (nothing applies: a config fact, alike on every rank). Collective otherwise."""
     if planned is None:
         return []
     found = [list(planned) if dist.get_rank() == 0 else None]

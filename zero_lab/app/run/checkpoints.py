@@ -184,12 +184,13 @@ def _describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | Non
     return f"{' + '.join(unique)} + the default class (a {path})" if unique else path
 
 
-def _check_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
-    """A whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
-    optimizer) fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
+def _load_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
+    """Load a whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
+    optimizer) once it fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
     groups = [list(g["params"]) for g in training.optimizer.param_groups]
     names = {id(p): n for n, p in training.model.named_parameters()}
     sharded.check_state_dict(found, state_dict, groups, training.strategy.group_classes(training.optimizer), names)
+    training.optimizer.load_state_dict(state_dict)
 
 
 def _check_step(found: Path, step: int, steps: int) -> None:
@@ -261,8 +262,7 @@ def _override(training: Training, mine: list[dict[str, Any]]) -> dict[str, list[
 def _load_plain(training: Training, found: Path, state: dict[str, Any], load_optimizer: bool) -> None:
     training.model.load_state_dict(state["model"])
     if load_optimizer:
-        _check_plain_state(training, found, state["optimizer"])
-        training.optimizer.load_state_dict(state["optimizer"])
+        _load_plain_state(training, found, state["optimizer"])
 
 
 def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any], load_optimizer: bool) -> None:
@@ -272,8 +272,7 @@ def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any],
     if load_optimizer:  # a plain optimizer takes the whole state, merged from the (verified) shards
         with tempfile.TemporaryDirectory() as tmp:
             plain = load_file(sharded.export_plain_state_dict(directory, Path(tmp) / "optim.pt"))
-            _check_plain_state(training, directory, plain)
-            training.optimizer.load_state_dict(plain)
+            _load_plain_state(training, directory, plain)
 
 
 # ---------------------------------------------------------------------------- checkpoint_format=dcp

@@ -100,7 +100,7 @@ def summarize(
     classes = optimizer_classes(training.optimizer)
     evaluated = [r[VAL_LOSS.key] for r in records if VAL_LOSS.key in r]
     medians = {m.median: median(m.at("max") if m.per_rank else str(m.key)) for m in CATALOGUE if m.median}
-    summary = RunSummary(
+    return RunSummary(
         final_loss=losses[-1],
         losses=losses,
         world_size=world,
@@ -137,7 +137,8 @@ def summarize(
         eval_batches=cfg.get("eval_batches") if cfg.get("eval_every") else None,
         autocast=str(cfg.get("autocast")) if cfg.get("autocast") is not None else None,
         compile=bool(cfg.get("compile", False)),
-        compiled_graphs=_compiled_graphs() if cfg.get("compile") else None,
+        # how many graphs torch.compile made on this rank (1 + graph breaks + recompiles)
+        compiled_graphs=int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if cfg.get("compile") else None,
         **local_step_summary(timed, world),  # each rank's median local optimizer step, slowest ÷ mean
         state_vs_ddp=max(optim_state) / planned if planned else None,
         partition=training.strategy.partition_report(training.optimizer),
@@ -145,14 +146,7 @@ def summarize(
         provenance={k: v for k, v in meta.items() if k in PROVENANCE},
         stopped_by=signal_name(stopped_by) if stopped_by else None,
         **phase_summary(training, timed, world),
+        resume_optimizer=str(cfg.resume_optimizer) if resumed is not None else None,
+        resume_overridden=resumed.overridden if resumed is not None else None,
+        resumed_checkpoint=str(resumed.path) if resumed is not None else None,
     )
-    if resumed is not None:
-        summary.resume_optimizer = str(cfg.resume_optimizer)
-        summary.resume_overridden = resumed.overridden
-        summary.resumed_checkpoint = str(resumed.path)
-    return summary
-
-
-def _compiled_graphs() -> int:
-    """How many graphs ``torch.compile`` made on this rank (1 + graph breaks + recompiles)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
