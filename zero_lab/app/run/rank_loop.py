@@ -2,19 +2,18 @@
 
 :func:`train_rank` runs inside an initialised process group:
 
-1. log to ``<run dir>/logs/rank{r}.log``; pick the device (``cuda:LOCAL_RANK`` or CPU);
-2. the data; the parameters that never get a gradient (the job plan's, so the ZeRO owners are
-   balanced over the others from construction); model -> DDP -> optimizer (:mod:`zero_lab.app.run.build`);
-3. with ``resume=``, load the checkpoint on every rank (any world size, any format);
-4. each step: reseed from ``(seed, rank, step)`` (a resumed run draws what the uninterrupted one
+1. the rank's log, its device (``cuda:LOCAL_RANK`` or CPU), the data, model -> DDP -> optimizer
+   (:mod:`zero_lab.app.run.build`; the ZeRO owners balanced over the parameters that get gradients);
+2. with ``resume=``, the checkpoint, loaded on every rank (any world size, any format);
+3. each step: reseed from ``(seed, rank, step)`` (a resumed run draws what the uninterrupted one
    drew), this rank's batch (:func:`zero_lab.app.workloads.protocols.batch_stream`), one measured
    step (:func:`zero_lab.app.run.step.measured_step`), one all-gather of every rank's measurements;
-5. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`, before any
+4. a NaN/Inf loss on any rank stops every rank in that step (:class:`NonFiniteLoss`, before any
    checkpoint of the diverged state); every ``checkpoint_every`` steps, save
    (:mod:`zero_lab.app.run.checkpoints`), keeping the ``keep_checkpoints`` newest; after a
    SIGTERM/SIGINT/SIGUSR2 on any rank (:mod:`zero_lab.runtime.signals`), every rank finishes the
    step, saves (a requeued job resumes from it) and leaves the loop in the same step;
-6. at the end, check all ranks hold the same parameters; rank 0 writes ``summary.json``
+5. at the end, check all ranks hold the same parameters; rank 0 writes ``summary.json``
    (:mod:`zero_lab.app.run.finish`).
 
 Only rank 0 writes shared files (``metrics.jsonl``, ``summary.json``, the model, the manifest).
