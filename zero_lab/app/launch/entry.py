@@ -1,14 +1,12 @@
 """The console entry point: ``zero-lab-train`` (installed) and ``python train.py`` (checkout).
 
-    zero-lab-train optim=zero_adam overlap=true
     zero-lab-train -m optim=adam,zero_adam dist.world_size=2,4
 
-The configs come from the package (``pkg://zero_lab.conf``), so an installed wheel runs the
-same job as a checkout. Hydra composes the command's config once; its callbacks check it
-(:mod:`zero_lab.app.check.callback`: a bad config is one message and exit 2) and claim the run
-dir (:mod:`zero_lab.app.launch.run_dir`) before Hydra creates anything. Before Hydra starts, only the
-schemas of the user's own YAMLs are registered: their dirs (``--config-dir``,
-``hydra.searchpath=[...]``) are read with Hydra's own command-line parser.
+The configs come from the package (``pkg://zero_lab.conf``), so an installed wheel runs the same
+job as a checkout. Hydra composes the command's config once; its callbacks check it
+(:mod:`zero_lab.app.check.callback`) and claim the run dir (:mod:`zero_lab.app.launch.run_dir`)
+before Hydra creates anything. Before Hydra starts, the schemas of the user's own YAMLs are
+registered: their dirs (``--config-dir``, ``hydra.searchpath=[...]``) read with Hydra's own parser.
 """
 
 from __future__ import annotations
@@ -82,12 +80,9 @@ def user_config_dirs(overrides: Sequence[str], config_dir: str | None = None) ->
     ``hydra.searchpath=[...]`` override (``file://<dir>``, ``pkg://<module>`` or a plain path)."""
     found = [Path(config_dir).expanduser().resolve()] if config_dir else []
     for override in OverridesParser.create().parse_overrides([o for o in overrides if "searchpath" in o]):
-        if override.get_key_element() != "hydra.searchpath":
-            continue
-        for entry in override.value() or []:
-            where = _search_path_dir(str(entry))
-            if where is not None:
-                found.append(where)
+        if override.get_key_element() == "hydra.searchpath":
+            dirs = (_search_path_dir(str(entry)) for entry in override.value() or [])
+            found += [where for where in dirs if where is not None]
     return found
 
 

@@ -16,9 +16,9 @@ failed, the job runs as usual; a requeued job finds its own claim and runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,13 +54,9 @@ def claim(sweep_dir: Path, key: str, run_dir: Path, overrides: list[str]) -> Ori
     ``None`` (this job claimed it, holds it already, or the holder has not finished)."""
     path = sweep_dir / CLAIM_NAME.format(key=key)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    mine = {"run_dir": str(run_dir), "overrides": overrides}
-    try:
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w", encoding="utf-8") as f:
-            json.dump(mine, f)
+    with contextlib.suppress(FileExistsError), open(path, "x", encoding="utf-8") as f:  # "x": created exclusively
+        json.dump({"run_dir": str(run_dir), "overrides": overrides}, f)
         return None
-    except FileExistsError:
-        pass
     try:
         held = json.loads(path.read_text(encoding="utf-8"))
         earlier = Path(held["run_dir"])
@@ -82,11 +78,8 @@ def _finished(run_dir: Path) -> bool:
 
 def write_repeat(run_dir: Path, original: Original, overrides: list[str], unused: list[str]) -> None:
     """:data:`REPEAT_FILE`: which run this job repeats, and the overrides that made no difference."""
-    write_json(
-        run_dir / REPEAT_FILE,
-        {"repeat_of": str(original.run_dir), "its_overrides": original.overrides, "overrides": overrides,
-         "not_used": unused},
-    )  # fmt: skip
+    record = {"repeat_of": str(original.run_dir), "its_overrides": original.overrides, "overrides": overrides}
+    write_json(run_dir / REPEAT_FILE, {**record, "not_used": unused})
 
 
 def read_repeat(run_dir: Path) -> dict[str, Any] | None:

@@ -45,17 +45,7 @@ from zero_lab.app.config.overrides import given
 from zero_lab.app.record.run_files import LOGS_DIR, METRICS_FILE, SUMMARY_FILE
 from zero_lab.runtime import external
 
-__all__ = [
-    "EARLIER_RUN_FILES",
-    "LOCK_NAME",
-    "SYSTEM_DIRS",
-    "SYSTEM_TREES",
-    "ClaimRunDir",
-    "RunDirBusy",
-    "claim",
-    "set_aside_earlier_run",
-    "system_dir",
-]
+__all__ = ["ClaimRunDir", "claim", "set_aside_earlier_run", "system_dir"]
 
 LOCK_NAME = ".zero_lab.lock"
 #: What a run writes that a later run in the same dir would append to or be mistaken for.
@@ -130,13 +120,11 @@ def set_aside_earlier_run(directory: Path) -> Path | None:
     rank_logs = sorted(p for p in logs.iterdir() if _RANK_FILE.fullmatch(p.name)) if logs.is_dir() else []
     if not present and not rank_logs:
         return None
-    for k in itertools.count(1):
+    for k in itertools.count(1):  # the first free k, taken by an exclusive mkdir
         target = directory / "earlier" / str(k)
-        try:
+        with contextlib.suppress(FileExistsError):
             target.mkdir(parents=True)
-        except FileExistsError:
-            continue
-        break
+            break
     for path in present:
         os.replace(path, target / path.name)
     if rank_logs:  # only zero_lab's own files: a user's logs/ in a reused dir (hydra.run.dir=.) stays
@@ -188,12 +176,10 @@ def claim(path: str | Path, explicit: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     for suffix in range(1000):
         candidate = path if suffix == 0 else path.with_name(f"{path.name}-{suffix}")
-        try:
+        with contextlib.suppress(FileExistsError):
             candidate.mkdir()
-        except FileExistsError:
-            continue
-        _lock(candidate)
-        return candidate
+            _lock(candidate)
+            return candidate
     raise RunDirBusy(f"no free run dir next to {path} (tried {path.name}-1 ... -999)")
 
 

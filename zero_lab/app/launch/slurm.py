@@ -1,26 +1,15 @@
 """``hydra/launcher=slurm``: Hydra's submitit Slurm launcher, fitted to zero_lab's jobs.
 
-Two modes, chosen by ``hydra.launcher.nodes`` × ``hydra.launcher.tasks_per_node``:
-
-* **one task per job** (the default, 1 × 1): each sweep job is one Slurm job of one task,
-  which starts its ``dist.world_size`` ranks inside, as on a laptop — a sweep is a job array;
-* **multi-node** (more than one task): each sweep job's Slurm tasks *are* its ranks, started by
-  ``srun``; every task runs the Hydra job, rank 0 claims the job dir and writes ``.hydra/`` and
-  the job log, the others join (:data:`zero_lab.runtime.external.FOLLOWER_OVERRIDES`), and the
-  ranks rendezvous at the first node (:mod:`zero_lab.runtime.slurm`).
-
-A launcher field left ``null`` follows the job's config (:func:`job_resources`): CPUs are
-ranks per task × ``dist.threads_per_rank``, GPUs the ranks per node with ``dist.device=cuda``,
-``mem_gb`` (per node) :data:`RANK_BASE_GIB` per rank plus twice what the planner prices for
-plain DDP + the optimizer (ZeRO holds less), plus :data:`JOB_BASE_GIB` for the job process in
-one-task mode. Jobs of a sweep that need different resources go out as separate arrays.
-
-At the time limit submitit's ``--signal=USR2@<signal_delay_s>`` reaches the ranks, which
-checkpoint; task 0 hands the signal back to submitit, which requeues the job (at most
-``max_num_timeout`` times), and the requeued job resumes by itself
-(:mod:`zero_lab.app.launch.requeue`). When the jobs end, the submitting terminal shows each
-job's closing lines, read from task 0's log, or a failed job's error and log; a submission
-sbatch refuses is one line with its reason (:func:`submission_failure`), exit 1.
+Two modes, chosen by ``hydra.launcher.nodes`` × ``hydra.launcher.tasks_per_node``: **one task
+per job** (1 × 1, the default), which starts its ``dist.world_size`` ranks inside, as on a laptop;
+**multi-node**, where each job's Slurm tasks *are* its ranks: every task runs the Hydra job, rank
+0 claims the job dir and writes ``.hydra/`` and the job log, the others join
+(:data:`zero_lab.runtime.external.FOLLOWER_OVERRIDES`). Resources a launcher field leaves ``null``
+follow the job (:func:`job_resources`); a job at its time limit checkpoints and is requeued by
+submitit, and resumes by itself (:func:`zero_lab.app.launch.task.continue_requeued_run`). The
+submitting terminal shows each job's closing lines, or a failed job's error and log; a refused
+submission is one line with sbatch's reason (:func:`submission_failure`). docs/training.md#slurm
+says it all with the commands.
 
 Hydra loads launchers only from the ``hydra_plugins`` package: ``hydra_plugins/zero_lab_slurm``
 defines ``ZeroLabSlurmLauncher``, an empty subclass of :class:`SlurmJobsLauncher`.
@@ -30,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import math
 import pickle
 import sys
@@ -50,15 +40,7 @@ from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.closing import FIRST_LINE
 from zero_lab.runtime import external
 
-__all__ = [
-    "JOB_BASE_GIB",
-    "RANK_BASE_GIB",
-    "SlurmJobsLauncher",
-    "closing_block",
-    "job_resources",
-    "sbatch_reason",
-    "submission_failure",
-]
+__all__ = ["SlurmJobsLauncher", "closing_block", "job_resources", "sbatch_reason", "submission_failure"]
 
 #: Resident memory of one rank before its model: interpreter, torch, Gloo (a default-job rank peaks at 0.35 GiB).
 RANK_BASE_GIB = 0.5
@@ -76,7 +58,10 @@ def _tasks(launcher: dict[str, Any]) -> tuple[int, int]:
 
 def job_resources(cfg: DictConfig, launcher: dict[str, Any]) -> dict[str, Any]:
     """``cpus_per_task``, ``gpus_per_node``, ``mem_gb`` for this job: the launcher's values where
-    set, else derived from ``dist`` and the planner (module docstring)."""
+    set, else ranks per task × ``dist.threads_per_rank`` CPUs, the ranks per node as GPUs with
+    ``dist.device=cuda``, and per node :data:`RANK_BASE_GIB` per rank plus twice what the planner
+    prices for plain DDP + the optimizer (ZeRO holds less), plus :data:`JOB_BASE_GIB` for the job
+    process in one-task mode."""
     nodes, per_node = _tasks(launcher)
     multi = nodes * per_node > 1
     ranks_per_task = 1 if multi else int(cfg.dist.world_size)
@@ -99,12 +84,8 @@ def closing_block(log_text: str) -> list[str]:
     starts = [i for i, line in enumerate(lines) if line.startswith(FIRST_LINE)]
     if not starts:
         return []
-    block = [lines[starts[-1]]]
-    for line in lines[starts[-1] + 1 :]:
-        if not (line.startswith("  ") or line.startswith("zero_lab: W&B")):
-            break
-        block.append(line)
-    return block
+    first, *rest = lines[starts[-1] :]
+    return [first, *itertools.takewhile(lambda line: line.startswith(("  ", "zero_lab: W&B")), rest)]
 
 
 class SlurmJobsLauncher(SlurmLauncher):

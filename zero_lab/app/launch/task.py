@@ -9,7 +9,7 @@ with several tasks this process *is* a rank and trains directly.
 
 A sweep job that would train what an earlier, finished job trained is not run again
 (:mod:`zero_lab.app.launch.repeats`); a job Slurm requeued resumes from its run dir's checkpoint
-(:mod:`zero_lab.app.launch.requeue`); a run stopped by a signal hands the signal back to the
+(:func:`continue_requeued_run`); a run stopped by a signal hands the signal back to the
 handler it replaced (:func:`zero_lab.runtime.signals.hand_back`: under the Slurm launcher,
 submitit's, which requeues the job) and otherwise exits non-zero, saying how.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,6 @@ from zero_lab.app.check.rules import to_container
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
-from zero_lab.app.launch.requeue import continue_requeued_run
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.closing import closing_lines, describe_failure, resume_hint
 from zero_lab.app.record.objective import objective_value
@@ -50,8 +50,9 @@ from zero_lab.app.record.run_files import META_FILE, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
 from zero_lab.app.run.rank_loop import RANK_PRELOAD, RankResult, RunSpec, train_rank
+from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_json
-from zero_lab.runtime import external
+from zero_lab.runtime import external, slurm
 from zero_lab.runtime.signals import Stopped, StopStage, hand_back, signal_name, stopping_raises
 from zero_lab.runtime.spawn import Interrupted, RankFailure, run_world, start_forkserver
 
@@ -135,6 +136,24 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
         stage.now("finishing the run", f"every step was trained and saved in {run_dir}")
         # inside the follower: a run stopped by a signal exits here, and W&B records it as failed
         return _report(results, cfg, spec, time.perf_counter() - started)
+
+
+def continue_requeued_run(config: dict[str, Any], run_dir: Path, meta: dict[str, Any]) -> None:
+    """In a job Slurm requeued (``SLURM_RESTART_COUNT`` > 0) with no ``resume=`` of its own,
+    resume from the newest checkpoint in this run dir; ``meta["requeued"]`` (summary.json's
+    ``requeued``) records how often and from which step, ``None`` on a first start."""
+    restarts = slurm.requeue_count(os.environ)
+    meta["requeued"] = None
+    if not restarts or config.get("resume") is not None:
+        return
+    found = find_checkpoint(run_dir)
+    meta["requeued"] = {"restarts": restarts, "from_step": 0, "checkpoint": None}
+    if found is None:
+        log.warning("requeued (%d) but no checkpoint in %s: starting from step 0", restarts, run_dir)
+        return
+    config["resume"] = str(run_dir)
+    meta["requeued"].update(from_step=checkpoint_step(found), checkpoint=str(found))
+    log.info("requeued (%d): resuming from %s", restarts, found)
 
 
 def _note(text: str) -> None:
@@ -226,12 +245,8 @@ def _report(results: list[RankResult], cfg: DictConfig, spec: RunSpec, seconds: 
             128 + stopped.stopped_by,
         )
     summary = RunSummary.read(run_dir / SUMMARY_FILE)
-    log.info(
-        "finished in %.1f s: final loss %.6g, param checksum %s",
-        seconds,
-        summary.final_loss,
-        (summary.param_checksum or "")[:16],
-    )
+    checksum = (summary.param_checksum or "")[:16]
+    log.info("finished in %.1f s: final loss %.6g, param checksum %s", seconds, summary.final_loss, checksum)
     value = objective_value(summary, cfg.objective)
     log.info("objective %s = %s", cfg.objective, value)
     print("\n".join(closing_lines(summary, spec.plan.name, run_dir, seconds)), flush=True)

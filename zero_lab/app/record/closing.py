@@ -9,8 +9,6 @@ in a job's log by their first line (:data:`FIRST_LINE`). :func:`describe_failure
 rank failed and how, :func:`resume_hint` how to continue a failed or stopped run::
 
     print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
-    describe_failure(failure, run_dir)   # "rank 1 failed: ValueError: ...\n  its log: ..."
-    resume_hint(run_dir, meta)           # "continue with: python train.py ... resume=<run dir>"
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic
 from zero_lab.runtime.spawn import RankFailure, RankStalled, describe_exit, last_line
 
-__all__ = ["FIRST_LINE", "closing_lines", "describe_failure", "hydra_quoted", "resume_hint"]
+__all__ = ["FIRST_LINE", "closing_lines", "describe_failure", "grad_reduce_lines", "resume_hint"]
 
 #: How the closing block starts (``zero_lab: final loss 0.0123 after 20 steps ...``).
 FIRST_LINE = "zero_lab: final loss"
@@ -69,8 +67,7 @@ def _engine_lines(summary: RunSummary) -> list[str]:
 def _loop_lines(summary: RunSummary) -> list[str]:
     """Resume, accumulation and validation, each only when it ran."""
     out = []
-    if summary.resumed_checkpoint or summary.resumed_from:
-        where = summary.resumed_checkpoint or summary.resumed_from
+    if where := summary.resumed_checkpoint or summary.resumed_from:
         policy = f" (resume_optimizer={summary.resume_optimizer})" if summary.resume_optimizer else ""
         out.append(f"  resumed from {where} at step {summary.start_step}{policy}")
     if summary.accumulate > 1:
@@ -170,11 +167,11 @@ def _exchange_share(summary: RunSummary) -> str:
 
 def _size(nbytes: float) -> str:
     """Bytes in the largest unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(nbytes) < 1024:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
         nbytes /= 1024
-    raise AssertionError("unreachable")
+    return f"{nbytes:.2f} GiB"
 
 
 def resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
@@ -203,21 +200,20 @@ def describe_failure(failure: RankFailure, run_dir: Path) -> str:
     the run dir."""
     path = run_dir / LOGS_DIR / f"rank{failure.rank}.error.txt"
     write_atomic(path, lambda f: f.write(failure.details.encode("utf-8")))
-    if failure.exitcode is not None:
-        what = (
-            f"its process was {describe_exit(failure.exitcode)}"
-            if failure.exitcode < 0
-            else (f"its process ended with {describe_exit(failure.exitcode)} before reporting")
-        )
+    stalled = isinstance(failure, RankStalled)
+    if failure.exitcode is None:
+        what = failure.summary.removeprefix("stalled: ")
+    elif failure.exitcode < 0:
+        what = f"its process was {describe_exit(failure.exitcode)}"
     else:
-        what = failure.summary
-    if isinstance(failure, RankStalled):  # the others' /proc states, or the peer that waited
-        echoes = "".join(f"\n  (rank {r}: {last_line(d)[:200]})" for r, d in sorted(failure.others.items()))
+        what = f"its process ended with {describe_exit(failure.exitcode)} before reporting"
+    others = sorted(failure.others.items())
+    if stalled:  # the others' /proc states, or the peer that waited
+        echoes = "".join(f"\n  (rank {r}: {last_line(d)[:200]})" for r, d in others)
     else:
-        echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in sorted(failure.others.items()))
+        echoes = "".join(f"\n  (rank {r} {_echo(d, failure.details)})" for r, d in others)
     log_path = run_dir / LOGS_DIR / f"rank{failure.rank}.log"
-    verb = "stalled" if isinstance(failure, RankStalled) else "failed"
-    what = what.removeprefix("stalled: ")
+    verb = "stalled" if stalled else "failed"
     return f"rank {failure.rank} {verb}: {what}\n  its log: {log_path}\n  full traceback: {path}{echoes}"
 
 

@@ -147,13 +147,6 @@ class MetricsGather:
         return [RankStep(*row) for row in rows]
 
 
-def _per_rank(key: Callable[[str], str], values: list[float]) -> dict[str, float]:
-    out = {key(f"rank{r}"): v for r, v in enumerate(values)}
-    out[key("max")] = max(values)
-    out[key("mean")] = sum(values) / len(values)
-    return out
-
-
 def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, grad_norm: bool = False) -> dict[str, Any]:
     """The catalogue's keys of one step (see the module docstring); ``grad_norm``: the loop clips,
     so the gradient norm is recorded (rank 0's; every rank has the same)."""
@@ -161,7 +154,9 @@ def step_record(step: int, per_rank: list[RankStep], imbalance: float = 1.0, gra
     record: dict[str, Any] = {"step": step, LOSS.key: sum(losses) / len(losses)}
     record.update({LOSS.at(f"rank{r}"): loss for r, loss in enumerate(losses)})
     for metric in PER_RANK:
-        record.update(_per_rank(metric.at, [getattr(r, metric.name) for r in per_rank]))
+        values = [getattr(r, metric.name) for r in per_rank]
+        record.update({metric.at(f"rank{r}"): value for r, value in enumerate(values)})
+        record.update({metric.at("max"): max(values), metric.at("mean"): sum(values) / len(values)})
     slowest = max(r.step_s for r in per_rank)
     record[SAMPLES_PER_S.key] = sum(r.samples for r in per_rank) / slowest if slowest > 0 else 0.0
     record[IMBALANCE.key] = imbalance
@@ -189,10 +184,17 @@ def local_step_summary(records: list[dict[str, Any]], world_size: int) -> dict[s
     }
 
 
-def _per_link(records: list[dict[str, Any]], world_size: int, sent: Metric, group: Metric, node: Metric) -> dict:
+#: Each phase's bytes sent, and of them what crossed shard groups and what crossed nodes.
+_LINKED = {
+    "grad_reduce": (GRAD_REDUCE_BYTES, GRAD_REDUCE_INTER_GROUP_BYTES, GRAD_REDUCE_INTER_NODE_BYTES),
+    "param_exchange": (EXCHANGE_SENT_BYTES, EXCHANGE_INTER_GROUP_BYTES, EXCHANGE_INTER_NODE_BYTES),
+}
+
+
+def _per_link(records: list[dict[str, Any]], world_size: int, phase: str) -> dict[str, list[float]]:
     """One phase's bytes sent per rank (medians) by link class (:data:`zero_lab.comm.LINK_CLASSES`): what
-    crossed shard groups (``group``) and nodes (``node``), and the rest of ``sent`` (inside a group, a node)."""
-    total, inter_group, inter_node = (_medians(records, m.at, world_size) for m in (sent, group, node))
+    crossed shard groups and nodes, and the rest (inside a group, a node)."""
+    total, inter_group, inter_node = (_medians(records, m.at, world_size) for m in _LINKED[phase])
     return {
         INTRA_GROUP: [t - i for t, i in zip(total, inter_group)],
         INTER_GROUP: inter_group,
@@ -224,16 +226,8 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
             "param_exchange": of_exchange(_medians(records, EXCHANGE_SENT_BYTES.at, world_size)),
         },
         "bytes_per_link": {
-            "grad_reduce": reduced(
-                _per_link(
-                    records, world_size, GRAD_REDUCE_BYTES, GRAD_REDUCE_INTER_GROUP_BYTES, GRAD_REDUCE_INTER_NODE_BYTES
-                )
-            ),
-            "param_exchange": of_exchange(
-                _per_link(
-                    records, world_size, EXCHANGE_SENT_BYTES, EXCHANGE_INTER_GROUP_BYTES, EXCHANGE_INTER_NODE_BYTES
-                )
-            ),
+            "grad_reduce": reduced(_per_link(records, world_size, "grad_reduce")),
+            "param_exchange": of_exchange(_per_link(records, world_size, "param_exchange")),
         },
         "phase_time_s": {
             "grad_reduce": reduced(slowest(GRAD_REDUCE_S)),

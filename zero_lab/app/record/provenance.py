@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from zero_lab.app.config.paths import SOURCE_DIR
 from zero_lab.app.record.run_files import COMMAND
 
-__all__ = ["git_revision", "run_meta"]
+__all__ = ["run_meta"]
 
 
 def run_meta(hydra_cfg: Any, choices: dict[str, Any]) -> dict[str, Any]:

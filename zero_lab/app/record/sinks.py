@@ -2,15 +2,11 @@
 
 A sink is anything with ``log(record)``, ``summary(summary)`` and ``close(failed)``
 (:class:`MetricSink`). ``cfg.logger`` is a ``_partial_`` target completed at the call site
-(:func:`make_logger_sink`) with the run dir and the W&B run's config
-(:mod:`zero_lab.app.record.wandb_run`), each only if the sink's constructor takes it: a sink of
-your own (``logger._target_=my_project.PrintSink``) declares what it wants.
-
-With ranks started inside the Hydra job, the job process runs the logger
-(:class:`JsonlFollower`); under torchrun there is no such process, so rank 0 logs directly.
-:class:`WandbSink` imports wandb lazily; offline mode needs no key and no network, and its files
-stay in the run dir. ``close`` always finishes the run and tears wandb-core down, so no process
-outlives the job, then prints where the run is (offline: the ``wandb sync`` command; online: its URL).
+(:func:`make_logger_sink`) with the run dir and the W&B run's config, each only if the sink's
+constructor takes it: a sink of your own (``logger._target_=my_project.PrintSink``) declares
+what it wants. With ranks started inside the Hydra job the job process runs the logger
+(:class:`JsonlFollower`); under torchrun rank 0 logs directly. :class:`WandbSink` imports wandb
+lazily, keeps its files in the run dir, and always tears wandb-core down: no process outlives the job.
 """
 
 from __future__ import annotations
@@ -141,11 +137,8 @@ class WandbSink:
 
     def close(self, failed: bool = False) -> None:
         sync_dir = str(self.run.settings.sync_dir)
-        line = (
-            f"zero_lab: W&B run (offline): {sync_dir}\n  upload it with: wandb sync {sync_dir}"
-            if self.run.offline
-            else f"zero_lab: W&B run: {self.run.url}"
-        )
+        offline = f" (offline): {sync_dir}\n  upload it with: wandb sync {sync_dir}"
+        line = f"zero_lab: W&B run{offline if self.run.offline else f': {self.run.url}'}"
         try:
             self.run.finish(exit_code=1 if failed else 0)
         finally:
@@ -189,13 +182,9 @@ def make_logger_sink(
     used = {k: v for k, v in logger_cfg.items() if k not in HYDRA_KEYS}
     make = instantiate(logger_cfg)
     supplied = {"run_dir": lambda: str(run_dir), "config": lambda: run_config(config, meta.get("choices", {}), used)}
-    return make(**{key: value() for key, value in supplied.items() if _takes(make, key)})
-
-
-def _takes(make: Any, key: str) -> bool:
-    """Whether the sink's constructor takes ``key`` (named, or through ``**kwargs``)."""
-    parameters = inspect.signature(make).parameters
-    return key in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    parameters = inspect.signature(make).parameters  # what the sink's constructor takes, named or by **kwargs
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return make(**{key: value() for key, value in supplied.items() if takes_any or key in parameters})
 
 
 class JsonlFollower:
@@ -211,10 +200,11 @@ class JsonlFollower:
             run_world(...)
     """
 
-    def __init__(self, path: str | Path, make_sink: Any, poll_s: float = 0.25):
+    POLL_S = 0.25
+
+    def __init__(self, path: str | Path, make_sink: Any):
         self.path = Path(path)
         self._make_sink = make_sink
-        self._poll_s = poll_s
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._sink: MetricSink | None = None
@@ -231,7 +221,7 @@ class JsonlFollower:
     def _follow(self) -> None:
         try:
             self._sink = self._make_sink()
-            while not self._stop.wait(self._poll_s):
+            while not self._stop.wait(self.POLL_S):
                 self._forward()
         except BaseException as error:  # user code: the metric sink's (W&B's) errors, re-raised by close()
             self._error = error

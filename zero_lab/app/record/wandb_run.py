@@ -63,9 +63,7 @@ def identity(logger: dict[str, Any], meta: dict[str, Any], world_size: int, zero
         groups = Strategy.of(zero).identity_groups
         own = out["tags"] or []  # null unless the user set logger.tags
         tags = [*own, *(f"{g}:{choices[g]}" for g in groups if choices.get(g)), f"world_size:{world_size}"]
-        for override in read(meta.get("overrides", [])):
-            if override.root != "hydra":
-                tags.append(f"{override.key}:{override.value or ''}"[:MAX_TAG])
+        tags += [f"{o.key}:{o.value or ''}"[:MAX_TAG] for o in read(meta.get("overrides", [])) if o.root != "hydra"]
         out["tags"] = list(dict.fromkeys(tags))  # in order, once each
     return out
 

@@ -1,18 +1,14 @@
 """Data: one global batch per step, a pure function of ``(seed, step)``.
 
-Synthetic (``RegressionData``, ``TokenData``, ``ImageData``) or read from text files
-(``TextData``: byte-level tokens of a file or a folder; by default the Python standard
-library's own source, which exists wherever Python does).
-
-Every rank builds the same global batch and keeps its contiguous slice of
-``global_batch / world_size`` rows. Each rank's loss is the mean over its slice and DDP
-averages gradients over ranks, so the gradient is that of the global-batch mean at *any*
-world size: the same seed gives the same trajectory with 1, 2 or 4 ranks (up to float
-rounding), and strategies are always compared on identical work.
+Synthetic (``RegressionData``, ``TokenData``, ``ImageData``) or byte-level tokens of text files
+(``TextData``: by default the Python standard library's own source, found wherever Python is).
+Every rank builds the same global batch and keeps its contiguous slice of ``global_batch /
+world_size`` rows; each rank's loss is the mean over its slice and DDP averages gradients over
+ranks, so the gradient is the global-batch mean's at *any* world size: the same seed gives the
+same trajectory with 1, 2 or 4 ranks (up to float rounding), and strategies compare on identical work.
 
     data = RegressionData(global_batch=32, in_dim=8, out_dim=8, seed=0)
     x, y = data.shard(step=3, rank=1, world_size=2)   # rows 16..31 of step 3's batch
-    loss = data.loss(model(x), y)
 """
 
 from __future__ import annotations
@@ -37,6 +33,10 @@ def stream_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+#: A batch: ``(inputs, targets)``.
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
 def _generator(*parts: int | str) -> torch.Generator:
     return torch.Generator().manual_seed(stream_seed(*parts))
 
@@ -50,21 +50,19 @@ class _Synthetic:
         self.global_batch = global_batch
         self.seed = seed
 
-    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> Pair:
         """The global batch of ``step`` in the random stream ``stream`` (``"batch"``: training, ``"val"``: held out)."""
         raise NotImplementedError
 
-    def shard(self, step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def shard(self, step: int, rank: int, world_size: int) -> Pair:
         """This rank's rows of step ``step``'s global batch."""
         return self._slice(self.global_batch_at(step), rank, world_size)
 
-    def val_shard(self, index: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def val_shard(self, index: int, rank: int, world_size: int) -> Pair:
         """This rank's rows of held-out batch ``index``: drawn from a stream training never reads."""
         return self._slice(self.global_batch_at(index, "val"), rank, world_size)
 
-    def _slice(
-        self, batch: tuple[torch.Tensor, torch.Tensor], rank: int, world_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _slice(self, batch: Pair, rank: int, world_size: int) -> Pair:
         if self.global_batch % world_size:
             raise ValueError(f"global_batch={self.global_batch} is not divisible by world_size={world_size}")
         rows = self.global_batch // world_size
@@ -83,15 +81,13 @@ class RegressionData(_Synthetic):
         teacher = torch.randn(in_dim, out_dim, generator=_generator(seed, "teacher"))
         self.teacher = teacher / math.sqrt(in_dim)
 
-    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> Pair:
         gen = _generator(self.seed, stream, step)
         x = torch.randn(self.global_batch, self.in_dim, generator=gen)
         y = torch.tanh(x @ self.teacher) + self.noise * torch.randn(self.global_batch, self.out_dim, generator=gen)
         return x, y
 
-    @staticmethod
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.mse_loss(output, target)
+    loss = staticmethod(F.mse_loss)
 
 
 class TokenData(_Synthetic):
@@ -105,7 +101,7 @@ class TokenData(_Synthetic):
         rule = torch.randint(1, vocab_size, (2,), generator=_generator(seed, "rule"))
         self.a, self.b = int(rule[0]), int(rule[1])
 
-    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> Pair:
         start = torch.randint(0, self.vocab_size, (self.global_batch, 1), generator=_generator(self.seed, stream, step))
         tokens = [start]
         for _ in range(self.seq_len):
@@ -130,15 +126,13 @@ class ImageData(_Synthetic):
         self.classes, self.noise = classes, noise
         self.prototypes = torch.randn(classes, channels, size, size, generator=_generator(seed, "prototypes"))
 
-    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> Pair:
         gen = _generator(self.seed, stream, step)
         labels = torch.randint(0, self.classes, (self.global_batch,), generator=gen)
         images = self.prototypes[labels] + self.noise * torch.randn(self.prototypes[labels].shape, generator=gen)
         return images, labels
 
-    @staticmethod
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output, target)
+    loss = staticmethod(F.cross_entropy)
 
 
 def stdlib_source() -> Path:
@@ -171,7 +165,7 @@ class TextData(_Synthetic):
             )
         self.train_tokens, self.val_tokens = tokens[:-held_out], tokens[-held_out:]
 
-    def global_batch_at(self, step: int, stream: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
+    def global_batch_at(self, step: int, stream: str = "batch") -> Pair:
         tokens = self.val_tokens if stream == "val" else self.train_tokens
         starts = torch.randint(
             0, len(tokens) - self.seq_len, (self.global_batch,), generator=_generator(self.seed, stream, step)
@@ -215,6 +209,5 @@ def _read_text(path: Path, pattern: str, max_bytes: int) -> bytes:
 def _matching_files(folder: Path, pattern: str) -> tuple[Path, ...]:
     """The files under ``folder`` matching ``pattern``, sorted, without installed packages."""
     installed = {"site-packages", "dist-packages"}  # the standard library's folder may hold installed packages
-    return tuple(
-        sorted(p for p in folder.glob(pattern) if p.is_file() and not installed & set(p.relative_to(folder).parts[:-1]))
-    )
+    found = [p for p in folder.glob(pattern) if p.is_file() and not installed & set(p.relative_to(folder).parts[:-1])]
+    return tuple(sorted(found))

@@ -26,7 +26,6 @@ class MLP(nn.Module):
     """``depth`` Linear layers ``in_dim -> hidden -> ... -> out_dim``, activation between."""
 
     task = "regression"
-    activations = (*_ACTIVATIONS, None)
 
     def __init__(
         self,
@@ -39,7 +38,7 @@ class MLP(nn.Module):
     ):
         super().__init__()
         if activation not in _ACTIVATIONS and activation is not None:
-            raise ValueError(f"activation must be one of {list(self.activations)}, got {activation!r}")
+            raise ValueError(f"activation must be one of {[*_ACTIVATIONS, None]}, got {activation!r}")
         dims = [in_dim] + [hidden] * (depth - 1) + [out_dim]
         self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in itertools.pairwise(dims))
         self.act = _ACTIVATIONS[activation]() if activation else nn.Identity()

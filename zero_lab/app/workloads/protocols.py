@@ -23,6 +23,7 @@ runner calls the same :func:`call_model`, :func:`loss_of` and :func:`batch_strea
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -161,10 +162,7 @@ def loss_of(output: Any, targets: torch.Tensor | None, data: Any, output_key: st
 def batch_stream(data: Any, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
     """This rank's batches from ``start_step`` on, whichever data protocol ``data`` follows."""
     if callable(getattr(data, "shard", None)):
-        step = start_step
-        while True:
-            yield data.shard(step, rank, world_size)
-            step += 1
+        yield from (data.shard(step, rank, world_size) for step in itertools.count(start_step))
     yield from data.batches(rank, world_size, start_step)
 
 
@@ -191,10 +189,8 @@ def protocol_problems(
     batches. ``fitting``: the data options a mismatch can pick instead (``data=tokens``)."""
     out = []
     model_task, data_task = task_of(model_cls), getattr(data_cls, "task", None)
-    for name, cls, task, other in (
-        (model_name, model_cls, model_task, data_task),
-        (data_name, data_cls, data_task, model_task),
-    ):
+    sides = ((model_name, model_cls, model_task, data_task), (data_name, data_cls, data_task, model_task))
+    for name, cls, task, other in sides:
         if not isinstance(task, str):
             example = other if isinstance(other, str) else "regression"
             how = f"add the class attribute `task = {example!r}`"
@@ -247,10 +243,6 @@ class _NoValuesOnMeta(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-#: What only says the meta device cannot run the code: an op without a meta kernel, a read of values.
-_CANNOT_JUDGE = (NotImplementedError, _MetaLimit)
-
-
 @dataclass(frozen=True)
 class MetaProbe:
     """What rank 0's first batch did on the model built on ``meta``: the problems found (one line
@@ -264,11 +256,9 @@ class MetaProbe:
 def probe_on_meta(
     model: nn.Module, data: Any, world_size: int, output_key: str, float_dtype: torch.dtype | None = None
 ) -> MetaProbe:
-    """Run rank 0's first batch through ``model`` (built on ``meta``: no memory, no arithmetic),
-    the loss and backward, on meta tensors; the gradients are cleared again. Finds a forward whose
-    output the loss cannot read, a batch the model cannot take, a loss that is not a scalar, an
-    error of the data's or the model's own code (each under its key), and the parameters no
-    gradient reaches. Code the meta device cannot run (decided by the error's type) is not judged."""
+    """Run rank 0's first batch through ``model`` (built on ``meta``: no memory, no arithmetic), the
+    loss and backward, on meta tensors, and clear the gradients again. Code the meta device cannot
+    run (decided by the error's type: an op without a meta kernel, a read of values) is not judged."""
     read = attempt(lambda: next(batch_stream(data, 0, world_size, 0)))
     if read.error is not None:
         return MetaProbe([f"data: reading the first batch failed: {first_line(read.error)}"], None)
@@ -284,8 +274,10 @@ def probe_on_meta(
 
 
 def _failed(error: Exception, what: str) -> MetaProbe:
-    """``what`` failed with ``error``: one problem, or none when only the meta device could not run it."""
-    return MetaProbe([] if isinstance(error, _CANNOT_JUDGE) else [f"{what}: {first_line(error)}"], None)
+    """``what`` failed with ``error``: one problem, or none when only the meta device could not run
+    it (an op without a meta kernel, a read of values)."""
+    cannot_judge = isinstance(error, (NotImplementedError, _MetaLimit))
+    return MetaProbe([] if cannot_judge else [f"{what}: {first_line(error)}"], None)
 
 
 def _forward_backward(model: nn.Module, inputs: Inputs, targets: Any, data: Any, output_key: str) -> MetaProbe:

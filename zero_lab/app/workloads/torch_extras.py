@@ -20,20 +20,13 @@ import importlib
 import importlib.metadata
 import re
 import sys
+import traceback
 
 import torch
 
 from zero_lab.app.workloads.user_code import attempt
 
-__all__ = [
-    "NEEDS_TORCHVISION",
-    "TorchvisionError",
-    "explain_import_error",
-    "main",
-    "model_extras_problem",
-    "torchvision_fix",
-    "torchvision_mismatch",
-]
+__all__ = ["explain_import_error", "main", "model_extras_problem", "torchvision_fix", "torchvision_mismatch"]
 
 #: Model targets whose import reaches torchvision when it is installed (transformers imports it).
 NEEDS_TORCHVISION = ("transformers.", "torchvision.", "zero_lab.app.workloads.hf_models.")
@@ -103,14 +96,9 @@ def _causes(error: BaseException) -> list[BaseException]:
 
 
 def _mentions_torchvision(error: BaseException) -> bool:
-    if "torchvision" in str(error) or "torchvision" in (getattr(error, "name", None) or ""):
-        return True
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return any("torchvision" in name for name in frames)
+    """``error``'s message, the module it could not import, or a file of its traceback names torchvision."""
+    files = (frame.f_code.co_filename for frame, _ in traceback.walk_tb(error.__traceback__))
+    return "torchvision" in f"{error} {getattr(error, 'name', None) or ''}" or any("torchvision" in f for f in files)
 
 
 def explain_import_error(error: BaseException, what: str) -> TorchvisionError | None:
