@@ -57,6 +57,10 @@ def test_the_engine_shards_over_groups_of_two_too(runs):
     state = engine["optim_state_bytes"]
     assert state[0] == state[2] and state[1] == state[3]
     assert links_inside_groups(engine["bytes_per_link"]["param_exchange"])
+    grads = engine["bytes_per_link"]["grad_reduce"]  # reduced inside the group, each owned range across it
+    assert min(grads["intra_group"]) > 0 and min(grads["inter_group"]) > 0
+    sent = [inside + across for inside, across in zip(grads["intra_group"], grads["inter_group"])]
+    assert engine["bytes_per_step"]["grad_reduce"] == sent
 
 
 def test_the_overlap_hooks_step_and_exchange_inside_each_shard_group(runs):

@@ -205,7 +205,7 @@ def _per_link(records: list[dict[str, Any]], world_size: int, phase: str) -> dic
 
 def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """summary.json's figures by phase over ``records`` (the timed steps): ``bytes_per_step``
-    (each rank's median bytes sent, ``grad_reduce`` only with ``grad_reduce=``), ``phase_time_s``
+    (each rank's median bytes sent, ``grad_reduce`` only with ``grad_reduce=`` or the engine), ``phase_time_s``
     (the slowest rank's medians), the gradient bytes (the last step's, per rank), the reducer's report."""
     if not records:
         return {}
@@ -214,8 +214,8 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
     def slowest(metric: Metric) -> float | None:
         return statistics.median(r[metric.at("max")] for r in records)
 
-    def reduced(value: Any) -> Any:
-        return value if reducer is not None else None
+    def reduced(value: Any) -> Any:  # a grad_reduce= hook's or the engine's reduction
+        return value if training.grad_stats is not None else None
 
     return {
         "grad_reduce": reducer.report() if reducer is not None else None,

@@ -125,6 +125,7 @@ def build_training(
         zero=strategy.shards_state,
         exchange_stats=optimizer.comm_stats if strategy.shards_state else None,  # with overlap: metered by the hook
         grad_reducer=reducer,
+        grad_stats=reducer.stats if reducer is not None else None,
         max_grad_norm=cfg.optim.get("max_grad_norm"),
         scheduler=make_scheduler(cfg, optimizer),
         scaler=torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None,
@@ -167,6 +168,7 @@ def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without
         zero=True,
         dp="zero_lab",
         exchange_stats=engine.param_comm.stats,
+        grad_stats=engine.comm.stats,  # its bucket reductions (and replica all-reduces)
         max_grad_norm=cfg.optim.get("max_grad_norm"),
         scheduler=make_scheduler(cfg, optimizer),
     )

@@ -162,6 +162,14 @@ def validation_loss(
     return float(total) / (batches * world_size)
 
 
+def _waited(training: Training) -> float:
+    """Seconds the loop has waited for gradient reductions so far (the grad_reduce= hook's own clock,
+    else the engine's meter; 0 where nothing reduces but DDP)."""
+    if training.grad_reducer is not None:
+        return training.grad_reducer.exposed_seconds
+    return training.grad_stats.exposed_seconds if training.grad_stats is not None else 0.0
+
+
 def measured_step(training: Training, data: Any, batch: Batch, options: StepOptions, device: torch.device) -> RankStep:
     """One optimizer step on this rank's batch — zero the gradients, :func:`forward_backward`,
     :func:`unscale_and_clip`, :func:`apply_step` — timed, with what it sent and holds measured
@@ -169,9 +177,9 @@ def measured_step(training: Training, data: Any, batch: Batch, options: StepOpti
     comm = training.exchange_stats or CommStats()
     before = comm.snapshot()
     reducer = training.grad_reducer
-    grads = reducer.stats if reducer is not None else CommStats()
+    grads = training.grad_stats or CommStats()
     grads_before = grads.snapshot()
-    exposed_before = reducer.exposed_seconds if reducer is not None else 0.0
+    exposed_before = _waited(training)
     local_before = training.step_clock.seconds()
     start = time.perf_counter()
     training.optimizer.zero_grad(set_to_none=True)
@@ -202,7 +210,7 @@ def measured_step(training: Training, data: Any, batch: Batch, options: StepOpti
         grad_reduce_bytes=reduced.sent_bytes,
         exchange_sent_bytes=exchange.sent_bytes,
         grad_reduce_s=reduced.seconds,
-        grad_reduce_exposed_s=reducer.exposed_seconds - exposed_before if reducer is not None else 0.0,
+        grad_reduce_exposed_s=_waited(training) - exposed_before,
         grad_bytes=grad_bytes,
         grad_reduce_inter_group_bytes=reduced.sent_by_link.get(INTER_GROUP, 0),
         grad_reduce_inter_node_bytes=reduced.sent_by_link.get(INTER_NODE, 0),

@@ -31,6 +31,7 @@ class Training:
     zero: bool  # the optimizer shards its state (``strategy`` answers what that changes)
     exchange_stats: CommStats | None = None  # None: a plain optimizer, no exchange
     grad_reducer: GradReduceHandle | None = None  # the grad_reduce= hook (its stats meter the reduction)
+    grad_stats: CommStats | None = None  # the gradient reduction's meter: the grad_reduce= hook's, or the engine's
     max_grad_norm: float | None = None
     scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
     scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
