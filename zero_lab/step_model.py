@@ -22,6 +22,8 @@ the trainable bytes):
    ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
    longest: ``W × longest`` — a bucket owned by few ranks costs W times its size); ``owned``
    (an engine whose buffers are cut evenly among the owners: one reduce-scatter of the bucket).
+   *grad copies* beside it (:data:`BUCKET_COPY_TOUCHES`: DDP's into and out of its buckets, the
+   engine's into its buffer) at the memory bandwidth, exposed (the same cores).
    With ``S < W`` the reduce-scatter runs inside the group and each owner's shard is then
    all-reduced across the ``W/S`` groups (``Ψ/S`` per rank crosses groups).
 3. *the owner's step* — Adam reads the parameter, gradient and two moments and writes three
@@ -73,6 +75,10 @@ __all__ = [
 ADAM_TOUCHES = 7
 #: Memory touches per element of a Muon step beside Newton–Schulz: reads grad, momentum, param; writes two.
 MUON_TOUCHES = 5
+#: Memory touches per gradient element of the copies around the reduction: DDP copies each
+#: ``param.grad`` into its bucket and the reduced bucket back (a read and a write each); the
+#: engine writes each gradient (÷ W) into its bucket buffer once.
+BUCKET_COPY_TOUCHES = {"all_reduce": 4, "reduce_scatter": 4, "reduce_scatter_native": 4, "owned": 2}
 #: Newton–Schulz iterations per step (``torch.optim.Muon``'s default ``ns_steps``).
 NS_STEPS = 5
 GRAD_REDUCES = ("all_reduce", "reduce_scatter", "reduce_scatter_native", "owned")
@@ -379,10 +385,16 @@ def predict_step(
     backward_s = 2 * forward_s
     layout = _Layout(world_size, shard, hardware.ranks_per_node)
     buckets = _bucket_segments(specs, partition, shard)
+    grads = Phase("grad_reduce", 0, 0)
+    if world_size > 1:
+        grads = _grad_phase(strategy, hardware, layout, buckets, backward_s)
+    grad_bytes = sum(s.numel * s.itemsize for s in specs if s.trainable and s.gets_grad)
+    copies = grad_bytes * BUCKET_COPY_TOUCHES[strategy.grad_reduce] / hardware.memory_bandwidth * slowdown
     phases = (
         Phase("forward", forward_s, forward_s),
         Phase("backward", backward_s, backward_s),
-        _grad_phase(strategy, hardware, layout, buckets, backward_s) if world_size > 1 else Phase("grad_reduce", 0, 0),
+        grads,
+        Phase("grad_copies", copies, copies),
         Phase("step", *(2 * [_step_seconds(specs, partition, hardware, world_size)])),
         _exchange_phase(strategy, hardware, layout, partition, forward_s),
     )

@@ -116,7 +116,11 @@ def test_ddp_phases_by_hand() -> None:
     assert p.phase("grad_reduce").intra_bytes == pytest.approx(1.75 * 16e6)
     assert p.phase("step").seconds == pytest.approx(16e6 * ADAM_TOUCHES / 1e11)
     assert p.phase("exchange").seconds == 0.0
+    # DDP copies each gradient into its bucket and back: a read and a write each, 4 touches of 16 MB
+    assert p.phase("grad_copies").seconds == pytest.approx(4 * 16e6 / 1e11)
     assert p.seconds == pytest.approx(sum(ph.seconds for ph in p.phases))  # overlap 0: nothing hides
+    engine = predict_step(specs, STRATEGIES["zero2_engine"], hardware(), 8, samples_per_rank=10)
+    assert engine.phase("grad_copies").seconds == pytest.approx(2 * 16e6 / 1e11)  # written once into its buffer
 
 
 def test_overlap_hides_all_but_the_last_bucket_behind_backward() -> None:

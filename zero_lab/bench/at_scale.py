@@ -129,17 +129,18 @@ def rows_for(
 def format_rows(rows: Sequence[Row]) -> str:
     """A Markdown table: phases' exposed ms (gradient reduction and exchange: exposed / total)."""
     lines = [
-        "| W | S | strategy | fwd+bwd ms | grad reduce ms | step ms | exchange ms | **step time ms** "
+        "| W | S | strategy | fwd+bwd ms | grad copies + reduce ms | step ms | exchange ms | **step time ms** "
         "| memory/rank GiB | state/rank GiB | intra GB/rank | inter GB/rank | imbalance |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         p = row.prediction
         compute = (p.phase("forward").exposed_s + p.phase("backward").exposed_s) * 1e3
-        grad, exchange = p.phase("grad_reduce"), p.phase("exchange")
+        grad, exchange, copies = p.phase("grad_reduce"), p.phase("exchange"), p.phase("grad_copies").seconds
         lines.append(
             f"| {p.world_size} | {p.shard_size} | {p.strategy} | {compute:,.1f} "
-            f"| {grad.exposed_s * 1e3:,.1f} / {grad.seconds * 1e3:,.1f} | {p.phase('step').exposed_s * 1e3:,.2f} "
+            f"| {(copies + grad.exposed_s) * 1e3:,.1f} / {(copies + grad.seconds) * 1e3:,.1f} "
+            f"| {p.phase('step').exposed_s * 1e3:,.2f} "
             f"| {exchange.exposed_s * 1e3:,.1f} / {exchange.seconds * 1e3:,.1f} | **{p.seconds * 1e3:,.1f}** "
             f"| {row.memory_bytes / GIB:,.2f} | {row.state_bytes / GIB:,.3f} | {p.intra_bytes / 1e9:,.2f} "
             f"| {p.inter_bytes / 1e9:,.2f} | {max(p.imbalance, p.cost_imbalance):.2f} |"

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from zero_lab.bench.host import keep_freed_memory
 from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
@@ -78,6 +79,7 @@ def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None
 def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
     """On every rank of a world: the median seconds of each op at each size S (bytes, nccl-tests' S)."""
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the benchmark's timing phase runs
     comm = Communicator()
     rows = []
     for nbytes in sizes:
@@ -96,6 +98,7 @@ def measure_compute(repeats: int = 5) -> dict[str, float]:
     core even while other jobs share the machine, which wall time is not (a loaded 2-core host
     stretched it 3.5× here)."""
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the benchmark's timing phase runs: an Adam step's temporaries reuse the heap
     batch, width = 32, 1024
     x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
     shapes = [lambda: x @ w, lambda: dy @ w.T, lambda: dy.T @ x]

@@ -162,6 +162,8 @@ def bench_rank(job: RankJob) -> dict[str, Any]:
     torch.set_num_threads(1)
     if job.phase == "memory":
         host.return_freed_memory_to_os()
+    else:
+        host.keep_freed_memory()
     out: dict[str, Any] = {}
     for model_name in job.models:
         preset = MODELS[model_name]
