@@ -5,9 +5,14 @@ All variants live in the same W Gloo ranks and are stepped once per round in a r
 end of ``optimizer.step()`` and the slowest rank's time counts. Each round gives every
 variant's ratio to DDP's step of that round; the figure is the median over rounds, beside the
 A/A control (a second DDP + Adam, the noise of the measure). No asserts: a measurement to quote
-with its command, and under load to label as such.
+with its command, and under load to label as such. Each rank keeps freed memory in its heap
+(:func:`zero_lab.bench.host.keep_freed_memory`, as the benchmark's timing phases), so no step
+faults its temporaries' pages back in. The engine runs with its default 4 MiB buckets, and
+prefetched once more per ``--caps`` value: bucket size trades the gradient memory bound
+(Ψ/W + two buckets) for fewer collective waits per step.
 
     python scripts/bench_engine_speed.py                          # 12 × Linear(768), batch 16, 30 rounds
+    python scripts/bench_engine_speed.py --caps 8 14 28           # the prefetched engine at three more caps
     python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 6
     python scripts/bench_engine_speed.py --device cuda --world 1   # NCCL on one GPU (W=2: Gloo, one GPU)
 
@@ -31,9 +36,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from zero_lab.bench.host import keep_freed_memory
 from zero_lab.runtime.spawn import run_world
 
-VARIANTS = ("ddp", "ddp_aa", "engine", "engine_prefetch", "engine_sorted_greedy")
+BASE_VARIANTS = ("ddp", "ddp_aa", "engine", "engine_prefetch", "engine_sorted_greedy")
+
+
+def variants(caps: list[float]) -> tuple[str, ...]:
+    """The base variants, then the prefetched engine once per extra bucket cap (``engine_prefetch_cap14``)."""
+    return BASE_VARIANTS + tuple(f"engine_prefetch_cap{cap:g}" for cap in caps)
 
 
 def _model(layers: int, width: int) -> nn.Module:
@@ -49,7 +60,8 @@ def _build(variant: str, layers: int, width: int, device: str) -> tuple[nn.Modul
     if variant.startswith("ddp"):
         return DDP(model, device_ids=[0] if device == "cuda" else None), optimizer, None
     partitioner = SortedGreedy() if variant.endswith("sorted_greedy") else None
-    engine = ShardedDataParallel(model, optimizer, prefetch=variant.endswith("prefetch"), partitioner=partitioner)
+    cap = {"bucket_cap_mb": float(variant.rpartition("_cap")[2])} if "_cap" in variant else {}
+    engine = ShardedDataParallel(model, optimizer, prefetch="prefetch" in variant, partitioner=partitioner, **cap)
     return engine, optimizer, engine
 
 
@@ -78,15 +90,17 @@ def _timer(device: str) -> Any:
 
 
 def rank_program(
-    layers: int, width: int, batch: int, rounds: int, warmup: int, device: str = "cpu"
+    layers: int, width: int, batch: int, rounds: int, warmup: int, device: str = "cpu", caps: tuple[float, ...] = ()
 ) -> dict[str, list[float]]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    built = {v: _build(v, layers, width, device) for v in VARIANTS}
+    names = variants(list(caps))
+    keep_freed_memory()  # as the benchmark's timing phases: no page faults from one step to the next
+    built = {v: _build(v, layers, width, device) for v in names}
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
     timer = _timer(device)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in names}
     for index in range(warmup + rounds):
-        order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
+        order = names[index % len(names) :] + names[: index % len(names)]
         for variant in order:
             wrapped, optimizer, _ = built[variant]
             dist.barrier()
@@ -113,12 +127,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--caps", type=float, nargs="*", default=[14.0], help="extra bucket caps (MiB) for the prefetched engine"
+    )
     args = parser.parse_args()
     backend = "nccl" if args.device == "cuda" and args.world == 1 else "gloo"  # one GPU: NCCL takes one rank
     times = run_world(
         rank_program,
         args.world,
-        (args.layers, args.width, args.batch, args.rounds, args.warmup, args.device),
+        (args.layers, args.width, args.batch, args.rounds, args.warmup, args.device, tuple(args.caps)),
         backend=backend,
         timeout_s=600,
     )[0]
@@ -126,7 +143,7 @@ def main() -> None:
     where = f"{args.device}, {backend}"
     print(f"{args.layers} × Linear({args.width}), batch {args.batch}, W={args.world} ({where}), {args.rounds} rounds")
     print(f"{'variant':<22} {'median step (ms)':>17} {'÷ DDP + Adam (median of rounds)':>33}")
-    for variant in VARIANTS:
+    for variant in variants(args.caps):
         ratios = [t / d for t, d in zip(times[variant], ddp)]
         print(f"{variant:<22} {1e3 * statistics.median(times[variant]):>17.1f} {statistics.median(ratios):>33.3f}")
 
