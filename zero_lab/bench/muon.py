@@ -25,13 +25,20 @@ does all Newton–Schulz work.
   ``zl_time`` — the same with a user cost, :func:`cpu_step_ns`, a step-time model measured on
   this machine (a fixed cost per tensor plus the work), as ``cost=`` accepts any callable;
   ``zl_cost_rs`` — ``zl_cost`` with :func:`~zero_lab.grad_reduce.reduce_gradients`
-  (``reduce_scatter``): each matrix's gradient goes to its owner only.
+  (``reduce_scatter``): each matrix's gradient goes to its owner only;
+* ``zl_engine`` — zero_lab's own data-parallel engine (:class:`~zero_lab.ShardedDataParallel`, no
+  DDP) around a :class:`~zero_lab.chained.ChainedOptimizer` of the same two groups, owners by
+  Newton–Schulz cost: each matrix's gradient reaches its owner in the engine's buckets, the owner
+  steps it whole, the buckets' parameters are gathered inside ``step()`` (``prefetch=False``: a
+  prefetched gather would run behind the other strategies' turns in this interleaved benchmark,
+  not behind its own forward, and look free).
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
-``local_step_seconds``), the slowest rank ÷ the mean (median over steps), the iteration
-(zero_grad + forward + backward + step, slowest rank, median), state bytes per rank, and
-parity: the largest |parameter − DDP's| after the run (0.0 = bitwise)::
+``local_step_seconds``; the engine's ``step()`` between its hooks: the owner's step), the
+slowest rank ÷ the mean (median over steps), the iteration (zero_grad + forward + backward +
+step, slowest rank, median), state bytes per rank, and parity: the largest |parameter − DDP's|
+after the run (0.0 = bitwise)::
 
     python scripts/bench_muon.py --world-sizes 2 4 --steps 12
 """
@@ -54,9 +61,9 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zero_lab import SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups, reduce_gradients
+from zero_lab import ShardedDataParallel, SortedGreedy, ZeroRedundancyOptimizer, muon_param_groups, reduce_gradients
 from zero_lab.app.workloads.models import TinyLM
-from zero_lab.chained import GROUP_CLASS_KEY
+from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.measure import optimizer_state_bytes
 from zero_lab.partition import ParamSpec, newton_schulz_cost
 from zero_lab.runtime.spawn import run_world
@@ -78,7 +85,7 @@ MODEL: dict[str, Any] = {
 MUON = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.1}
 ADAMW = {"lr": 3e-3, "weight_decay": 0.1}
 BATCH = 8  # sequences per rank per step
-STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time", "zl_cost_rs")
+STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time", "zl_cost_rs", "zl_engine")
 
 
 def cpu_step_ns(spec: ParamSpec) -> float:
@@ -96,7 +103,7 @@ class _Row:
     """One strategy on one rank: its model, optimizers and what it measured."""
 
     model: nn.Module
-    ddp: DDP
+    ddp: DDP | ShardedDataParallel
     optimizers: list[torch.optim.Optimizer]
     local: Callable[[], float]  # running seconds of the local step
     iteration_s: list[float] = field(default_factory=list)
@@ -125,8 +132,12 @@ def _ordered(matrices: dict[str, Any], rest: dict[str, Any], order: str) -> list
 
 def _build(name: str, template: nn.Module, order: str) -> _Row:
     model = copy.deepcopy(template)
-    ddp = DDP(model)
     matrices, rest = muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False)
+    if name == "zl_engine":
+        chained = ChainedOptimizer(_ordered(matrices, rest, order), torch.optim.AdamW)
+        engine = ShardedDataParallel(model, chained, partitioner=SortedGreedy(cost="newton_schulz"), prefetch=False)
+        return _Row(model, engine, [chained], _timed_hooks(chained))  # its hooks: after the engine's pre-hook
+    ddp = DDP(model)
     if name == "ddp_muon":
         muon = torch.optim.Muon(matrices["params"], **MUON)
         adamw = torch.optim.AdamW(rest["params"], **ADAMW)
@@ -186,6 +197,8 @@ def muon_rank(
             "state_bytes": sum(optimizer_state_bytes(o) for o in row.optimizers),
             "max_diff": max((a - b).abs().max().item() for a, b in zip(row.model.parameters(), reference.parameters())),
         }
+        if isinstance(row.ddp, ShardedDataParallel):
+            row.ddp.close()
     return out
 
 
@@ -237,6 +250,7 @@ LABELS = {
     "zl_cost": "zero_lab, cost-balanced (newton_schulz)",
     "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
     "zl_cost_rs": "zero_lab, cost-balanced, grad_reduce=reduce_scatter",
+    "zl_engine": "zero_lab's engine (ShardedDataParallel), cost-balanced",
 }
 
 
@@ -264,7 +278,7 @@ def render(world_size: int, summary: dict[str, dict[str, Any]], costs: dict[str,
 
 
 def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, Any]]:
-    parser = argparse.ArgumentParser(description="Muon + AdamW: DDP vs torch's and zero_lab's ZeRO-1")
+    parser = argparse.ArgumentParser(description="Muon + AdamW: DDP vs torch's and zero_lab's ZeRO-1 and its engine")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=12, help="timed iterations per strategy")
     parser.add_argument("--warmup", type=int, default=2)
