@@ -48,13 +48,16 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
 What ``param.grad`` reads after backward (with any strategy but ``all_reduce``): the
 reduced gradient (mean over ranks, as DDP's) for the elements this rank owns, and
 **zero** for every element it does not own — never an unreduced local gradient. With
-``shard_grads=True`` the gradients of parameters this rank owns no element of are
+``release_grads=True`` the gradients of parameters this rank owns no element of are
 released after backward (``param.grad is None``), once DDP has written them (with any
 strategy, ``all_reduce`` included: it saves the memory, not the traffic), and so is the
 storage of DDP's own bucket buffers (``Ψ`` bytes DDP allocates at construction and only
 uses in backward: resized to 0 bytes, given back before the next backward's first
-gradient reaches DDP). What a rank then holds is its owned gradients
-(:func:`owned_grad_bytes`; measured from the real storages by :func:`held_grad_bytes`).
+gradient reaches DDP). What a rank then holds, between backward and the next one, is its
+owned gradients (:func:`owned_grad_bytes`; measured from the real storages by
+:func:`held_grad_bytes`). It releases *after* backward only: during backward DDP's buckets
+and every ``param.grad`` are whole, so the peak is DDP's. For ZeRO-2 at the peak use the
+engine instead (:class:`zero_lab.ShardedDataParallel`; app: ``dp=zero_lab``).
 
 Everything this rank's optimizer reads is correct: the local optimizer steps owned
 shards only, :meth:`~zero_lab.optimizer.ZeroRedundancyOptimizer.clip_grad_norm_` takes
@@ -368,7 +371,7 @@ class GradReduceHandle:
         comm: Communicator,
         strategy: str,
         requested: str,
-        shard_grads: bool,
+        release_grads: bool,
         gradient_as_bucket_view: bool = False,
         replicas: Communicator | None = None,
     ):
@@ -381,11 +384,11 @@ class GradReduceHandle:
         self.world_size = comm.world_size * (1 if replicas is None else replicas.world_size)
         self.requested = requested
         self.strategy = strategy
-        self.shard_grads = shard_grads
+        self.release_grads = release_grads
         self.gradient_as_bucket_view = gradient_as_bucket_view
         #: DDP's bucket buffers (their storages) as the hook last saw them, by bucket index
         self.ddp_buffers: dict[int, torch.UntypedStorage] = {}
-        self._freed: list[tuple[torch.UntypedStorage, int]] = []  # shard_grads: (storage, bytes) freed after backward
+        self._freed: list[tuple[torch.UntypedStorage, int]] = []  # release_grads: (storage, bytes) freed after backward
         self.decision: Decision | None = None  # auto, once decided
         self._routes: dict[tuple[int, tuple[int, ...]], BucketRoute] = {}
         self._index_of = {id(p): i for i, p in enumerate(self.params)}
@@ -411,7 +414,7 @@ class GradReduceHandle:
             "requested": self.requested,
             "strategy": self.strategy,
             **decided.as_dict(),
-            "shard_grads": self.shard_grads,
+            "release_grads": self.release_grads,
             "shard_size": self.comm.world_size,
             "world_size": self.world_size,
         }
@@ -469,7 +472,7 @@ class GradReduceHandle:
         return future
 
     def _end_of_backward(self) -> None:
-        """Wait for this backward's reductions (timed: the exposed part); with ``shard_grads``
+        """Wait for this backward's reductions (timed: the exposed part); with ``release_grads``
         queue the release, which a callback queued from a callback runs after DDP has written
         ``param.grad``."""
         start = time.perf_counter()
@@ -478,11 +481,11 @@ class GradReduceHandle:
         self.exposed_seconds += time.perf_counter() - start
         self._futures = []
         self._in_backward = False
-        if self.shard_grads:
+        if self.release_grads:
             torch.autograd.Variable._execution_engine.queue_callback(self._release_unowned)
 
     def _release_unowned(self) -> None:
-        """``shard_grads``, after DDP has written ``param.grad``: drop the gradients of parameters this
+        """``release_grads``, after DDP has written ``param.grad``: drop the gradients of parameters this
         rank owns no element of, and free the storage of DDP's full-size bucket buffers (``Ψ`` bytes:
         DDP only reads them in backward, and :meth:`_restore_buckets` gives them back their bytes
         before the next backward writes into them). What stays is this rank's owned gradients."""
@@ -500,7 +503,7 @@ class GradReduceHandle:
                 self._freed.append((storage, nbytes))
 
     def _restore_buckets(self) -> None:
-        """``shard_grads``: give DDP's bucket buffers their bytes back (uninitialised: DDP overwrites
+        """``release_grads``: give DDP's bucket buffers their bytes back (uninitialised: DDP overwrites
         every element it reads). A post-accumulate-grad hook of every parameter, so it runs in the
         next backward before DDP copies the first gradient into a bucket (tensor hooks run before
         DDP's own, which are the gradient accumulator's post-hooks)."""
@@ -526,7 +529,7 @@ def _owned_params(partition: Partition, rank: int) -> frozenset[int]:
 
 
 def owned_grad_bytes(pipeline: StepPipeline) -> int:
-    """Bytes of gradients a rank holds with ``shard_grads=True``: the full gradient of every
+    """Bytes of gradients a rank holds with ``release_grads=True``: the full gradient of every
     parameter it owns an element of (what the planner prices; ``param.grad`` is whole)."""
     params = pipeline.params
     owned = _owned_params(pipeline.partition, pipeline.rank)
@@ -552,7 +555,7 @@ def reduce_gradients(
     ddp: Any,
     optimizer: Any,
     grad_reduce: str = "reduce_scatter",
-    shard_grads: bool = False,
+    release_grads: bool = False,
     overlap_hook: Callable[..., Any] | None = None,
 ) -> GradReduceHandle:
     """Register a comm hook on ``ddp`` that reduces every gradient bucket to its owners.
@@ -560,8 +563,10 @@ def reduce_gradients(
     Call once on every rank, after building ``optimizer`` (a
     :class:`~zero_lab.optimizer.ZeroRedundancyOptimizer` over ``ddp``'s parameters, whose
     ``pipeline`` this phase joins; or a plain optimizer, ``all_reduce`` only) and before the
-    first backward. ``grad_reduce``: a registered strategy's name or ``"auto"``; ``shard_grads``:
-    release the gradients of parameters this rank does not own after backward. ``overlap_hook``:
+    first backward. ``grad_reduce``: a registered strategy's name or ``"auto"``; ``release_grads``:
+    release the gradients of parameters this rank does not own (and DDP's bucket storage) after
+    backward — the peak during backward stays DDP's (ZeRO-2 at the peak: ``ShardedDataParallel``).
+    ``overlap_hook``:
     with ``overlap_with_ddp=True``, the step hook that wraps this one
     (``zero_lab.overlap.hook_with_zero_step`` or ``..._interleaved``); required there.
     """
@@ -569,7 +574,7 @@ def reduce_gradients(
         grad_reduce_named(grad_reduce)
     pipeline = getattr(optimizer, "pipeline", None)
     if not isinstance(pipeline, StepPipeline):
-        if grad_reduce != "all_reduce" or shard_grads:
+        if grad_reduce != "all_reduce" or release_grads:
             raise TypeError(
                 f"reduce_gradients(grad_reduce={grad_reduce!r}) needs a zero_lab.ZeroRedundancyOptimizer, got "
                 f"{type(optimizer).__name__}: a plain optimizer steps every parameter, so it needs every gradient "
@@ -581,7 +586,7 @@ def reduce_gradients(
             "reduce_gradients: this optimizer steps inside DDP's hook (overlap_with_ddp=True); pass "
             "overlap_hook=zero_lab.overlap.hook_with_zero_step_interleaved (or hook_with_zero_step)"
         )
-    return _install(ddp, pipeline, optimizer, grad_reduce, shard_grads, overlap_hook)
+    return _install(ddp, pipeline, optimizer, grad_reduce, release_grads, overlap_hook)
 
 
 def _install(
@@ -589,7 +594,7 @@ def _install(
     pipeline: StepPipeline | None,
     optimizer: Any,
     grad_reduce: str,
-    shard_grads: bool,
+    release_grads: bool,
     overlap_hook: Callable[..., Any] | None,
 ) -> GradReduceHandle:
     if pipeline is not None:
@@ -606,9 +611,9 @@ def _install(
         comm_hook = overlap_hook(hook, ddp, optimizer, shard_buckets=bucket_use(pipeline.partitioner).shard_buckets)
     params = pipeline.params if pipeline is not None else list(ddp.module.parameters())
     handle = GradReduceHandle(
-        pipeline, params, comm, grad_reduce, grad_reduce, shard_grads, bool(ddp.gradient_as_bucket_view), replicas
+        pipeline, params, comm, grad_reduce, grad_reduce, release_grads, bool(ddp.gradient_as_bucket_view), replicas
     )
-    if shard_grads:
+    if release_grads:
         restore = _weak_restore(handle)
         for param in ddp.module.parameters():
             if param.requires_grad:

@@ -14,10 +14,10 @@ What each rank holds, per :class:`RankMemory`:
 
 * ``param_bytes`` — the full replica of every parameter (ZeRO-1 keeps them all);
 * ``grad_bytes`` — one gradient per trainable parameter (DDP all-reduces them all); with
-  ``shard_grads=True`` (``zero_lab.grad_reduce``) only those of the parameters the rank owns
-  an element of, each whole (what ``param.grad`` holds after backward);
+  ``release_grads=True`` (``zero_lab.grad_reduce``) only those of the parameters the rank owns
+  an element of, each whole (what ``param.grad`` holds after backward; during backward all);
 * ``ddp_buffer_bytes`` — DDP's gradient buckets, a second copy of the gradients unless
-  DDP runs with ``gradient_as_bucket_view=True``; with ``shard_grads=True`` none after
+  DDP runs with ``gradient_as_bucket_view=True``; with ``release_grads=True`` none after
   backward (``zero_lab.grad_reduce`` frees their storage until the next backward);
 * ``state_bytes`` — the local optimizer's state for the shards this rank owns;
 * ``master_bytes`` — fp32 master copies of owned bf16/fp16 shards (``master_weights``).
@@ -233,7 +233,7 @@ def plan_memory(
     *,
     master_weights: bool = False,
     gradient_as_bucket_view: bool = False,
-    shard_grads: bool = False,
+    release_grads: bool = False,
     group_optimizers: Sequence[tuple[type[torch.optim.Optimizer], dict[str, Any]]] | None = None,
     **optimizer_defaults: Any,
 ) -> MemoryPlan:
@@ -246,14 +246,15 @@ def plan_memory(
     ``momentum``). ``group_optimizers[g]`` = ``(class, defaults)`` of param group ``g``
     (``ParamSpec.group``) when groups are stepped by different classes. Whole parameters
     are priced at their shape (:func:`whole_state_bytes`), slices by the per-element rule.
-    ``shard_grads``: each rank holds, after backward, the gradients of the parameters it owns an
-    element of only, and no DDP bucket buffer.
+    ``release_grads``: each rank holds, after backward, the gradients of the parameters it owns an
+    element of only, and no DDP bucket buffer (released after backward: during backward the
+    gradients and DDP's buckets are whole, the peak is DDP's).
     O(number of shards + world_size).
     """
     trainable = [spec for spec in specs if spec.trainable]
     param_bytes = sum(spec.nbytes for spec in specs)
     grad_bytes = sum(spec.nbytes for spec in trainable)
-    buckets_freed = gradient_as_bucket_view or (shard_grads and partitioner is not None)
+    buckets_freed = gradient_as_bucket_view or (release_grads and partitioner is not None)
     ddp_buffer_bytes = 0 if buckets_freed else grad_bytes
 
     def stepper(spec: ParamSpec) -> tuple[type[torch.optim.Optimizer], dict[str, Any], torch.dtype]:
@@ -299,7 +300,7 @@ def plan_memory(
     if partitioner is None:
         state, numel, master = ([values[0]] * world_size for values in (state, numel, master))
     grads = [grad_bytes] * world_size
-    if shard_grads and partition is not None:
+    if release_grads and partition is not None:
         held: list[set[int]] = [set() for _ in range(world_size)]
         for shard in partition.shards:
             if partition.specs[shard.param].trainable:

@@ -100,7 +100,7 @@ class ModeledStrategy:
     grad_reduce: str = "all_reduce"
     exchange: str = "all_gather"
     exchange_hidden: bool = False
-    shard_grads: bool = False
+    release_grads: bool = False
     bucket_view: bool = True
     muon: bool = False
 
@@ -138,7 +138,7 @@ STRATEGIES: dict[str, ModeledStrategy] = {
             Flat,
             grad_reduce="owned",
             exchange_hidden=True,
-            shard_grads=True,
+            release_grads=True,
         ),
         ModeledStrategy("zero1_muon", "ZeRO-1 Muon, owners by Newton–Schulz cost", _newton_schulz_greedy, muon=True),
     )

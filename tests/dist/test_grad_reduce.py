@@ -34,7 +34,7 @@ class GradCase:
     overlap: bool = False
     accumulate: int = 1
     unused: bool = False
-    shard_grads: bool = False
+    release_grads: bool = False
     clip: float | None = None
     prefetch: bool = False
     steps: int = 4
@@ -70,10 +70,10 @@ CASES.update(
         "overlap-flat": GradCase(overlap=True, partitioner="flat"),
         "accumulate": GradCase(accumulate=3),
         "unused": GradCase(unused=True),
-        "shard-grads": GradCase(shard_grads=True, partitioner="flat", bucket_view=True),
-        "shard-grads-overlap": GradCase(shard_grads=True, overlap=True, partitioner="ddp_bucket"),
-        "shard-grads-all-reduce": GradCase(shard_grads=True, grad_reduce="all_reduce"),
-        "shard-grads-grad-view": GradCase(shard_grads=True, grad_as_bucket_view=True, accumulate=2),
+        "release-grads": GradCase(release_grads=True, partitioner="flat", bucket_view=True),
+        "release-grads-overlap": GradCase(release_grads=True, overlap=True, partitioner="ddp_bucket"),
+        "release-grads-all-reduce": GradCase(release_grads=True, grad_reduce="all_reduce"),
+        "release-grads-grad-view": GradCase(release_grads=True, grad_as_bucket_view=True, accumulate=2),
         "prefetch": GradCase(prefetch=True, partitioner="flat", bucket_view=True),
         "clip": GradCase(clip=0.05, partitioner="flat", bucket_view=True),  # the norm of owned elements only
         # the point-to-point reduce-scatter (summed in place) with the point-to-point all-gather
@@ -120,7 +120,7 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             lr=1e-2,
         )
         wrap = hook_with_zero_step_interleaved if case.overlap else None  # the step hook around the reduction
-        handle = reduce_gradients(ddp, opt, case.grad_reduce, shard_grads=case.shard_grads, overlap_hook=wrap)
+        handle = reduce_gradients(ddp, opt, case.grad_reduce, release_grads=case.release_grads, overlap_hook=wrap)
         if case.prefetch:
             from zero_lab.overlap import prefetch_exchange
 
@@ -168,7 +168,7 @@ def _train(case: GradCase, zero: bool) -> dict[str, Any]:
             planned_grad_bytes=[
                 r.grad_bytes
                 for r in plan_memory(
-                    specs_from_module(model), dist.get_world_size(), _partitioner(case.partitioner), shard_grads=True
+                    specs_from_module(model), dist.get_world_size(), _partitioner(case.partitioner), release_grads=True
                 ).ranks
             ],
         )
@@ -246,17 +246,17 @@ def test_reduce_scatter_moves_ddps_bytes(w2):
     assert moved == pytest.approx(1.5 * sum(row["sent"]["grad_reduce"][-1] for row in w2["all-reduce"]), rel=0.01)
 
 
-def test_shard_grads_holds_only_owned_gradients_as_the_planner_prices(w2):
+def test_release_grads_holds_only_owned_gradients_as_the_planner_prices(w2):
     """Measured from the real storages after backward: ``param.grad``'s plus DDP's bucket buffers."""
-    for name in ("shard-grads", "shard-grads-overlap", "shard-grads-all-reduce", "shard-grads-grad-view"):
+    for name in ("release-grads", "release-grads-overlap", "release-grads-all-reduce", "release-grads-grad-view"):
         for row in w2[name]:
             assert row["buckets_seen"] > 1, name  # the hook saw DDP's buckets, and their storage is freed ...
             assert row["grad_bytes"][-1] == row["owned_grad_bytes"], name  # ... so only owned gradients stay
             assert row["grad_bytes"][-1] < row["ddp_grad_bytes"][-1] == row["psi"], name
             assert row["grad_bytes"][-1] <= row["psi"] / 2 + row["largest_bucket"], name  # Ψ/W + one bucket
-    for row in w2["all-reduce"]:  # without shard_grads DDP's buckets stay: Ψ of param.grad + Ψ of buckets
+    for row in w2["all-reduce"]:  # without release_grads DDP's buckets stay: Ψ of param.grad + Ψ of buckets
         assert row["grad_bytes"][-1] == 2 * row["psi"]
-    for rank, row in enumerate(w2["shard-grads"]):  # Flat: the planner sees the same partition
+    for rank, row in enumerate(w2["release-grads"]):  # Flat: the planner sees the same partition
         assert row["grad_bytes"][-1] == row["planned_grad_bytes"][rank]
         largest = max(p.numel() * 4 for p in make_model().parameters())
         assert row["grad_bytes"][-1] <= row["psi"] / 2 + largest  # Ψ/W + the parameter a cut shares
@@ -401,7 +401,7 @@ def test_a_model_with_a_grad_reduce_hook_is_freed(single_rank_group):
         model = make_model()
         ddp = DDP(model)
         opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
-        handle = reduce_gradients(ddp, opt, "reduce_scatter", shard_grads=True)
+        handle = reduce_gradients(ddp, opt, "reduce_scatter", release_grads=True)
         loss_of(ddp, batch(0, 0)).backward()
         opt.step()
         return [weakref.ref(model), weakref.ref(ddp), weakref.ref(opt), weakref.ref(handle)]

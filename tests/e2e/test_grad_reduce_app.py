@@ -1,4 +1,4 @@
-"""``grad_reduce=`` / ``shard_grads=`` through the real ``python train.py``: ZeRO-Adam with a
+"""``grad_reduce=`` / ``release_grads=`` through the real ``python train.py``: ZeRO-Adam with a
 point-to-point reduce-scatter and ZeRO-2 gradient memory beside plain DDP + Adam with its
 all-reduce metered; summary.json and W&B hold the bytes each phase sent, per rank."""
 
@@ -22,7 +22,7 @@ def runs(tmp_path_factory):
             *STEPS,
             "optim=zero_adam",
             "grad_reduce=reduce_scatter",
-            "shard_grads=true",
+            "release_grads=true",
             "partitioner=flat",
             "bucket_view=true",
             "exchange=broadcast",
@@ -49,10 +49,10 @@ def test_reduce_scatter_and_exchange_send_what_ddps_all_reduce_sends(runs):
     assert phases["grad_reduce_exposed"] >= 0 and 0 <= phases["param_exchange_exposed"] <= phases["param_exchange"]
 
 
-def test_shard_grads_holds_a_share_of_ddps_gradient_bytes(runs):
+def test_release_grads_holds_a_share_of_ddps_gradient_bytes(runs):
     zero, ddp = summary(runs / "zero"), summary(runs / "ddp")
     psi = ddp["grad_bytes"][0] / 2  # DDP holds every param.grad and a bucket copy of them: 2Ψ, measured
-    assert zero["shard_grads"] is True and ddp["grad_bytes"] == [2 * psi] * ddp["world_size"]
+    assert zero["release_grads"] is True and ddp["grad_bytes"] == [2 * psi] * ddp["world_size"]
     assert all(held < psi for held in zero["grad_bytes"])  # owned gradients only: DDP's buckets are freed
     assert sum(zero["grad_bytes"]) <= psi * 1.5  # Flat: a parameter cut by two ranks is held whole by both
 
@@ -74,7 +74,7 @@ SWEEPS = {
         (
             "optim=zero_adam",
             "grad_reduce=all_reduce,reduce_scatter",
-            "shard_grads=false,true",
+            "release_grads=false,true",
             "exchange=broadcast",
             *STEPS,
         ),
@@ -84,7 +84,7 @@ SWEEPS = {
         (
             "optim=zero_adam",
             "grad_reduce=reduce_scatter",
-            "shard_grads=true",
+            "release_grads=true",
             "partitioner=manual,ddp_bucket,flat",
             "overlap=true",
             *STEPS,
@@ -102,7 +102,7 @@ def sweeps(tmp_path_factory):
 
 def test_the_phase_sweep_and_its_report_show_bytes_and_memory_per_phase(sweeps, tmp_path):
     jobs = {
-        (s["grad_reduce"]["requested"], s["shard_grads"]): s
+        (s["grad_reduce"]["requested"], s["release_grads"]): s
         for s in (summary(job) for job in sorted(sweeps["phases"].iterdir()) if (job / "summary.json").exists())
     }
     assert set(jobs) == {(g, s) for g in ("all_reduce", "reduce_scatter") for s in (False, True)}
@@ -124,7 +124,7 @@ def test_the_phase_sweep_and_its_report_show_bytes_and_memory_per_phase(sweeps, 
     rows = table(tmp_path / "report")
     mode = {"grad_reduce=all_reduce": "all_reduce", "grad_reduce=reduce_scatter": "reduce_scatter"}
     cells = {
-        (next(m for override, m in mode.items() if override in label), "shard_grads=true" in label): row
+        (next(m for override, m in mode.items() if override in label), "release_grads=true" in label): row
         for label, row in rows.items()
     }
     for key, job in jobs.items():
@@ -134,10 +134,10 @@ def test_the_phase_sweep_and_its_report_show_bytes_and_memory_per_phase(sweeps, 
         assert cells[key]["grads/rank"] == format_bytes(max(job["grad_bytes"]))
 
 
-def test_reduce_scatter_with_shard_grads_trains_every_partitioner_under_overlap(sweeps):
+def test_reduce_scatter_with_release_grads_trains_every_partitioner_under_overlap(sweeps):
     reference = summary(next(job for job in sorted(sweeps["phases"].iterdir()) if (job / "summary.json").exists()))
     jobs = [summary(job) for job in sorted(sweeps["partitioners"].iterdir()) if (job / "summary.json").exists()]
     assert len(jobs) == 3
     for job in jobs:
-        assert job["grad_reduce"]["strategy"] == "reduce_scatter" and job["shard_grads"] is True
+        assert job["grad_reduce"]["strategy"] == "reduce_scatter" and job["release_grads"] is True
         assert job["losses"] == pytest.approx(reference["losses"], abs=1e-6)  # the same training as DDP's all-reduce

@@ -1,5 +1,5 @@
 """zero_lab.grad_reduce without processes: the owner-by-owner bucket layout, the registry, the
-bytes each strategy says it sends, and the config checks of grad_reduce= / shard_grads=."""
+bytes each strategy says it sends, and the config checks of grad_reduce= / release_grads=."""
 
 from __future__ import annotations
 
@@ -127,8 +127,8 @@ def test_bytes_sent_per_bucket(name, expected):
     ("overrides", "fragment"),
     [
         (["optim=adam", "grad_reduce=reduce_scatter"], "grad_reduce=reduce_scatter: optim=adam steps every parameter"),
-        (["shard_grads=true"], "shard_grads=true with grad_reduce=null"),
-        (["optim=adam", "grad_reduce=all_reduce", "shard_grads=true"], "shard_grads=true: optim=adam steps every"),
+        (["release_grads=true"], "release_grads=true with grad_reduce=null"),
+        (["optim=adam", "grad_reduce=all_reduce", "release_grads=true"], "release_grads=true: optim=adam steps every"),
         (["grad_reduce=auto", "autocast=fp16"], "autocast=fp16 with grad_reduce=auto"),
         (["grad_reduce=ring"], "grad_reduce"),
     ],
@@ -140,9 +140,9 @@ def test_config_checks_refuse_naming_the_keys(overrides, fragment):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["grad_reduce=reduce_scatter", "shard_grads=true", "overlap=true", "partitioner=ddp_bucket"],
+        ["grad_reduce=reduce_scatter", "release_grads=true", "overlap=true", "partitioner=ddp_bucket"],
         ["optim=adam", "grad_reduce=all_reduce"],
-        ["grad_reduce=all_reduce", "shard_grads=true"],
+        ["grad_reduce=all_reduce", "release_grads=true"],
         ["grad_reduce=auto", "partitioner=flat", "bucket_view=true", "prefetch=true"],
     ],
 )
@@ -160,14 +160,14 @@ def test_closing_lines_say_the_strategy_the_bytes_and_the_gradients_held():
         world_size=2,
         steps=1,
         grad_reduce={"requested": "auto", "strategy": "reduce_scatter"},
-        shard_grads=True,
+        release_grads=True,
         grad_bytes=[3 * 2**20, 2 * 2**20],
         bytes_per_step={"grad_reduce": [2**20, 2**21], "param_exchange": [2**20, 2**20]},
     )
     assert grad_reduce_lines(summary) == [
         "  gradient reduction: reduce_scatter (grad_reduce=auto); sent per rank per step, measured (max over ranks): "
         "grad_reduce 2.00 MiB, param_exchange 1.00 MiB",
-        "  gradients held per rank (shard_grads): 3.00 MiB at most",
+        "  gradients held per rank after backward (release_grads): 3.00 MiB at most",
     ]
     assert grad_reduce_lines(RunSummary(final_loss=1.0, losses=[1.0], world_size=2, steps=1)) == []
 
@@ -186,7 +186,7 @@ def test_reduce_gradients_attaches_the_pipelines_gradient_phase_once(single_rank
     assert isinstance(opt.pipeline.grad_reduce, DdpAllReduce)
     opt.join_hook()  # DDP's all-reduce: a joined rank can shadow it
     opt._end_join()
-    handle = reduce_gradients(DDP(model), opt, "reduce_scatter", shard_grads=True)
+    handle = reduce_gradients(DDP(model), opt, "reduce_scatter", release_grads=True)
     assert opt.pipeline.grad_reduce is handle and isinstance(handle, GradReducePhase)
     assert opt.pipeline.report("auto")["grad_reduce"]["strategy"] == "reduce_scatter"
     with pytest.raises(RuntimeError, match="Join with grad_reduce"):

@@ -93,8 +93,8 @@ def _memory(specs: Sequence[ParamSpec], strategy: ModeledStrategy, shard: int, w
         shard if partitioner else world,
         partitioner,
         torch.optim.AdamW if strategy.muon else torch.optim.Adam,
-        shard_grads=strategy.shard_grads,
-        gradient_as_bucket_view=strategy.shard_grads,
+        release_grads=strategy.release_grads,
+        gradient_as_bucket_view=strategy.release_grads,
         **kwargs,
     )
     summary = plan.summary()

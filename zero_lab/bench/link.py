@@ -246,7 +246,7 @@ CONFIGS: dict[str, LinkConfig] = {
                 Flat,
                 grad_reduce="reduce_scatter",
                 exchange="all_gather",
-                shard_grads=True,
+                release_grads=True,
             ),
         ),
     )

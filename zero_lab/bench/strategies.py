@@ -22,7 +22,7 @@ the data-parallel state is held and moved:
   the exchange by ``bc`` (broadcast), ``ag`` (all_gather) or ``p2p`` (the point-to-point
   all-gather, ``p2p_all_gather``); ``zl_gr_auto`` lets both phases
   choose; ``zl_gr_prefetch`` is ``zl_prefetch`` with the reduce-scatter; ``zl_gr_shard`` adds
-  ``shard_grads=True`` (ZeRO-2 gradient memory); ``zl_gr_rs_bc_s2`` is ``zl_gr_rs_bc`` sharded
+  ``release_grads=True`` (unowned gradients released after backward); ``zl_gr_rs_bc_s2`` is ``zl_gr_rs_bc`` sharded
   hierarchically over groups of 2 ranks (``shard_size=2``: 2 × 2 at W=4, :mod:`zero_lab.hierarchy`;
   the whole world where 2 does not divide W). Their reference is ``ddp``;
 * ``fsdp2`` / ``fsdp2_reshard`` — ``torch.distributed.fsdp.fully_shard`` on every block
@@ -258,7 +258,7 @@ def _zero_lab_overlap(interleaved: bool) -> Callable[[nn.Module], Runner]:
 
 
 def _zero_lab_grads(
-    grad_reduce: str, exchange: str, prefetch: bool = False, shard_grads: bool = False, shard_size: int | None = None
+    grad_reduce: str, exchange: str, prefetch: bool = False, release_grads: bool = False, shard_size: int | None = None
 ) -> Callable[[nn.Module], Runner]:
     """Flat, bucket view, the gradients reduced to their owners (``grad_reduce``), ``exchange``; the
     state sharded over groups of ``shard_size`` ranks where that divides W (:func:`shard_at`)."""
@@ -275,7 +275,7 @@ def _zero_lab_grads(
             shard_size=shard_at(shard_size, dist.get_world_size()),
             lr=LR,
         )
-        reducer = reduce_gradients(ddp, zero, grad_reduce, shard_grads=shard_grads)
+        reducer = reduce_gradients(ddp, zero, grad_reduce, release_grads=release_grads)
 
         def report() -> dict[str, Any]:
             return {**zero.exchange_report().as_dict(), "grad_reduce": reducer.report()}
@@ -339,8 +339,8 @@ def _grad_rows() -> list[Strategy]:
         ),
         Strategy(
             "zl_gr_shard",
-            "zero_lab flat, bucket view, grad_reduce=reduce_scatter, shard_grads=True, exchange=broadcast",
-            _zero_lab_grads("reduce_scatter", "broadcast", shard_grads=True),
+            "zero_lab flat, bucket view, grad_reduce=reduce_scatter, release_grads=True, exchange=broadcast",
+            _zero_lab_grads("reduce_scatter", "broadcast", release_grads=True),
             "ddp",
             "zl_gr",
             True,

@@ -291,11 +291,11 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunP
 def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
     """``grad_reduce`` reduces each gradient to the rank that steps it (:mod:`zero_lab.grad_reduce`), so it
     needs a ZeRO optimizer, except ``all_reduce`` (DDP's traffic, metered: the baseline for the bytes per
-    phase). ``shard_grads`` keeps only owned gradients: a ZeRO optimizer and a ``grad_reduce`` hook.
+    phase). ``release_grads`` releases unowned gradients after backward: a ZeRO optimizer and a ``grad_reduce`` hook.
     ``autocast=fp16`` is refused with a hook: the GradScaler would look for infs in this rank's owned
     gradients only, and ranks that disagree on skipping a step would issue different exchanges."""
     name = enum_str(cfg.grad_reduce) if cfg.get("grad_reduce") is not None else None
-    shard = bool(cfg.get("shard_grads", False))
+    release = bool(cfg.get("release_grads", False))
     steps_every_parameter = plan.strategy is not None and not plan.strategy.shards_state  # None: reported elsewhere
     optim = choices.get("optim") or "this optimizer"
     out = []
@@ -304,15 +304,15 @@ def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPla
             f"grad_reduce={name}: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
             f"optimizer ({either('optim', zero_options())}), or grad_reduce=all_reduce (DDP's traffic, metered) or null"
         )
-    if shard and name is None:
+    if release and name is None:
         out.append(
-            "shard_grads=true with grad_reduce=null: DDP's own all-reduce keeps every gradient; add "
+            "release_grads=true with grad_reduce=null: DDP's own all-reduce keeps every gradient; add "
             "grad_reduce=reduce_scatter (or auto, or all_reduce: DDP's traffic, owned gradients kept only)"
         )
-    elif shard and steps_every_parameter:
+    elif release and steps_every_parameter:
         out.append(
-            f"shard_grads=true: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
-            "optimizer, or shard_grads=false"
+            f"release_grads=true: optim={optim} steps every parameter, so it needs every gradient; use a ZeRO "
+            "optimizer, or release_grads=false"
         )
     autocast = enum_str(cfg.autocast) if cfg.get("autocast") is not None else None
     if name is not None and name != "all_reduce" and autocast == "fp16":

@@ -196,8 +196,9 @@ class Config:
     # zero_*: reduce gradients to their owners only (null: DDP's all-reduce, untouched); all_reduce is DDP's
     # traffic through zero_lab's meter; reduce_scatter halves it; auto times each once (zero_lab.grad_reduce)
     grad_reduce: str | None = None  # a registered name or a class's dotted path (app/config/registered.py)
-    # zero_* with grad_reduce: after backward keep only the gradients this rank owns (ZeRO-2 gradient memory)
-    shard_grads: bool = False
+    # zero_* with grad_reduce: release the gradients this rank does not own AFTER backward (the peak during
+    # backward stays DDP's; for ZeRO-2 at the peak use dp=zero_lab)
+    release_grads: bool = False
     # the parameters' dtype; add optim.master_weights=true (zero_*) for fp32 shards
     param_dtype: ParamDtype = ParamDtype["float32"]
     accumulate: int = 1  # micro-batches per step (the global batch is split; DDP no_sync on all but the last)

@@ -284,7 +284,7 @@ class Engine(_Sharded):
     """``dp=zero_lab``: :class:`~zero_lab.ShardedDataParallel` re-points a ``torch.optim`` optimizer at this
     rank's ranges of its buffers; state ≈ 1/W, gradients reduced per bucket, parameters gathered per bucket."""
 
-    unused_keys = ("bucket_view", "overlap", "shard_grads")
+    unused_keys = ("bucket_view", "overlap", "release_grads")
 
     def _states(self, optimizer: Optimizer) -> Any:
         """The engine's state per parameter (:mod:`zero_lab.engine.state`)."""

@@ -99,7 +99,7 @@ MASTER_WEIGHT_BYTES = _bytes("master_weight_bytes", "memory/master_weight_bytes"
 TENSOR_BYTES = _bytes("tensor_bytes", "memory/tensor_bytes", "params + grads + buffers + state + master weights",
                       SUMMARY, REPORT)
 PEAK_BYTES = _bytes("peak_bytes", "memory/peak_bytes", "process peak: CUDA allocated, else RSS", SUMMARY, REPORT)
-GRAD_BYTES = _bytes("grad_bytes", "memory/grad_bytes", "gradients held after backward (shard_grads=true: owned only)",
+GRAD_BYTES = _bytes("grad_bytes", "memory/grad_bytes", "gradients held after backward (release_grads=true: owned only)",
                     SUMMARY, CLOSING, REPORT)
 SAMPLES_PER_S = Metric("samples_per_s", "samples/s", "global batch / the slowest rank's step", (WANDB, SUMMARY, REPORT),
                        "train/samples_per_s", median="samples_per_s", objective="maximize")

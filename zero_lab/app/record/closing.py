@@ -119,8 +119,8 @@ def _local_steps(summary: RunSummary) -> str:
 def grad_reduce_lines(summary: RunSummary) -> list[str]:
     """With ``grad_reduce=``: the strategy and the bytes one rank sent per step in each phase
     (``bytes_per_step``, measured; the most any rank sent), named as summary.json names them — not
-    the model's exchanged parameters, which the exchange line gives; with ``shard_grads=true``
-    also the gradients held against a full set."""
+    the model's exchanged parameters, which the exchange line gives; with ``release_grads=true``
+    also the gradients held after backward (the peak during backward is DDP's)."""
     report, sent = summary.grad_reduce, summary.bytes_per_step or {}
     if not report:
         return []
@@ -129,8 +129,9 @@ def grad_reduce_lines(summary: RunSummary) -> list[str]:
         f"  gradient reduction: {report['strategy']} (grad_reduce={report['requested']}); "
         f"sent per rank per step, measured (max over ranks): {phases}"
     ]
-    if summary.shard_grads and summary.grad_bytes:
-        lines.append(f"  gradients held per rank (shard_grads): {_size(max(summary.grad_bytes))} at most")
+    if summary.release_grads and summary.grad_bytes:
+        held = _size(max(summary.grad_bytes))
+        lines.append(f"  gradients held per rank after backward (release_grads): {held} at most")
     return lines
 
 

@@ -219,7 +219,7 @@ def phase_summary(training: Any, records: list[dict[str, Any]], world_size: int)
 
     return {
         "grad_reduce": reducer.report() if reducer is not None else None,
-        "shard_grads": bool(reducer is not None and reducer.shard_grads),
+        "release_grads": bool(reducer is not None and reducer.release_grads),
         GRAD_BYTES.name: [records[-1][GRAD_BYTES.at(f"rank{k}")] for k in range(world_size)],
         "bytes_per_step": {
             "grad_reduce": reduced(_medians(records, GRAD_REDUCE_BYTES.at, world_size)),

@@ -84,7 +84,7 @@ class RunSummary:
     resume_overridden: dict[str, list[Any]] | None = None  # resume_optimizer=override: {"group0.lr": [saved, now]}
     # grad_reduce=: GradReduceHandle.report() (the strategy, auto's timings); None without it
     grad_reduce: dict[str, Any] | None = None
-    shard_grads: bool = False
+    release_grads: bool = False
     grad_bytes: list[float] = field(default_factory=list)  # gradient storage held after the last backward, per rank
     # bytes each rank sent per step by phase (median over the timed steps, measured by the Communicator):
     # {"grad_reduce": [per rank] (null without grad_reduce=), "param_exchange": [per rank]}

@@ -11,7 +11,7 @@ three together (the optimizer steps inside DDP's communication hook):
    overlap), DDP's buckets (:func:`zero_lab.ddp_buckets.ddp_bucket_map`), so its partition is built
    once, along them (``optim.max_grad_norm`` is the loop's: :func:`zero_lab.app.run.step.unscale_and_clip`);
 3. with ``grad_reduce=``, the comm hook that reduces each bucket to its owners
-   (:func:`zero_lab.grad_reduce.reduce_gradients`; ``shard_grads=true`` releases the rest after
+   (:func:`zero_lab.grad_reduce.reduce_gradients`; ``release_grads=true`` releases the rest after
    backward), wrapping the ZeRO step hook (``overlap_hook``) with ``overlap=true``; without it,
    ``overlap=true`` puts the step hook on DDP's all-reduce. A plain optimizer takes
    ``grad_reduce=all_reduce`` only: DDP's traffic, metered;
@@ -109,8 +109,8 @@ def build_training(
     else:
         optimizer = make_optimizer(groups if groups is not None else model.parameters())
     reduce = grad_reduce_name(cfg.get("grad_reduce"))  # with overlap, its comm hook wraps the step hook
-    shard_grads = bool(cfg.get("shard_grads", False))
-    reducer = reduce_gradients(ddp, optimizer, reduce, shard_grads, _step_hook(cfg)) if reduce is not None else None
+    release_grads = bool(cfg.get("release_grads", False))
+    reducer = reduce_gradients(ddp, optimizer, reduce, release_grads, _step_hook(cfg)) if reduce is not None else None
     if strategy.shards_state and cfg.overlap and reducer is None:
         shard_buckets = bucket_use(optimizer.partitioner).shard_buckets
         ddp.register_comm_hook(None, _step_hook(cfg)(allreduce_hook, ddp, optimizer, shard_buckets=shard_buckets))
