@@ -175,7 +175,7 @@ def _iteration(row: _Row, tokens: torch.Tensor) -> None:
 
 
 def muon_rank(
-    model_args: dict[str, Any], strategies: Sequence[str], warmup: int, steps: int, order: str
+    model_args: dict[str, Any], strategies: Sequence[str], warmup: int, steps: int, order: str, batch: int = BATCH
 ) -> dict[str, Any]:
     """One rank's program: every strategy, one iteration each per step; returns per-step times and state."""
     rank = dist.get_rank()
@@ -183,7 +183,7 @@ def muon_rank(
     template = lm(model_args)
     rows = {name: _build(name, template, order) for name in strategies}
     for step in range(warmup + steps):
-        tokens = torch.randint(0, model_args["vocab_size"], (BATCH, model_args["seq_len"] + 1),
+        tokens = torch.randint(0, model_args["vocab_size"], (batch, model_args["seq_len"] + 1),
                                generator=torch.Generator().manual_seed(1000 * step + rank))  # fmt: skip
         for name in strategies:
             _iteration(rows[name], tokens)
@@ -286,18 +286,22 @@ def main(argv: Sequence[str] | None = None) -> dict[int, dict[str, Any]]:
     parser.add_argument("--d-model", type=int, default=MODEL["d_model"])
     parser.add_argument("--n-layer", type=int, default=MODEL["n_layer"])
     parser.add_argument("--order", choices=["model", "muon_first"], default="model", help="param groups' order")
+    parser.add_argument("--batch", type=int, default=BATCH, help="sequences per rank per step")
     args = parser.parse_args(argv)
     model_args = MODEL | {"d_model": args.d_model, "n_layer": args.n_layer}
     command = "python scripts/bench_muon.py " + " ".join(sys.argv[1:] if argv is None else argv)
     params = sum(p.numel() for p in lm(model_args).parameters())
     print(
         f"$ {command}\n# torch {torch.__version__}, TinyLM {model_args}, head tied ({params / 1e6:.2f} M "
-        f"parameters), groups in {args.order} order, Gloo, 1 thread per rank"
+        f"parameters), groups in {args.order} order, {args.batch} sequences per rank, Gloo, 1 thread per rank"
     )
     results = {}
     for world_size in args.world_sizes:
         per_rank = run_world(
-            muon_rank, world_size, (model_args, args.strategies, args.warmup, args.steps, args.order), timeout_s=3600
+            muon_rank,
+            world_size,
+            (model_args, args.strategies, args.warmup, args.steps, args.order, args.batch),
+            timeout_s=3600,
         )
         summary = summarize(per_rank, args.strategies)
         costs = partition_costs(model_args, world_size, args.order)
