@@ -1,9 +1,11 @@
 """``checkpoint_format=dcp`` (issues 28, 37): the app writes torch.distributed.checkpoint directories
-with an integrity record, resumes them exactly — with another partitioner, and into a plain
-optimizer — and refuses a broken or tampered one before any rank starts, in one line."""
+with an integrity record, resumes them exactly — with another partitioner, into a plain optimizer,
+and in a job Slurm requeued — and refuses a broken or tampered one before any rank starts, in one
+line."""
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import shutil
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs import assert_close, run_once, summary, train_together
+from tests.e2e.runs import assert_close, child_env, run_once, summary, together, train, train_together
 from zero_lab.dcp_record import RECORD, write_record
 
 STEP = "step_00000002.dcp"
@@ -98,3 +100,32 @@ def test_a_broken_or_tampered_dcp_checkpoint_is_one_line_before_any_rank_starts(
         assert "Traceback" not in result.stdout + result.stderr
         assert not runs[path].exists()  # refused before Hydra made the run dir: no rank started
     assert not marker.exists()
+
+
+def test_a_requeued_job_resumes_its_newest_dcp_checkpoint_and_refuses_a_broken_one_as_resume_does(saved, tmp_path):
+    """A job Slurm requeued (``SLURM_RESTART_COUNT=1``, no ``resume=``) finds its run dir's newest DCP
+    checkpoint and resumes it bit for bit; the same checkpoint with a byte flipped ends the job before
+    any rank starts, in the one line ``resume=`` gets (the requeue path runs the same check)."""
+    newest = "step_00000004.dcp"
+    good, broken = tmp_path / "good", tmp_path / "broken"
+    for run_dir in (good, broken):
+        shutil.copytree(saved / "checkpoints", run_dir / "checkpoints")
+    shard = broken / "checkpoints" / newest / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    args = ("logger=none", "optim=zero_adam", "steps=6", "checkpoint_every=2", "checkpoint_format=dcp")
+    requeued = child_env() | {"SLURM_RESTART_COUNT": "1"}
+    done = together(
+        *(functools.partial(train, *args, f"hydra.run.dir={run_dir}", env=requeued) for run_dir in (good, broken))
+    )
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    resumed = summary(good)
+    assert resumed["requeued"] == {"restarts": 1, "from_step": 4, "checkpoint": str(good / "checkpoints" / newest)}
+    assert resumed["start_step"] == 4 and resumed["losses"][:4] == summary(saved)["losses"]
+    assert done[1].returncode == 2, done[1].stderr[-3000:]
+    (line,) = done[1].stderr.strip().splitlines()
+    expected = f"checkpoint {broken / 'checkpoints' / newest} is corrupt: __0_0.distcp has {len(data)} bytes (sha256 "
+    assert line.startswith(f"zero_lab: resume: {expected}"), line
+    assert "Traceback" not in done[1].stdout + done[1].stderr
+    assert not (broken / "metrics.jsonl").exists()  # no rank started

@@ -108,7 +108,8 @@ def _check_job(cfg: DictConfig, hydra: DictConfig, job: str | None = None) -> Ru
             raise ConfigError(problems)
     except ConfigError as error:
         raise ConfigError(error.problems, job=job) from None
-    refuse_bad_dcp_resume(cfg, plan)  # a DCP checkpoint to resume: its files and fit, one line if not
+    resume = cfg.get("resume")  # a DCP checkpoint to resume: its files and fit, one line if not
+    refuse_bad_dcp_resume(resume, enum_str(cfg.get("resume_optimizer", "strict")), plan)
     plan.release_data()  # the task reads the plan's model, specs and partition, not the data source
     _SEEN.plans.pop(fingerprint := _fingerprint(cfg), None)  # to the end: the newest
     _SEEN.plans[fingerprint] = plan
@@ -173,16 +174,19 @@ def check_unless_checked(cfg: DictConfig, hydra: DictConfig, world: external.Ext
         fail(error)
 
 
-def refuse_bad_dcp_resume(cfg: DictConfig, plan: RunPlan) -> None:
-    """Check the DCP checkpoint ``cfg.resume`` resumes, if any, from its files and ``.metadata`` alone
+def refuse_bad_dcp_resume(resume: str | None, resume_optimizer: str, plan: RunPlan) -> None:
+    """Check the DCP checkpoint ``resume`` names, if any, from its files and ``.metadata`` alone
     (:mod:`zero_lab.dcp_check`: its integrity record, the metadata unpickled with DCP's classes only,
     every ``.distcp`` file there and long enough) and against the plan's meta model (every tensor's
-    shape and dtype; with the optimizer loaded, no state of a parameter the model lacks). A problem
-    ends the job with one ``zero_lab: resume: checkpoint ...: <file>: <cause>`` line (exit code 2); a
-    checkpoint without an integrity record (torch's ``dcp.save`` alone) loads after a one-line note."""
-    if cfg.get("resume") is None:
+    shape and dtype; with the optimizer loaded, i.e. ``resume_optimizer`` other than ``reset``, no state
+    of a parameter the model lacks). A problem ends the job with one ``zero_lab: resume: checkpoint ...:
+    <file>: <cause>`` line (exit code 2); a checkpoint without an integrity record (torch's ``dcp.save``
+    alone) loads after a one-line note. The config check calls it for ``resume=``, and a job Slurm
+    requeued for the checkpoint it resumes by itself
+    (:func:`zero_lab.app.launch.task.continue_requeued_run`)."""
+    if resume is None:
         return
-    found = find_any(Path(str(cfg.resume)).expanduser())
+    found = find_any(Path(str(resume)).expanduser())
     if found is None or not is_dcp(found):
         return  # no checkpoint is the config check's problem; the native format is checked as it loads
     try:
@@ -191,7 +195,7 @@ def refuse_bad_dcp_resume(cfg: DictConfig, plan: RunPlan) -> None:
         model = plan.model.value
         if model is not None:  # no model: the config check reported it
             check_fits(found, metadata, {"model": model.state_dict()}, strict=("model",))
-            if enum_str(cfg.get("resume_optimizer", "strict")) != "reset":
+            if resume_optimizer != "reset":
                 check_state_names(found, metadata, "optim.state", [name for name, _ in model.named_parameters()])
     except CheckpointError as error:
         fail(f"resume: {error}")  # the error names the checkpoint, the file and the cause

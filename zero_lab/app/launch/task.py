@@ -36,21 +36,22 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.check.before_start import fail
-from zero_lab.app.check.callback import check_unless_checked
+from zero_lab.app.check.callback import check_unless_checked, refuse_bad_dcp_resume
 from zero_lab.app.check.notices import notices
 from zero_lab.app.check.rules import to_container
 from zero_lab.app.config.overrides import read
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
 from zero_lab.app.plan.optim_plan import OptimPlan
+from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.record.closing import closing_lines, describe_failure, resume_hint
 from zero_lab.app.record.objective import objective_value
 from zero_lab.app.record.provenance import run_meta
 from zero_lab.app.record.run_files import META_FILE, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
+from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.run.rank_loop import RANK_PRELOAD, RankResult, RunSpec, train_rank
-from zero_lab.checkpoint import checkpoint_step, find_checkpoint
 from zero_lab.files import write_json
 from zero_lab.runtime import external, slurm
 from zero_lab.runtime.signals import Stopped, StopStage, hand_back, signal_name, stopping_raises
@@ -94,7 +95,7 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
     meta = run_meta(hydra_cfg, OmegaConf.to_container(hydra_cfg.runtime.choices))  # type: ignore[arg-type]
     if world is not None:
         config["dist"]["world_size"] = world.world_size
-    continue_requeued_run(config, run_dir, meta)
+    continue_requeued_run(config, run_dir, meta, run_plan)
     assert run_plan.specs is not None, "a checked config's model can be built"
     spec = RunSpec(
         config=config,
@@ -138,21 +139,25 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
         return _report(results, cfg, spec, time.perf_counter() - started)
 
 
-def continue_requeued_run(config: dict[str, Any], run_dir: Path, meta: dict[str, Any]) -> None:
+def continue_requeued_run(config: dict[str, Any], run_dir: Path, meta: dict[str, Any], plan: RunPlan) -> None:
     """In a job Slurm requeued (``SLURM_RESTART_COUNT`` > 0) with no ``resume=`` of its own,
-    resume from the newest checkpoint in this run dir; ``meta["requeued"]`` (summary.json's
-    ``requeued``) records how often and from which step, ``None`` on a first start."""
+    resume from the newest checkpoint in this run dir, of either format, checked before any rank
+    starts as a ``resume=`` run's is (:func:`~zero_lab.app.check.callback.refuse_bad_dcp_resume`: a
+    broken DCP checkpoint is one line and exit code 2, not a rank's failure mid-load);
+    ``meta["requeued"]`` (summary.json's ``requeued``) records how often and from which step,
+    ``None`` on a first start."""
     restarts = slurm.requeue_count(os.environ)
     meta["requeued"] = None
     if not restarts or config.get("resume") is not None:
         return
-    found = find_checkpoint(run_dir)
+    found = find_any(run_dir)
     meta["requeued"] = {"restarts": restarts, "from_step": 0, "checkpoint": None}
     if found is None:
         log.warning("requeued (%d) but no checkpoint in %s: starting from step 0", restarts, run_dir)
         return
+    refuse_bad_dcp_resume(str(found), enum_str(config.get("resume_optimizer", "strict")), plan)
     config["resume"] = str(run_dir)
-    meta["requeued"].update(from_step=checkpoint_step(found), checkpoint=str(found))
+    meta["requeued"].update(from_step=step_of_any(found), checkpoint=str(found))
     log.info("requeued (%d): resuming from %s", restarts, found)
 
 
