@@ -18,4 +18,6 @@ setup(
         "zero_lab.conf",
     ],
     package_dir={"zero_lab.conf": "conf"},
+    # zero-lab-train's entry point: beside the package, so starting it imports no torch (its docstring)
+    py_modules=["zero_lab_train"],
 )

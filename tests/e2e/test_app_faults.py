@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.e2e.runs import (
@@ -28,6 +29,8 @@ from zero_lab.checkpoint import export_plain_state_dict, latest_checkpoint
 from zero_lab.runtime.signals import StopRequest
 
 FOREVER = "steps=100000"  # never finishes on its own: the signal always lands mid-training
+TRAIN = (sys.executable, "train.py")
+CONSOLE = (str(Path(sys.executable).with_name("zero-lab-train")),)  # this environment's console script
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
@@ -181,12 +184,12 @@ def _first_step_logged(_proc: subprocess.Popen[str], run_dir: Path) -> bool:
     return metrics_file.exists() and metrics_file.read_text().count("\n") >= 1
 
 
-def signal_at(event, signum: int, run_dir: Path, *args: str) -> tuple[int, str]:
-    """Start ``train.py`` in a session of its own, send ``signum`` once ``event(proc, run_dir)``
+def signal_at(event, signum: int, run_dir: Path, *args: str, command: tuple[str, ...] = TRAIN) -> tuple[int, str]:
+    """Start ``command`` (``train.py``) in a session of its own, send ``signum`` once ``event(proc, run_dir)``
     holds (SIGINT to the whole process group, as a Ctrl-C; SIGTERM to the job process, as
     ``kill``); its exit code and stderr, once no process of it is left."""
     proc = subprocess.Popen(
-        [sys.executable, "train.py", "logger=none", *args, f"hydra.run.dir={run_dir}"],
+        [*command, "logger=none", *args, f"hydra.run.dir={run_dir}"],
         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -211,8 +214,9 @@ def assert_one_line(stderr: str, expected: str) -> str:
     return lines[0]
 
 
-def test_sigterm_while_python_imports_torch_is_one_line_and_143(tmp_path):
-    code, stderr = signal_at(_importing_torch, signal.SIGTERM, tmp_path / "run")
+@pytest.mark.parametrize("command", [TRAIN, CONSOLE], ids=["train.py", "zero-lab-train"])
+def test_sigterm_while_python_imports_torch_is_one_line_and_143(tmp_path, command):
+    code, stderr = signal_at(_importing_torch, signal.SIGTERM, tmp_path / "run", command=command)
     assert code == 128 + signal.SIGTERM
     assert_one_line(stderr, "stopped by SIGTERM while starting; nothing was written")
     assert not (tmp_path / "run").exists()

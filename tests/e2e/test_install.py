@@ -15,9 +15,9 @@ import zipfile
 from tests.e2e.runs import REPO, child_env
 
 LOCAL_ONLY = (".venv", ".git", "outputs", "build", "*.egg-info", "__pycache__", ".*_cache", "multirun", "wandb")
-ENTRY = (
+ENTRY = (  # what the zero-lab-train console script runs (pyproject's [project.scripts])
     "import zero_lab; print('package:', zero_lab.__file__, flush=True); "
-    "from zero_lab.app.launch.entry import main; main()"
+    "from zero_lab_train import main; main()"
 )
 
 
@@ -39,6 +39,7 @@ def test_conf_is_top_level_and_the_wheel_carries_it_and_trains(tmp_path):
     in_checkout = {f"zero_lab/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
     assert in_checkout and {n for n in shipped if n.endswith(".yaml")} == in_checkout  # every YAML, nothing else
     assert "hydra_plugins/zero_lab_slurm/__init__.py" in archive.namelist()  # hydra/launcher=slurm's plugin
+    assert "zero_lab_train.py" in archive.namelist()  # zero-lab-train's entry point, beside the package
 
     env = child_env() | {"PYTHONPATH": str(tmp_path / "site")}
     job = subprocess.run(

@@ -138,3 +138,17 @@ def test_a_stop_signal_after_the_job_returned_is_one_line_and_128_plus_the_signa
     assert done.stderr.strip().splitlines() == [
         "zero_lab: stopped by SIGTERM while exiting; the job had ended, its files are kept"
     ], done.stderr
+
+
+def test_the_console_scripts_entry_point_loads_without_torch_so_its_signal_guard_comes_first():
+    """``zero-lab-train`` calls pyproject's ``[project.scripts]`` target: importing it must not load torch
+    (a second or more, in which a SIGTERM would kill the job silently), so the guard it installs comes
+    first. Read from pyproject, imported in a fresh interpreter as the console script does."""
+    import tomllib
+
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["zero-lab-train"]
+    module, function = target.split(":")
+    probe = f"import sys; from {module} import {function}; print(sorted({{'torch', 'hydra'}} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"], (target, done.stdout)
