@@ -16,8 +16,7 @@ from tests.e2e.runs import REPO, child_env
 
 LOCAL_ONLY = (".venv", ".git", "outputs", "build", "*.egg-info", "__pycache__", ".*_cache", "multirun", "wandb")
 ENTRY = (  # what the zero-lab-train console script runs (pyproject's [project.scripts])
-    "import zero_lab; print('package:', zero_lab.__file__, flush=True); "
-    "from zero_lab_train import main; main()"
+    "import zero_lab; print('package:', zero_lab.__file__, flush=True); from zero_lab_train import main; main()"
 )
 
 
