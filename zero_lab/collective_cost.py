@@ -77,7 +77,9 @@ class Hardware:
     optimizer step; ``overlap``: the share of a phase that may hide behind computation which
     really does (1: dedicated communication engines; 0: communication and computation take
     turns, as on a host whose cores run both); ``cores``: on a CPU host, the cores the ranks
-    share (a rank computes ``W / cores`` times slower beyond it; ``None``: one device per rank).
+    share (a rank computes ``W / cores`` times slower beyond it; ``None``: one device per rank);
+    ``duplex``: a rank's point-to-point sends and receives proceed at once, each at the link's
+    rate (a NIC; ``False``: they share the rank's rate, as Gloo's copies on one host do).
     ``sources``: where each figure comes from (profile YAMLs carry them).
     """
 
@@ -90,6 +92,7 @@ class Hardware:
     overlap: float = 1.0
     algorithm: str = "ring"
     cores: int | None = None
+    duplex: bool = True
     collectives: Mapping[str, Link] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
 

@@ -18,7 +18,9 @@ the trainable bytes):
 2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
    ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
    ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
-   its segment, an owner receives ``W-1`` contributions; the slowest rank's bytes set the time);
+   its segment, an owner receives ``W-1`` contributions, all in flight at once; the busiest
+   rank's sends and receives set the time, :func:`p2p_busiest`: the larger of the two on a
+   ``duplex`` link, their mean at a swap's rate where one thread copies both, as Gloo here);
    ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
    longest: ``W × longest`` — a bucket owned by few ranks costs W times its size); ``owned``
    (an engine whose buffers are cut evenly among the owners: one reduce-scatter of the bucket).
@@ -68,6 +70,7 @@ __all__ = [
     "StepPrediction",
     "communicator_bytes",
     "newton_schulz_flops",
+    "p2p_busiest",
     "predict_step",
 ]
 
@@ -277,12 +280,9 @@ def _grad_phase(
             elif strategy.grad_reduce == "reduce_scatter_native":
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
                 average = list(issued)
-            else:  # point to point: the slowest rank sends (bucket - own) or receives (S-1) × own;
-                # on average a rank sends bucket/S to each of its S-1 peers
-                busiest = max(max(bucket - own, (shard - 1) * own) for own in segments)
-                per_peer = math.ceil(busiest / max(shard - 1, 1))
-                issued = [layout.group("send_recv", per_peer)] * max(shard - 1, 0)
-                average = [layout.group("send_recv", math.ceil(bucket / shard))] * max(shard - 1, 0)
+            else:  # point to point, every message in flight at once: the busiest rank's sends and receives
+                issued = [layout.group("send_recv", p2p_busiest(segments, hardware.duplex))]
+                average = [layout.group("send_recv", math.ceil(bucket * (shard - 1) / shard))]
             if world > shard:
                 issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
                 average.append(issued[-1])
@@ -293,6 +293,18 @@ def _grad_phase(
     tail = sum(seconds(hardware, c) for c in last)
     hidden = min(total - tail, hardware.overlap * backward_s)
     return _phase("grad_reduce", hardware, collectives, hidden, sent)
+
+
+def p2p_busiest(segments: Sequence[int], duplex: bool) -> int:
+    """The bytes that set a point-to-point reduce-scatter's time: rank ``r`` owns ``segments[r]``
+    bytes of the bucket, sends every peer that peer's segment (``bucket - own``) and receives
+    ``(S-1) × own``, all issued at once (``batch_isend_irecv``: one α). On a ``duplex`` link a rank
+    sends while it receives, so its time is the larger of the two; otherwise (Gloo on one host:
+    the rank's own thread copies both ways) their sum at the rate of a swap, which moves ``S`` each
+    way: ``(sent + received) / 2``. The busiest rank's figure, rounded up."""
+    bucket, peers = sum(segments), len(segments) - 1
+    loads = [(bucket - own, peers * own) for own in segments]
+    return math.ceil(max(max(pair) if duplex else sum(pair) / 2 for pair in loads))
 
 
 def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardware: Hardware, world: int) -> float:

@@ -3,9 +3,11 @@ model's, without processes (the run is a record of the shape zero_lab.bench.run 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from zero_lab.bench.check_model import checks_for, format_checks
+from zero_lab.bench.check_model import Check, checks_for, format_checks, main, read_checks
 from zero_lab.bench.hardware import load_hardware
 from zero_lab.bench.workloads import MODELS
 
@@ -66,3 +68,17 @@ def test_the_hierarchical_row_is_priced_over_its_groups() -> None:
     # run only where it is hierarchical: W=4 (and 8, ...), not W=1, 2 (it would repeat zl_gr_rs_bc) or 3
     names = ["ddp", "zl_gr_rs_bc_s2"]
     assert [strategies_at(names, w) for w in (1, 2, 3, 4)] == [("ddp",)] * 3 + [("ddp", "zl_gr_rs_bc_s2")]
+
+
+def test_a_stored_check_is_repriced_without_running(tmp_path) -> None:
+    """--from: the stored rows' measured figures kept, their predictions the model's now; the
+    p2p rows of the idle check are priced with gloo_local's one-thread copies (duplex: false)."""
+    stored = Path(__file__).parents[2] / "docs" / "data" / "model-check-2026-11-27-idle.json"
+    _, rows = read_checks(stored)
+    checks = main(["--from", str(stored), "--out", str(tmp_path)])
+    assert [(c.model, c.world_size, c.strategy, c.measured_s) for c in checks] == [
+        (r.model, r.world_size, r.strategy, r.measured_s) for r in rows
+    ]
+    assert all(c.predicted_bytes == c.measured_bytes for c in checks)
+    assert all(abs(Check.error(c.predicted_s, c.measured_s)) <= 0.20 for c in checks)
+    assert read_checks(tmp_path / "model_check.json")[1] == checks

@@ -4,6 +4,7 @@ hierarchical sharding and the Communicator's bytes, checked against figures work
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +25,7 @@ from zero_lab.step_model import (
     ModeledStrategy,
     communicator_bytes,
     newton_schulz_flops,
+    p2p_busiest,
     predict_step,
 )
 
@@ -179,6 +181,25 @@ def test_point_to_point_reduce_scatter_is_set_by_the_busiest_rank() -> None:
     p2p = ModeledStrategy("p2p", "", SortedGreedy, grad_reduce="reduce_scatter")
     p = predict_step(specs, p2p, hardware(), 4, 1)
     assert p.phase("grad_reduce").seconds == pytest.approx(3 * 16 * 2**20 / 100e9)  # the owner receives 3 buckets
+
+
+def test_point_to_point_duplex_takes_the_larger_way_else_the_mean_of_both() -> None:
+    """Owners of 4, 6, 6, 6 bytes of a 22-byte bucket: rank 0 sends 18 and receives 3 × 4 = 12, ranks 1-3
+    send 16 and receive 18. Duplex: max(18, 12) = 18 and max(16, 18) = 18; one thread's copies:
+    (18 + 12) / 2 = 15 and (16 + 18) / 2 = 17."""
+    assert p2p_busiest([4, 6, 6, 6], duplex=True) == 18
+    assert p2p_busiest([4, 6, 6, 6], duplex=False) == 17
+    # one 16 MiB bucket, one owner at W=4: it receives 3 × 16 MiB, each peer sends 16 MiB; every
+    # message is in flight at once, so α is paid once, not once per peer
+    specs, mib16 = specs_of(4 * 2**20), 16 * 2**20
+    p2p = ModeledStrategy("p2p", "", SortedGreedy, grad_reduce="reduce_scatter")
+    slow = hardware(intra=Link(1e-3, 100 * GB))
+    full = predict_step(specs, p2p, slow, 4, 1).phase("grad_reduce")
+    assert full.seconds == pytest.approx(1e-3 + 3 * mib16 / 100e9)
+    shared = predict_step(specs, p2p, replace(slow, duplex=False), 4, 1).phase("grad_reduce")
+    assert shared.seconds == pytest.approx(1e-3 + 1.5 * mib16 / 100e9)
+    # the bytes are an average rank's either way: 3/4 of the bucket sent
+    assert full.intra_bytes == shared.intra_bytes == pytest.approx(0.75 * mib16, rel=1e-6)
 
 
 def test_muon_owner_step_is_newton_schulz_on_the_slowest_owner() -> None:

@@ -19,9 +19,12 @@ saying "idle" or "under load")::
     python scripts/check_model.py                                     # W = 1 2 4, both models, 20 steps
     python scripts/check_model.py --world-sizes 2 --steps 3 --warmup 1 --models linear768
     python scripts/check_model.py --out outputs/check-model                 # + .md, .json, .png there
+    python scripts/check_model.py --from docs/data/model-check-2026-11-27-idle.json   # re-price, run nothing
 
-Times depend on the load: the header carries the load average, and a figure taken with other
-jobs running is "under load". Bytes do not.
+``--from JSON`` runs nothing: it re-prices a stored ``model_check.json``'s rows with the model and
+profile as they are now (:func:`recheck`), the measured figures kept. Times depend on the load:
+the header carries the load average, and a figure taken with other jobs running is "under load".
+Bytes do not.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from zero_lab.bench.strategies import STRATEGIES as BENCH
 from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Hardware
 from zero_lab.files import write_atomic
-from zero_lab.partition import Flat, SortedGreedy
+from zero_lab.partition import Flat, ParamSpec, SortedGreedy
 from zero_lab.planner import specs_from_module
 from zero_lab.report.model_plots import plot_model_check
 from zero_lab.step_model import STRATEGIES as AT_SCALE
@@ -59,6 +62,7 @@ __all__ = [
     "format_checks",
     "main",
     "read_checks",
+    "recheck",
     "strategies_at",
     "write_checks",
 ]
@@ -146,36 +150,50 @@ def _measured_bytes(counted: dict[str, Any]) -> int:
     return grads.get("bytes", 0) + (counted.get("params") or {}).get("bytes", 0)
 
 
+def _specs(model: str) -> list[ParamSpec]:
+    with torch.device("meta"):
+        return specs_from_module(MODELS[model].build())
+
+
+def _predicted(
+    specs: list[ParamSpec], model: str, strategy: ModeledStrategy, world: int, shard: int, hardware: Hardware
+) -> tuple[float, int]:
+    """The step model's seconds and rank 0's bytes (the Communicator's convention) for one row."""
+    prediction = predict_step(specs, strategy, hardware, world, SAMPLES[model], shard)
+    counts = communicator_bytes(specs, strategy, world, 0, shard)
+    return prediction.seconds, sum(payload for payload, _ in counts.values())
+
+
 def checks_for(run: dict[str, Any], hardware: Hardware) -> list[Check]:
     """Predicted beside measured for one benchmark run (one model at one world size)."""
-    with torch.device("meta"):
-        specs = specs_from_module(MODELS[run["model"]].build())
+    specs = _specs(run["model"])
     world, out = run["world_size"], []
     for name, result in run["results"].items():
         if name not in CHECKED:
             continue
         strategy = _as_run(CHECKED[name], result.get("report"))
         shard = BENCH[name].shard_at(world)
-        prediction = predict_step(specs, strategy, hardware, world, SAMPLES[run["model"]], shard)
-        counts = communicator_bytes(specs, strategy, world, 0, shard)
-        predicted_bytes = sum(payload for payload, _ in counts.values())
+        seconds, nbytes = _predicted(specs, run["model"], strategy, world, shard, hardware)
         steps = result.get("steps") or []
         measured_s = statistics.median(s["iter_s"] for s in steps) if steps else None
         counted = result.get("collectives") or {}
         measured_bytes = _measured_bytes(counted) if counted else None
         out.append(
-            Check(
-                run["model"],
-                world,
-                shard,
-                name,
-                prediction.seconds,
-                measured_s,
-                predicted_bytes,
-                measured_bytes,
-                strategy.exchange,
-            )
+            Check(run["model"], world, shard, name, seconds, measured_s, nbytes, measured_bytes, strategy.exchange)
         )
+    return out
+
+
+def recheck(checks: Sequence[Check], hardware: Hardware) -> list[Check]:
+    """The rows of a stored check with the step model's predictions recomputed (the measured
+    figures kept): what a change to the model or the profile does, without running anything."""
+    specs = {model: _specs(model) for model in dict.fromkeys(c.model for c in checks)}
+    out = []
+    for c in checks:
+        base = CHECKED[c.strategy]
+        strategy = _as_run(base, {"collective": c.exchange}) if base.partitioner else base
+        seconds, nbytes = _predicted(specs[c.model], c.model, strategy, c.world_size, c.shard_size, hardware)
+        out.append(dataclasses.replace(c, predicted_s=seconds, predicted_bytes=nbytes))
     return out
 
 
@@ -213,6 +231,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, metavar="DIR", help="also write model_check.md (the table), .json (the rows) and .png here"
     )
+    parser.add_argument(
+        "--from",
+        dest="stored",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: re-price the rows of a stored model_check.json (its measured figures kept)",
+    )
     return parser.parse_args(argv)
 
 
@@ -226,10 +251,8 @@ def strategies_at(strategies: Sequence[str], world_size: int) -> tuple[str, ...]
 LOADED = 1.0
 
 
-def main(argv: Sequence[str] | None = None) -> list[Check]:
-    args = parse_args(argv)
-    hardware = load_hardware(args.hardware)
-    command = "python scripts/check_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+def _measure(args: argparse.Namespace, hardware: Hardware, command: str) -> tuple[list[Check], str, str, float]:
+    """Run the worlds and check each; the rows, the table's header, "idle" or "under load", the load before."""
     before = os.getloadavg()[0]
     checks = []
     for world in args.world_sizes:
@@ -243,15 +266,28 @@ def main(argv: Sequence[str] | None = None) -> list[Check]:
         f"`{command}` — profile {hardware.name}; load average {before:.1f} before the runs ({state}), "
         f"{load:.1f} at the end, on {os.cpu_count()} cores"
     )
+    return checks, header, state, before
+
+
+def main(argv: Sequence[str] | None = None) -> list[Check]:
+    args = parse_args(argv)
+    hardware = load_hardware(args.hardware)
+    command = "python scripts/check_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.stored:
+        stored_header, stored = read_checks(args.stored)
+        checks = recheck(stored, hardware)
+        header = f"`{command}` — profile {hardware.name}, predictions re-priced; measured: {stored_header}"
+        state, before = f"measured as in {args.stored.name}, re-priced", None
+    else:
+        checks, header, state, before = _measure(args, hardware, command)
     text = header + "\n\n" + format_checks(checks) + "\n"
     print(text)
     if args.out:
         write_atomic(args.out / "model_check.md", lambda f: f.write(text.encode("utf-8")))
         write_checks(args.out / "model_check.json", checks, header)
-        title = (
-            f"Step model ({hardware.name}) vs runs here, W = {'/'.join(map(str, args.world_sizes))}: "
-            f"{state} (load average {before:.1f} before the runs, {os.cpu_count()} cores)"
-        )
+        worlds = "/".join(map(str, dict.fromkeys(c.world_size for c in checks)))
+        when = "" if before is None else f" (load average {before:.1f} before the runs, {os.cpu_count()} cores)"
+        title = f"Step model ({hardware.name}) vs runs here, W = {worlds}: {state}{when}"
         figure = plot_model_check([c.as_dict() for c in checks], args.out / "model_check.png", title)
         print(f"written: {args.out}/model_check.md, model_check.json, {figure}")
     return checks

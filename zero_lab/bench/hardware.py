@@ -10,7 +10,7 @@ it). The shipped ones: ``h100_ib`` and ``a100_hdr`` (published bandwidths), ``gl
 
 Keys: ``name``, ``ranks_per_node``, ``matmul_flops``, ``memory_bandwidth``,
 ``links: {intra: {alpha_s, bus_bandwidth}, inter: {...}}``, ``sources`` (required); optional
-``overlap``, ``algorithm``, ``cores``, ``collectives: {op: {alpha_s, bus_bandwidth}}``,
+``overlap``, ``algorithm``, ``cores``, ``duplex``, ``collectives: {op: {alpha_s, bus_bandwidth}}``,
 ``description``, ``measured`` (the calibration's raw figures).
 """
 
@@ -27,7 +27,7 @@ __all__ = ["PROFILE_DIR", "hardware_from_dict", "load_hardware", "profile_names"
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 _REQUIRED = ("name", "ranks_per_node", "matmul_flops", "memory_bandwidth", "links", "sources")
-_OPTIONAL = ("overlap", "algorithm", "cores", "collectives", "description", "measured")
+_OPTIONAL = ("overlap", "algorithm", "cores", "duplex", "collectives", "description", "measured")
 
 
 def profile_names() -> list[str]:
@@ -52,6 +52,8 @@ def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware
         problems.append(
             f"links must name exactly intra and inter, got {sorted(links) if isinstance(links, dict) else links!r}"
         )
+    if not isinstance(data.get("duplex", True), bool):
+        problems.append(f"duplex must be true or false, got {data['duplex']!r}")
     if problems:
         raise ValueError(f"{where}: " + "; ".join(problems))
     collectives = {op: _link(f"{where}: collectives.{op}", v) for op, v in (data.get("collectives") or {}).items()}
@@ -65,6 +67,7 @@ def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware
         overlap=float(data.get("overlap", 1.0)),
         algorithm=str(data.get("algorithm", "ring")),
         cores=int(data["cores"]) if data.get("cores") is not None else None,
+        duplex=data.get("duplex", True),
         collectives=collectives,
         sources={str(k): str(v) for k, v in data["sources"].items()},
     )
