@@ -205,3 +205,11 @@ def test_quick_runs_every_strategy_a_target_compares() -> None:
         assert names <= set(compared) or t.measure == "present", t.text
     assert compared[:2] == ["ddp", "ddp_aa"]  # the A/A pair
     assert not {"zl_overlap", "fsdp2", "fairscale_oss"} & set(compared)  # rows no target compares stay out
+
+
+def test_markdown_table_aligns_each_column_and_refuses_a_wrong_spec() -> None:
+    table = render.markdown_table(["model", "W", "error"], "lrr", [("tiny", 2, render.error_percent(1.1, 1.0))])
+    assert table.splitlines() == ["| model | W | error |", "|---|---:|---:|", "| tiny | 2 | +10.0 % |"]
+    assert render.error_percent(1.0, None) == render.error_percent(1.0, 0) == "—"
+    with pytest.raises(ValueError, match="align='lr'"):
+        render.markdown_table(["a", "b", "c"], "lr", [])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zero_lab.bench.render import markdown_table
 from zero_lab.collective_cost import Hardware
 from zero_lab.partition import ParamSpec
 from zero_lab.planner import plan_memory
@@ -128,24 +129,31 @@ def rows_for(
 
 def format_rows(rows: Sequence[Row]) -> str:
     """A Markdown table: phases' exposed ms (gradient reduction and exchange: exposed / total)."""
-    lines = [
-        "| W | S | strategy | fwd+bwd ms | grad copies + reduce ms | step ms | exchange ms | **step time ms** "
-        "| memory/rank GiB | state/rank GiB | intra GB/rank | inter GB/rank | imbalance |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    titles = ["W", "S", "strategy", "fwd+bwd ms", "grad copies + reduce ms", "step ms", "exchange ms"]
+    titles += ["**step time ms**", "memory/rank GiB", "state/rank GiB", "intra GB/rank", "inter GB/rank", "imbalance"]
+    cells = []
     for row in rows:
         p = row.prediction
         compute = (p.phase("forward").exposed_s + p.phase("backward").exposed_s) * 1e3
         grad, exchange, copies = p.phase("grad_reduce"), p.phase("exchange"), p.phase("grad_copies").seconds
-        lines.append(
-            f"| {p.world_size} | {p.shard_size} | {p.strategy} | {compute:,.1f} "
-            f"| {(copies + grad.exposed_s) * 1e3:,.1f} / {(copies + grad.seconds) * 1e3:,.1f} "
-            f"| {p.phase('step').exposed_s * 1e3:,.2f} "
-            f"| {exchange.exposed_s * 1e3:,.1f} / {exchange.seconds * 1e3:,.1f} | **{p.seconds * 1e3:,.1f}** "
-            f"| {row.memory_bytes / GIB:,.2f} | {row.state_bytes / GIB:,.3f} | {p.intra_bytes / 1e9:,.2f} "
-            f"| {p.inter_bytes / 1e9:,.2f} | {max(p.imbalance, p.cost_imbalance):.2f} |"
+        cells.append(
+            (
+                p.world_size,
+                p.shard_size,
+                p.strategy,
+                f"{compute:,.1f}",
+                f"{(copies + grad.exposed_s) * 1e3:,.1f} / {(copies + grad.seconds) * 1e3:,.1f}",
+                f"{p.phase('step').exposed_s * 1e3:,.2f}",
+                f"{exchange.exposed_s * 1e3:,.1f} / {exchange.seconds * 1e3:,.1f}",
+                f"**{p.seconds * 1e3:,.1f}**",
+                f"{row.memory_bytes / GIB:,.2f}",
+                f"{row.state_bytes / GIB:,.3f}",
+                f"{p.intra_bytes / 1e9:,.2f}",
+                f"{p.inter_bytes / 1e9:,.2f}",
+                f"{max(p.imbalance, p.cost_imbalance):.2f}",
+            )
         )
-    return "\n".join(lines)
+    return markdown_table(titles, "rrlrrrrrrrrrr", cells)
 
 
 def _shard_order(shard: str) -> float:
@@ -161,14 +169,10 @@ def format_summary(rows: Sequence[Row]) -> str:
         shard = "W" if p.shard_size == p.world_size else str(p.shard_size)
         cell = f"{p.seconds * 1e3:,.1f} · {row.memory_bytes / GIB:,.2f}"
         cells.setdefault((p.strategy, shard), {})[p.world_size] = cell
-    lines = [
-        "| strategy | S | " + " | ".join(f"W={w}" for w in worlds) + " |",
-        "|---|---:|" + "---:|" * len(worlds),
-    ]
     order = {name: i for i, name in enumerate(dict.fromkeys(r.prediction.strategy for r in rows))}
-    for (name, shard), by_world in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], _shard_order(kv[0][1]))):
-        lines.append(f"| {name} | {shard} | " + " | ".join(by_world.get(w, "—") for w in worlds) + " |")
-    return "\n".join(lines)
+    ordered = sorted(cells.items(), key=lambda kv: (order[kv[0][0]], _shard_order(kv[0][1])))
+    lines = [(name, shard, *(by_world.get(w, "—") for w in worlds)) for (name, shard), by_world in ordered]
+    return markdown_table(["strategy", "S", *(f"W={w}" for w in worlds)], "lr" + "r" * len(worlds), lines)
 
 
 def crossings(rows: Sequence[Row]) -> list[str]:

@@ -26,7 +26,6 @@ import argparse
 import datetime
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +35,7 @@ import torch.distributed as dist
 import yaml
 
 from zero_lab.bench.host import keep_freed_memory
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
@@ -173,7 +173,7 @@ def profile_from(rows: list[dict[str, Any]], compute: dict[str, float], command:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0])
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per op and size (after one warm-up)")
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ranks = run_world(measure_collectives, world, world_args, **limits)
         rows += ranks[0]  # every rank holds the same rows: each time is the slowest rank's
         print(f"W={world}: measured {len(sizes)} sizes of {len(OPS)} collectives", flush=True)
-    command = "python scripts/calibrate.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("scripts/calibrate.py", argv)
     profile = profile_from(rows, measure_compute(args.repeats), command, os.cpu_count() or 1)
     text = yaml.safe_dump(profile, sort_keys=False, width=110)
     write_atomic(args.out, lambda f: f.write(text.encode("utf-8")))

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,9 @@ from typing import Any
 import torch
 
 from zero_lab.bench.hardware import load_hardware, profile_names
+from zero_lab.bench.render import error_percent, markdown_table
 from zero_lab.bench.run import Settings, run_world_size
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.bench.strategies import STRATEGIES as BENCH
 from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Hardware
@@ -197,31 +198,31 @@ def recheck(checks: Sequence[Check], hardware: Hardware) -> list[Check]:
     return out
 
 
-def _percent(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:+.1f} %"
-
-
 def format_checks(checks: Sequence[Check]) -> str:
     """The Markdown table of docs/benchmarks.md."""
-    lines = [
-        "| model | W | S | strategy | exchange | predicted ms | measured ms | time error | predicted MiB "
-        "| measured MiB | bytes error |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in checks:
-        measured = "—" if c.measured_s is None else f"{c.measured_s * 1e3:,.1f}"
-        counted = "—" if c.measured_bytes is None else f"{c.measured_bytes / 2**20:,.3f}"
-        lines.append(
-            f"| {c.model} | {c.world_size} | {c.shard_size} | {c.strategy} | {c.exchange} "
-            f"| {c.predicted_s * 1e3:,.1f} | {measured} "
-            f"| {_percent(Check.error(c.predicted_s, c.measured_s))} | {c.predicted_bytes / 2**20:,.3f} | {counted} "
-            f"| {_percent(Check.error(c.predicted_bytes, c.measured_bytes))} |"
+    titles = ["model", "W", "S", "strategy", "exchange", "predicted ms", "measured ms", "time error"]
+    titles += ["predicted MiB", "measured MiB", "bytes error"]
+    rows = [
+        (
+            c.model,
+            c.world_size,
+            c.shard_size,
+            c.strategy,
+            c.exchange,
+            f"{c.predicted_s * 1e3:,.1f}",
+            "—" if c.measured_s is None else f"{c.measured_s * 1e3:,.1f}",
+            error_percent(c.predicted_s, c.measured_s),
+            f"{c.predicted_bytes / 2**20:,.3f}",
+            "—" if c.measured_bytes is None else f"{c.measured_bytes / 2**20:,.3f}",
+            error_percent(c.predicted_bytes, c.measured_bytes),
         )
-    return "\n".join(lines)
+        for c in checks
+    ]
+    return markdown_table(titles, "lrrllrrrrrr", rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--hardware", default="gloo_local", help=f"a profile ({', '.join(profile_names())}) or path")
     parser.add_argument("--models", nargs="+", default=["tutorial-quick", "linear768"], choices=sorted(SAMPLES))
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
@@ -272,7 +273,7 @@ def _measure(args: argparse.Namespace, hardware: Hardware, command: str) -> tupl
 def main(argv: Sequence[str] | None = None) -> list[Check]:
     args = parse_args(argv)
     hardware = load_hardware(args.hardware)
-    command = "python scripts/check_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("scripts/check_model.py", argv)
     if args.stored:
         stored_header, stored = read_checks(args.stored)
         checks = recheck(stored, hardware)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from zero_lab.bench.render import run_text, targets_text
 from zero_lab.bench.run import Settings, check_collectives, default_out, machine, run_world_size, tabulate
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.bench.strategies import STRATEGIES
 from zero_lab.bench.targets import evaluate, strategies_compared
 from zero_lab.bench.workloads import MODELS
@@ -31,7 +31,7 @@ __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     quick = "fewer layers and steps, W = 2 only, the strategies the targets compare (about 2 minutes)"
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--world-sizes", type=int, nargs="+", help="default: 2 (quick) or 1 2 4")
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.start_method,
         args.timeout,
     )
-    command = "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("scripts/bench.py", argv)
     print(
         f"$ {command}\n# torch {info['torch']}, {info['cpu_count']} CPUs (load {info['load_average'][0]:.1f}), "
         f"Gloo, 1 thread per rank; FairScale: {info['fairscale']}; DeepSpeed: {info['deepspeed']}",

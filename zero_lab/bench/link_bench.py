@@ -24,7 +24,6 @@ import argparse
 import datetime
 import os
 import signal
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +41,8 @@ from zero_lab.bench.link import (
     predict_link,
 )
 from zero_lab.bench.netns import TwoNodes, unavailable
+from zero_lab.bench.render import error_percent, markdown_table
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.files import write_atomic
 
 __all__ = ["LinkRow", "format_rows", "main"]
@@ -71,45 +72,52 @@ def _row(name: str, shard: int, m: LinkMeasurement, rate_mbit: float) -> LinkRow
     return LinkRow(name, shard, seconds, m.step_time_s, nbytes, m.crossed_per_step, app)
 
 
-def _percent(predicted: float, measured: float | None) -> str:
-    return "—" if not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
-
-
 def _mb(value: float | None) -> str:
     return "— (not metered)" if value is None else f"{value / 1e6:,.3f}"
 
 
+def _ratio(flat: float | None, hier: float | None) -> str:
+    return f"{flat / hier:.2f} ×" if flat and hier else "—"
+
+
 def format_rows(rows: Sequence[LinkRow]) -> str:
     """The Markdown table of docs/benchmarks.md (bytes in MB = 10⁶ B, both directions)."""
-    lines = [
-        "| config | S | predicted ms | measured ms | time error | predicted MB across | veth MB across "
-        "| bytes error | app inter-node MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        measured = "—" if r.measured_s is None else f"{r.measured_s * 1e3:,.1f}"
-        lines.append(
-            f"| {r.config} | {r.shard_size} | {r.predicted_s * 1e3:,.1f} | {measured} "
-            f"| {_percent(r.predicted_s, r.measured_s)} | {_mb(r.predicted_bytes)} | {_mb(r.crossed_bytes)} "
-            f"| {_percent(r.predicted_bytes, r.crossed_bytes)} | {_mb(r.app_inter_bytes)} |"
+    titles = ["config", "S", "predicted ms", "measured ms", "time error", "predicted MB across", "veth MB across"]
+    titles += ["bytes error", "app inter-node MB"]
+    measured = [
+        (
+            r.config,
+            r.shard_size,
+            f"{r.predicted_s * 1e3:,.1f}",
+            "—" if r.measured_s is None else f"{r.measured_s * 1e3:,.1f}",
+            error_percent(r.predicted_s, r.measured_s),
+            _mb(r.predicted_bytes),
+            _mb(r.crossed_bytes),
+            error_percent(r.predicted_bytes, r.crossed_bytes),
+            _mb(r.app_inter_bytes),
         )
-    lines += ["", "| config | S=W ÷ S=node: predicted time | measured time | predicted bytes | veth bytes |"]
-    lines.append("|---|---:|---:|---:|---:|")
+        for r in rows
+    ]
+    gains = []
     for name in dict.fromkeys(r.config for r in rows):
         pair = {r.shard_size: r for r in rows if r.config == name}
-        if set(pair) != {2, 4}:
-            continue
-        flat, hier = pair[4], pair[2]
-        measured = f"{flat.measured_s / hier.measured_s:.2f} ×" if flat.measured_s and hier.measured_s else "—"
-        lines.append(
-            f"| {name} | {flat.predicted_s / hier.predicted_s:.2f} × | {measured} "
-            f"| {flat.predicted_bytes / hier.predicted_bytes:.2f} × | {flat.crossed_bytes / hier.crossed_bytes:.2f} × |"
-        )
-    return "\n".join(lines)
+        if set(pair) == {2, 4}:
+            flat, hier = pair[4], pair[2]
+            gains.append(
+                (
+                    name,
+                    _ratio(flat.predicted_s, hier.predicted_s),
+                    _ratio(flat.measured_s, hier.measured_s),
+                    _ratio(flat.predicted_bytes, hier.predicted_bytes),
+                    _ratio(flat.crossed_bytes, hier.crossed_bytes),
+                )
+            )
+    ratios = ["config", "S=W ÷ S=node: predicted time", "measured time", "predicted bytes", "veth bytes"]
+    return markdown_table(titles, "lrrrrrrrr", measured) + "\n\n" + markdown_table(ratios, "lrrrr", gains)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rate-mbit", type=float, default=100.0, help="the link's rate each way (tbf)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--short", type=int, default=3, help="steps of the shorter run")
@@ -129,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> list[LinkRow]:
     if why:
         raise SystemExit(f"bench_link: {why}")
     signal.signal(signal.SIGTERM, _raise_interrupt)  # cleaned up like a Ctrl-C
-    command = "python scripts/bench_link.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("scripts/bench_link.py", argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_link_") as scratch, TwoNodes.create(args.rate_mbit) as nodes:

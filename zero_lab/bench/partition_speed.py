@@ -18,13 +18,12 @@ builds (shards validated, per-rank index), for SortedGreedy and Flat.
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.partition import Flat, ParamSpec, SortedGreedy
 
 
@@ -95,14 +94,14 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--params", type=int, default=100_000, help="number of parameter tensors")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64, 512, 4096])
     parser.add_argument("--repeat", type=int, default=3, help="calls per measurement; the best counts")
     parser.add_argument("--no-naive", action="store_true", help="skip the O(n·W) baseline")
     args = parser.parse_args(argv)
     sizes = realistic_sizes(args.params)
-    print(f"$ python scripts/bench_partition.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"$ {command_line('scripts/bench_partition.py', argv)}")
     print(f"{len(sizes):,} parameters, {sum(sizes):,} elements; best of {args.repeat}\n", flush=True)
     rows = [bench_world_size(sizes, w, args.repeat, not args.no_naive) for w in args.world_sizes]
     print(format_rows(rows))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from torch import nn
 
 from zero_lab.bench import at_scale
 from zero_lab.bench.hardware import load_hardware, profile_names
+from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.bench.workloads import MODELS, PLAN_ONLY
 from zero_lab.files import write_atomic
 from zero_lab.partition import Flat, Partitioner, SortedGreedy
@@ -110,7 +110,7 @@ def format_plans(plans: Sequence[MemoryPlan]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--model", nargs="+", default=["lm"], choices=sorted([*MODELS, *PLAN_ONLY]))
     parser.add_argument("--world-size", type=int, nargs="+", default=[2], help="one or more world sizes")
     parser.add_argument("--partitioner", default="all", choices=[*PARTITIONERS, "all"])
@@ -179,7 +179,7 @@ def step_times(args: argparse.Namespace, command: str = "") -> list[dict[str, An
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if args.hardware:
-        return step_times(args, " ".join(["python scripts/plan.py", *(sys.argv[1:] if argv is None else argv)]))
+        return step_times(args, command_line("scripts/plan.py", argv))
     dtype = getattr(torch, args.dtype)
     partitioners = list(PARTITIONERS) if args.partitioner == "all" else [args.partitioner]
     out = []

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from zero_lab.bench.targets import verdict_line
 
-__all__ = ["MEMORY_COLUMNS", "SPEED_COLUMNS", "exchange_line", "format_table", "run_text", "targets_text"]
+__all__ = [
+    "MEMORY_COLUMNS",
+    "SPEED_COLUMNS",
+    "error_percent",
+    "exchange_line",
+    "format_table",
+    "markdown_table",
+    "run_text",
+    "targets_text",
+]
 
 Column = tuple[str, str, str]
 
@@ -42,6 +51,20 @@ def _fmt(value: Any, spec: str) -> str:
     if isinstance(value, bool):
         return "yes" if value else "NO"
     return format(value, spec)
+
+
+def markdown_table(titles: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table: a head of ``titles``, ``align`` one letter per column (``l`` text, ``r``
+    figures), then one line per row of already formatted cells."""
+    if len(align) != len(titles) or set(align) - {"l", "r"}:
+        raise ValueError(f"align={align!r}: one of 'l' or 'r' per column, {len(titles)} columns")
+    rule = "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"
+    return "\n".join(["| " + " | ".join(titles) + " |", rule, *("| " + " | ".join(map(str, r)) + " |" for r in rows)])
+
+
+def error_percent(predicted: float | None, measured: float | None) -> str:
+    """``(predicted - measured) / measured`` as a signed percentage; ``—`` without a measurement."""
+    return "—" if predicted is None or not measured else f"{100 * (predicted - measured) / measured:+.1f} %"
 
 
 def format_table(table: dict[str, dict[str, Any]], columns: Sequence[Column]) -> str:
