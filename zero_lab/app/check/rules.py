@@ -49,9 +49,9 @@ from zero_lab.app.config.schema import (
     forwarded_classes,
 )
 from zero_lab.app.config.targets import check_targets, refusal
+from zero_lab.app.plan.data_parallel import engine_refuses
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan, shard_size_of
-from zero_lab.app.plan.strategy import ENGINE
 from zero_lab.app.record.objective import check_objective
 from zero_lab.app.workloads.protocols import embedding_rows, forward_problems, protocol_problems, task_of
 from zero_lab.app.workloads.user_code import attempt
@@ -217,16 +217,20 @@ def _check_devices(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -
 
 
 def _check_engine(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``dp=zero_lab``: each switch the engine does not take yet (its strategy's ``unused_keys``: it overlaps
-    its own reductions with backward, its parameters are views of its buckets already, it releases unowned
-    gradients per bucket itself; and ``compile``), and ``autocast=fp16`` (GradScaler unscales the gradients
-    before the engine's step pre-hook reduces them)."""
-    if enum_str(cfg.get("dp", "ddp")) != "zero_lab":
+    """``dp=zero_lab``: each switch the engine does not take yet
+    (:func:`~zero_lab.app.plan.data_parallel.engine_refuses`: it overlaps its own reductions with backward, its
+    parameters are views of its buckets already, it releases unowned gradients per bucket itself; ``compile``),
+    and ``autocast=fp16`` (GradScaler unscales the gradients before the engine's step pre-hook reduces them).
+    ``dp=auto`` takes the DDP path for each of them, so only an explicit ``dp=zero_lab`` meets these."""
+    if plan.dp.dp != "zero_lab":
         return []
-    refused = [key for key in (*ENGINE.unused_keys, "compile") if cfg.get(key)]
-    out = [f"{key}=true: dp=zero_lab does not take it yet; set {key}=false or use dp=ddp" for key in refused]
-    if cfg.get("autocast") is not None and enum_str(cfg.autocast) == "fp16":
-        out.append("autocast=fp16: dp=zero_lab does not take it yet (GradScaler); use autocast=bf16 or dp=ddp")
+    out = []
+    for setting in engine_refuses(cfg):
+        key = setting.split("=")[0]
+        if key == "autocast":
+            out.append("autocast=fp16: dp=zero_lab does not take it yet (GradScaler); use autocast=bf16 or dp=ddp")
+        else:
+            out.append(f"{setting}: dp=zero_lab does not take it yet; set {key}=false or use dp=ddp")
     return out
 
 
@@ -241,7 +245,7 @@ def _check_shard_size(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan
         return [str(error)]
     if size == cfg.dist.world_size:
         return []
-    if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
+    if plan.dp.dp == "zero_lab":
         return []  # the engine shards whatever class steps (optim=adam as optim=zero_adam)
     if plan.optim is not None and not plan.optim.strategy.shards_state:
         return [f"dist.shard_size={size}: optim={_choice(choices, 'optim', cfg)} keeps no sharded state; use "

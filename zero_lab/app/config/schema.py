@@ -132,6 +132,8 @@ CheckpointFormat = _choices("CheckpointFormat", FORMATS, "``checkpoint_format=``
 
 #: ``dp=``: which data-parallel engine trains.
 DATA_PARALLEL = {
+    "auto": "zero_lab for a zero_* optimizer unless a key only the DDP path takes is set, else ddp "
+    "(zero_lab/app/plan/data_parallel.py)",
     "ddp": "torch's DistributedDataParallel (gradients all-reduced by DDP; zero_* shards the state after it)",
     "zero_lab": "zero_lab.ShardedDataParallel: ZeRO-2 on buffers it owns (zero_lab/engine/, docs/core.md)",
 }
@@ -182,9 +184,10 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     logger: Any = MISSING
     scheduler: Any = MISSING
-    # ddp (torch's DDP, today's path) or zero_lab (zero_lab.ShardedDataParallel: ZeRO-2 on its own buffers; it
-    # takes prefetch, exchange and grad_reduce (auto / null: its own per-backend defaults) and the partitioner)
-    dp: DataParallel = DataParallel["ddp"]
+    # auto: zero_lab for optim=zero_* unless a key only DDP takes is set (overlap, bucket_view, compile, ...), else
+    # ddp; zero_lab (zero_lab.ShardedDataParallel: ZeRO-2 on its own buffers; takes prefetch, exchange, grad_reduce
+    # (auto / null: its per-backend defaults) and the partitioner); ddp (torch's DDP, the optimizer after it)
+    dp: DataParallel = DataParallel["auto"]
     overlap: bool = False  # step inside DDP's comm hook (needs a zero_* optimizer)
     # with overlap: zero_step (after the last bucket) or interleaved (per bucket)
     overlap_hook: OverlapHook = OverlapHook["zero_step"]

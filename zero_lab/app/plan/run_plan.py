@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from zero_lab.app.config.schema import PARAM_DTYPES, enum_str
 from zero_lab.app.config.targets import build
+from zero_lab.app.plan.data_parallel import DpChoice, resolve_dp
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.workloads.protocols import OUTPUT_KEY, MetaProbe, probe_on_meta
@@ -84,6 +85,12 @@ class RunPlan:
         return self._optim[1]
 
     @cached_property
+    def dp(self) -> DpChoice:
+        """The data-parallel path that trains (``dp=auto`` resolved by
+        :func:`~zero_lab.app.plan.data_parallel.resolve_dp`)."""
+        return resolve_dp(self.cfg, self.optim)
+
+    @cached_property
     def model(self) -> Attempt[torch.nn.Module]:
         """The model on the ``meta`` device in ``param_dtype``: built once, for every reader."""
         return attempt(lambda: _meta_model(self.cfg))
@@ -108,7 +115,7 @@ class RunPlan:
         if self.cfg.overlap:
             return True
         partitioner = self.partitioner.value
-        engine = enum_str(self.cfg.get("dp", "ddp")) == "zero_lab"
+        engine = self.dp.dp == "zero_lab"
         return partitioner is not None and not engine and bucket_use(partitioner).needs_ddp_buckets
 
     @cached_property

@@ -4,9 +4,10 @@
 final loss; resume, accumulation, validation; optimizer state per rank against DDP + the same
 optimizer classes; each rank's local optimizer step (Muon, or a ``partitioner.cost`` other than
 ``numel``); the exchange's share of the step and the bytes it moves; the gradient reduction's
-bytes per phase; the engine (``dp=zero_lab``); the run dir. The Slurm launcher finds them again
-in a job's log by their first line (:data:`FIRST_LINE`). :func:`describe_failure` says which
-rank failed and how, :func:`resume_hint` how to continue a failed or stopped run::
+bytes per phase; which data-parallel path trained and why (the engine's modes); the run dir. The
+Slurm launcher finds them again in a job's log by their first line (:data:`FIRST_LINE`).
+:func:`describe_failure` says which rank failed and how, :func:`resume_hint` how to continue a
+failed or stopped run::
 
     print("\n".join(closing_lines(RunSummary.read(run_dir / SUMMARY_FILE), "Adam", run_dir, 12.3)))
 """
@@ -46,17 +47,25 @@ def closing_lines(summary: RunSummary, name: str, run_dir: Path, seconds: float)
         lines.append(f"  optimizer step per rank: {_local_steps(summary)}")
     exchange = Strategy.of(summary.zero, summary.dp).exchange_line(_exchange_share(summary))
     lines += [f"  parameter exchange: {exchange}{_auto_choice(summary)}", *grad_reduce_lines(summary)]
-    lines += _engine_lines(summary)
+    lines += _data_parallel_lines(summary)
     return [*lines, f"  run dir: {run_dir}"]
 
 
-def _engine_lines(summary: RunSummary) -> list[str]:
-    """``dp=zero_lab``: the engine, its modes and the gradient bytes rank 0 held at most against the bound."""
+def _data_parallel_lines(summary: RunSummary) -> list[str]:
+    """Which path trained and why (``dp=auto`` resolved); the engine's modes and the gradient bytes rank 0
+    held at most against the bound, or the DDP path's switches."""
+    choice = summary.dp_choice or {}
+    why = choice["reason"] if choice.get("requested") == "auto" else f"dp={summary.dp}"
     modes = summary.engine
     if summary.dp != "zero_lab" or not modes:
-        return []
+        switches = [f"{key}=true" for key in ("overlap", "bucket_view", "compile") if getattr(summary, key)]
+        if summary.grad_reduce:
+            switches.append(f"grad_reduce={summary.grad_reduce['requested']}")
+        shown = [s for s in switches if s not in why]  # the reason names the one that chose DDP already
+        zero = ", then ZeRO steps each rank's shard" if summary.zero else ""
+        return [f"  data parallel: torch's DDP{zero} ({why}){': ' + ', '.join(shown) if shown else ''}"]
     return [
-        f"  data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce={modes['grad_reduce']}, "
+        f"  data parallel: zero_lab.ShardedDataParallel ({why}): grad_reduce={modes['grad_reduce']}, "
         f"exchange={modes['exchange']}, prefetch={str(modes['prefetch']).lower()}, {modes['buckets']} bucket(s) "
         f"of at most {modes['bucket_cap_mb']} MiB, partitioner {modes['partitioner']}",
         f"  gradients held on rank 0: {_size(modes['peak_grad_bytes'])} at most, measured "

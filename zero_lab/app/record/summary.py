@@ -40,7 +40,8 @@ class RunSummary:
     resumed_from: str | None = None
     resumed_checkpoint: str | None = None  # the step dir resume= named (or found in the run dir it named)
     zero: bool = False
-    dp: str = "ddp"  # dp=: ddp (torch's DDP) or zero_lab (zero_lab.ShardedDataParallel)
+    dp: str = "ddp"  # the path that trained: ddp (torch's DDP) or zero_lab (zero_lab.ShardedDataParallel)
+    dp_choice: dict[str, str] | None = None  # dp= as asked (auto, ddp, zero_lab), as resolved, and why (DpChoice)
     engine: dict[str, Any] | None = None  # dp=zero_lab: the engine's modes and rank 0's gradient bytes held (modes())
     bucket_view: bool = False
     overlap: bool = False

@@ -19,7 +19,8 @@ three together (the optimizer steps inside DDP's communication hook):
    exchange, the next forward waits per module.
 
 The LR scheduler, fp16's ``GradScaler`` and ``compile=true``'s ``torch.compile`` of the DDP wrapper
-come last. ``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead.
+come last. ``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.ShardedDataParallel`) instead, and
+so does ``dp=auto`` (the default) for a ``zero_*`` optimizer (:func:`zero_lab.app.plan.data_parallel.resolve_dp`).
 
     training = build_training(cfg, torch.device("cpu"))
     loss = data.loss(training.ddp(x), y); loss.backward(); training.optimizer.step()
@@ -27,7 +28,6 @@ come last. ``dp=zero_lab`` wraps the model in the engine (:class:`zero_lab.Shard
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,7 +44,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from zero_lab import overlap
 from zero_lab.app.config.registered import exchange_name, grad_reduce_name
-from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, PARAM_DTYPES, enum_str
+from zero_lab.app.config.schema import APP_KEYS, PARAM_DTYPES, enum_str
+from zero_lab.app.plan.data_parallel import DpChoice, engine_options, resolve_dp
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import param_groups, shard_size_of
 from zero_lab.app.run.training import Training
@@ -86,10 +87,12 @@ def build_training(
     if cfg.dist.get("sync_batchnorm"):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device=device, dtype=PARAM_DTYPES[enum_str(cfg.param_dtype)])
-    if enum_str(cfg.get("dp", "ddp")) == "zero_lab":
-        return _engine_training(cfg, model, plan or OptimPlan.of(cfg.optim), without_grad)
+    plan = plan or OptimPlan.of(cfg.optim)
+    choice = resolve_dp(cfg, plan)  # dp=auto: the engine for a zero_* optimizer unless a key needs DDP
+    if choice.dp == "zero_lab":
+        return _engine_training(cfg, model, plan, without_grad, choice)
     ddp = make_ddp(model, cfg.dist, device)
-    strategy = (plan or OptimPlan.of(cfg.optim)).strategy  # plain DDP, or ZeRO with its partitioner and hooks
+    strategy = plan.strategy  # plain DDP, or ZeRO with its partitioner and hooks
     make_optimizer = optimizer_factory(cfg.optim)
     groups = param_groups(cfg.optim, model)
     if strategy.shards_state:
@@ -129,19 +132,18 @@ def build_training(
         max_grad_norm=cfg.optim.get("max_grad_norm"),
         scheduler=make_scheduler(cfg, optimizer),
         scaler=torch.amp.GradScaler(device.type) if enum_str(cfg.get("autocast")) == "fp16" else None,
+        dp_choice=choice,
     )
 
 
-def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without_grad: Sequence[str]) -> Training:
-    """``dp=zero_lab``: the class that steps the state (``optim=zero_adam`` and ``optim=adam`` alike: Adam)
-    over the model, wrapped by :class:`zero_lab.ShardedDataParallel`, which re-points it at this rank's
-    ranges; ``prefetch``, ``exchange`` and ``grad_reduce`` pick its modes (``auto`` / null: its defaults)."""
-    options = {k: v for k, v in cfg.optim.items() if k not in (*HYDRA_KEYS, GROUP_CLASS_KEY, *APP_KEYS["optim"])}
-    accepted = inspect.signature(plan.optimizer_class).parameters
-    wrapped = plan.target is not plan.optimizer_class  # optim=zero_*: ZeroRedundancyOptimizer's own keys, at defaults
-    wrapper = inspect.signature(plan.target).parameters if wrapped else {}
-    options = {k: v for k, v in options.items() if not (k in wrapper and v == wrapper[k].default)}
-    foreign = sorted(k for k in options if k not in accepted)
+def _engine_training(
+    cfg: DictConfig, model: nn.Module, plan: OptimPlan, without_grad: Sequence[str], choice: DpChoice
+) -> Training:
+    """``dp=zero_lab`` (or ``auto`` resolved to it): the class that steps the state (``optim=zero_adam`` and
+    ``optim=adam`` alike: Adam) over the model, wrapped by :class:`zero_lab.ShardedDataParallel`, which
+    re-points it at this rank's ranges; ``prefetch``, ``exchange`` and ``grad_reduce`` pick its modes
+    (``auto`` / null: its defaults), ``dist.broadcast_buffers`` is DDP's."""
+    options, foreign = engine_options(cfg.optim, plan)
     if foreign:
         raise ValueError(
             f"dp=zero_lab: optim.{foreign[0]} is not an argument of {plan.name}; the engine takes the class's own"
@@ -160,13 +162,14 @@ def _engine_training(cfg: DictConfig, model: nn.Module, plan: OptimPlan, without
         exchange=_unless_auto(exchange_name(cfg.exchange)),
         prefetch=bool(cfg.prefetch),
         shard_size=shard_size_of(cfg),
+        broadcast_buffers=bool(cfg.dist.get("broadcast_buffers", True)),
     )
     return Training(
         model=model,
         ddp=engine,  # type: ignore[arg-type]  # the loop calls forward and no_sync, which both have
         optimizer=optimizer,
         zero=True,
-        dp="zero_lab",
+        dp_choice=choice,
         exchange_stats=engine.param_comm.stats,
         grad_stats=engine.comm.stats,  # its bucket reductions (and replica all-reduces)
         max_grad_norm=cfg.optim.get("max_grad_norm"),

@@ -110,6 +110,7 @@ def summarize(
         resumed_from=str(cfg.resume) if cfg.resume is not None else None,
         zero=training.zero,
         dp=training.dp,
+        dp_choice=training.dp_choice.as_dict(),
         engine=training.strategy.engine_report(training.optimizer),
         bucket_view=bool(cfg.bucket_view),
         overlap=bool(cfg.overlap),

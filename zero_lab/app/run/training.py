@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from zero_lab.app.plan.data_parallel import DpChoice
 from zero_lab.app.plan.strategy import Strategy
 from zero_lab.app.record.metrics import LocalStepClock
 from zero_lab.comm import CommStats
@@ -35,11 +36,17 @@ class Training:
     max_grad_norm: float | None = None
     scheduler: LRScheduler | None = None  # stepped once per optimizer step (scheduler=...)
     scaler: torch.amp.GradScaler | None = None  # autocast=fp16: loss scaling
-    dp: str = "ddp"  # dp=: "ddp", or "zero_lab" (``ddp`` is then the engine, zero_lab.ShardedDataParallel)
+    # which path trains and why (dp=auto resolved); zero_lab: ``ddp`` is the engine, zero_lab.ShardedDataParallel
+    dp_choice: DpChoice = field(default_factory=lambda: DpChoice("ddp", "ddp", "dp=ddp, as set"))
     step_clock: LocalStepClock = field(init=False)  # the local optimizer step's seconds (time/optim_step_s)
 
     def __post_init__(self) -> None:
         self.step_clock = LocalStepClock(self.optimizer)
+
+    @property
+    def dp(self) -> str:
+        """``ddp`` or ``zero_lab``: the path that trains."""
+        return self.dp_choice.dp
 
     @property
     def strategy(self) -> Strategy:
