@@ -57,8 +57,33 @@ def test_a_plain_zero_run_ends_with_loss_state_exchange_and_run_dir_only():
         "DDP + the same Adam would hold 98.00 KiB on every rank (planner): ÷ 1.96",
         "  parameter exchange: 25% of the step (median 5.0 of 20.0 ms), 4.00 KiB of parameters exchanged per step "
         "(the model's)",
+        "  data parallel: torch's DDP, then ZeRO steps each rank's shard (dp=ddp)",
         "  run dir: /runs/r",
     ]
+
+
+def test_the_data_parallel_line_says_which_path_dp_auto_took_and_why():
+    why = "dp=auto: overlap=true only the DDP path takes"
+    chose = {"dp": "ddp", "requested": "auto", "reason": why}
+    assert lines(dp_choice=chose, overlap=True, bucket_view=True)[-2] == (
+        f"  data parallel: torch's DDP, then ZeRO steps each rank's shard ({why}): bucket_view=true"
+    )
+    plain = {"dp": "ddp", "requested": "auto", "reason": "dp=auto: a plain Adam, its whole state on every rank"}
+    assert lines(zero=False, dp_choice=plain)[-2] == (
+        "  data parallel: torch's DDP (dp=auto: a plain Adam, its whole state on every rank)"
+    )
+    modes = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather", "prefetch": False, "buckets": 1,
+             "bucket_cap_mb": 4.0, "partitioner": "Flat()", "peak_grad_bytes": 3 * KIB, "grad_hold_bound": 5 * KIB}  # fmt: skip
+    engine = {"dp": "zero_lab", "requested": "auto", "reason": "dp=auto: a sharded Adam and no key only DDP takes"}
+    shown = lines(dp="zero_lab", engine=modes, dp_choice=engine)
+    assert shown[-3:-1] == [
+        "  data parallel: zero_lab.ShardedDataParallel (dp=auto: a sharded Adam and no key only DDP takes): "
+        "grad_reduce=reduce_scatter, exchange=p2p_all_gather, prefetch=false, 1 bucket(s) of at most 4.0 MiB, "
+        "partitioner Flat()",
+        "  gradients held on rank 0: 3.00 KiB at most, measured (bound: owned + two buckets = 5.00 KiB)",
+    ]
+    asked = lines(dp="zero_lab", engine=modes, dp_choice={**engine, "requested": "zero_lab"})
+    assert asked[-3].startswith("  data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce=")
 
 
 def test_validation_resume_and_accumulation_are_said_when_they_ran():

@@ -148,7 +148,7 @@ def test_the_app_refuses_what_the_engine_does_not_take_and_lets_ddp_bucket_follo
     assert "checkpoint_every" not in shown  # the engine writes and resumes them (tests/e2e/test_engine_resume.py)
     preflight(["optim=zero_adam", "dp=zero_lab", "autocast=bf16", "checkpoint_every=5"])  # the engine takes these
     preflight(["optim=zero_adam", "dp=zero_lab", "partitioner=ddp_bucket"])  # DDP's buckets not needed
-    preflight(["optim=zero_adam", "partitioner=ddp_bucket"])  # on the DDP path too: its buckets are modelled
+    preflight(["optim=zero_adam", "dp=ddp", "partitioner=ddp_bucket"])  # on the DDP path too: its buckets are modelled
 
 
 def test_bf16_parameters_step_fp32_main_copies_the_app_reports(single_rank_group):

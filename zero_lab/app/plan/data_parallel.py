@@ -59,7 +59,7 @@ def resolve_dp(cfg: DictConfig, optim: OptimPlan | None) -> DpChoice:
     requested = enum_str(cfg.get("dp", AUTO))
     if requested != AUTO:
         return DpChoice(requested, requested, f"dp={requested}, as set")
-    if optim is None or not optim.zero:
+    if optim is None or not optim.strategy.shards_state:
         name = optim.name if optim is not None else "optimizer"
         return DpChoice("ddp", AUTO, f"dp=auto: a plain {name}, its whole state on every rank")
     settings = ddp_only_settings(cfg, optim)
@@ -84,7 +84,7 @@ def ddp_only_settings(cfg: DictConfig, optim: OptimPlan) -> list[str]:
     if cap != DistConfig.bucket_cap_mb:
         out.append(f"dist.bucket_cap_mb={cap}")
     _, foreign = engine_options(cfg.optim, optim)
-    return out + [f"optim.{key}={cfg.optim[key]}" for key in foreign]
+    return out + [f"optim.{key}={_as_typed(cfg.optim[key])}" for key in foreign]
 
 
 def engine_refuses(cfg: DictConfig) -> list[str]:
@@ -106,3 +106,8 @@ def engine_options(optim_cfg: Mapping[str, Any], optim: OptimPlan) -> tuple[dict
     options = {k: v for k, v in options.items() if not (k in wrapper and v == wrapper[k].default)}
     accepted = inspect.signature(optim.optimizer_class).parameters
     return options, sorted(k for k in options if k not in accepted)
+
+
+def _as_typed(value: Any) -> str:
+    """``value`` as a command line sets it (``true``, not Python's ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -62,7 +62,8 @@ def _data_parallel_lines(summary: RunSummary) -> list[str]:
         if summary.grad_reduce:
             switches.append(f"grad_reduce={summary.grad_reduce['requested']}")
         shown = [s for s in switches if s not in why]  # the reason names the one that chose DDP already
-        zero = ", then ZeRO steps each rank's shard" if summary.zero else ""
+        strategy = Strategy.of(summary.zero)
+        zero = ", then ZeRO steps each rank's shard" if strategy.shards_state else ""
         return [f"  data parallel: torch's DDP{zero} ({why}){': ' + ', '.join(shown) if shown else ''}"]
     return [
         f"  data parallel: zero_lab.ShardedDataParallel ({why}): grad_reduce={modes['grad_reduce']}, "
