@@ -73,7 +73,8 @@ def test_the_data_parallel_line_says_which_path_dp_auto_took_and_why():
         "  data parallel: torch's DDP (dp=auto: a plain Adam, its whole state on every rank)"
     )
     modes = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather", "prefetch": False, "buckets": 1,
-             "bucket_cap_mb": 4.0, "partitioner": "Flat()", "peak_grad_bytes": 3 * KIB, "grad_hold_bound": 5 * KIB}  # fmt: skip
+             "bucket_cap_mb": 4.0, "partitioner": "Flat()", "peak_grad_bytes": 3 * KIB,
+             "grad_hold_bound": 5 * KIB}  # fmt: skip
     engine = {"dp": "zero_lab", "requested": "auto", "reason": "dp=auto: a sharded Adam and no key only DDP takes"}
     shown = lines(dp="zero_lab", engine=modes, dp_choice=engine)
     assert shown[-3:-1] == [
