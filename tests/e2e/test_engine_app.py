@@ -1,6 +1,7 @@
 """``dp=zero_lab`` through the real ``python train.py``: zero_lab's own engine (ShardedDataParallel)
 trains to DDP + Adam's final loss and parameters bitwise, says which engine and modes ran, and
-sweeps beside DDP with ``-m dp=ddp,zero_lab``."""
+sweeps beside DDP with ``-m dp=ddp,zero_lab``; the embedded default (``dp=auto``, ``optim=zero_adam``)
+is the engine, bitwise equal to ``optim=adam dp=ddp``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ STEPS = ("steps=4", "logger=none")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("engine")
-    engine, ddp, sweep = train_together(
+    engine, ddp, sweep, default = train_together(
         (
             *STEPS,
             "optim=zero_adam",
@@ -23,11 +24,13 @@ def runs(tmp_path_factory):
             "prefetch=true",
             f"hydra.run.dir={base / 'engine'}",
         ),
-        (*STEPS, "optim=adam", f"hydra.run.dir={base / 'ddp'}"),
+        (*STEPS, "optim=adam", "dp=ddp", f"hydra.run.dir={base / 'ddp'}"),
         ("-m", *STEPS, "optim=zero_adam", "dp=ddp,zero_lab", f"hydra.sweep.dir={base / 'sweep'}"),
+        (*STEPS, f"hydra.run.dir={base / 'default'}"),  # the embedded default: nothing else set
     )
-    for result in (engine, ddp, sweep):
+    for result in (engine, ddp, sweep, default):
         assert result.returncode == 0, result.stderr[-3000:]
+    (base / "default.out").write_text(default.stdout)
     return base, engine.stdout + engine.stderr
 
 
@@ -54,3 +57,19 @@ def test_a_sweep_over_dp_runs_both_engines_to_one_loss(runs):
     ddp, engine = summary(base / "sweep" / "0"), summary(base / "sweep" / "1")
     assert (ddp["dp"], engine["dp"]) == ("ddp", "zero_lab")
     assert ddp["param_checksum"] == engine["param_checksum"] and ddp["losses"] == engine["losses"]
+
+
+def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs):
+    base, _ = runs
+    default, ddp = summary(base / "default"), summary(base / "ddp")
+    assert default["choices"]["optim"] == "zero_adam" and default["dp"] == "zero_lab" and default["engine"]
+    reason = "dp=auto: a sharded Adam and no key only DDP takes"
+    assert default["dp_choice"] == {"dp": "zero_lab", "requested": "auto", "reason": reason}
+    assert ddp["dp_choice"] == {"dp": "ddp", "requested": "ddp", "reason": "dp=ddp, as set"}
+    assert default["losses"] == ddp["losses"] and default["param_checksum"] == ddp["param_checksum"]
+    modes = default["engine"]  # the engine's own per-backend defaults: no trial at step 1 adds to the peak
+    assert (modes["grad_reduce"], modes["exchange"]) == ("reduce_scatter", "p2p_all_gather")
+    assert default["exchange"] is None  # no exchange=auto report: nothing timed candidates at step 1
+    shown = (base / "default.out").read_text()
+    assert f"  data parallel: zero_lab.ShardedDataParallel ({reason}): grad_reduce=reduce_scatter, " in shown
+    assert "  data parallel: torch's DDP" not in shown
