@@ -102,24 +102,28 @@ def runs(sweep, tmp_path_factory) -> dict[str, Path]:
 
     - ``resumed``: every resume of :data:`RESUMES` as one ``-m resume=A,B`` sweep (job ``i``: the ``i``-th);
     - ``overlap-<id>``: ZeRO-Adam with each of :data:`OVERLAPS`, 6 steps like the sweep;
-    - ``clip``: plain Adam vs flat ZeRO-Adam (broadcast exchange), both clipped to ``max_grad_norm=0.05``;
-    - ``bf16``: ``param_dtype=bfloat16`` x ``overlap=false,true`` x ``optim.master_weights=true,false``;
-    - ``prefetch``: the default job with ``exchange=broadcast prefetch=true``;
-    - ``zero-muon``: ``optim=zero_muon`` on the default MLP; ``muon-sweep``: ``experiment=muon_lm``
-      (smaller) with ``partitioner.cost=numel,newton_schulz``; ``muon-ddp``: the same with ``optim=muon``.
+    - ``clip``: plain Adam vs flat ZeRO-Adam (broadcast exchange) on DDP, both clipped to ``max_grad_norm=0.05``;
+    - ``bf16``: ``param_dtype=bfloat16`` x ``overlap=false,true`` x ``optim.master_weights=true,false`` on DDP;
+    - ``ddp-auto``: the default job on the DDP path (``dp=ddp``: ``exchange=auto`` times its candidates);
+    - ``prefetch``: the default job on DDP with ``exchange=broadcast prefetch=true``;
+    - ``zero-muon``: ``optim=zero_muon`` on the default MLP (the engine); ``muon-sweep``: ``experiment=muon_lm``
+      (smaller) on DDP with ``partitioner.cost=numel,newton_schulz``; ``muon-ddp``: the same with ``optim=muon``.
     """
     sources = ",".join(str(sweep / job / "checkpoints" / checkpoint) for job, checkpoint in RESUMES.values())
     quiet = ("logger=none",)
     made = {
         "resumed": ((*quiet, "optim=zero_adam", "steps=6", f"resume={sources}"), True),
-        "bf16": ((*quiet, "param_dtype=bfloat16", "overlap=false,true", "optim.master_weights=true,false"), True),
-        "clip": ((*quiet, "optim=adam,zero_adam", "partitioner=flat", "exchange=broadcast", "optim.max_grad_norm=0.05",
-                  "steps=6"), True),
+        "bf16": ((*quiet, "dp=ddp", "param_dtype=bfloat16", "overlap=false,true", "optim.master_weights=true,false"),
+                 True),
+        "clip": ((*quiet, "dp=ddp", "optim=adam,zero_adam", "partitioner=flat", "exchange=broadcast",
+                  "optim.max_grad_norm=0.05", "steps=6"), True),
         **{f"overlap-{case}": ((*quiet, "optim=zero_adam", *overrides, "steps=6"), False)
            for case, overrides in OVERLAPS.items()},
-        "prefetch": ((*quiet, "exchange=broadcast", "prefetch=true"), False),
+        "ddp-auto": (("dp=ddp",), False),
+        "prefetch": ((*quiet, "dp=ddp", "exchange=broadcast", "prefetch=true"), False),
         "zero-muon": ((*quiet, "optim=zero_muon", "steps=3"), False),
-        "muon-sweep": ((*quiet, "experiment=muon_lm", *MUON_LM, "partitioner.cost=numel,newton_schulz"), True),
+        "muon-sweep": ((*quiet, "dp=ddp", "experiment=muon_lm", *MUON_LM, "partitioner.cost=numel,newton_schulz"),
+                       True),
         "muon-ddp": ((*quiet, "experiment=muon_lm", *MUON_LM, "optim=muon"), False),
     }  # fmt: skip
     return runs_once(tmp_path_factory.getbasetemp() / "test_app", made)
@@ -284,20 +288,22 @@ def test_a_failing_rank_stops_the_world_with_a_short_message(tmp_path):
 
 # ----------------------------------------------------------------------------- exchange
 def test_exchange_choice_is_reported_and_prefetch_trains_the_same(default_run, runs):
-    """exchange=auto (default) records its choice and timings in metrics, summary and W&B config;
-    exchange=broadcast with prefetch=true ends with bitwise the same parameters."""
-    auto = summary(default_run)["exchange"]
+    """On the DDP path (``dp=ddp``) exchange=auto (default) records its choice and timings in metrics, summary
+    and W&B config; exchange=broadcast with prefetch=true ends with bitwise the same parameters (as the default
+    job's, the engine's)."""
+    ddp_auto = runs["ddp-auto"]
+    auto = summary(ddp_auto)["exchange"]
     assert auto["requested"] == "auto"
     assert_auto_rule(auto, ("broadcast", "p2p_all_gather"))  # the in-place collectives, broadcast preferred
-    rows = metrics(default_run)
+    rows = metrics(ddp_auto)
     assert [row.get("comm/exchange_mode") for row in rows] == [auto["mode"]] + [None] * (len(rows) - 1)
     assert all(row["comm/exchange_exposed_s/max"] <= row["time/exchange_s/max"] + 1e-9 for row in rows)
-    configs = [r for r in wandb_records(default_run) if "exchange_report" in json.dumps(r)]
+    configs = [r for r in wandb_records(ddp_auto) if "exchange_report" in json.dumps(r)]
     assert configs, "the W&B run's config lacks exchange_report"
 
     result = summary(runs["prefetch"])
     assert result["prefetch"] is True and result["exchange"]["mode"] == "per_shard_broadcast"
-    assert result["param_checksum"] == summary(default_run)["param_checksum"]
+    assert result["param_checksum"] == summary(default_run)["param_checksum"] == summary(ddp_auto)["param_checksum"]
     assert 0 <= result["exchange_exposed_s"] <= result["exchange_time_s"] + 1e-9
     closing = (runs["prefetch"] / ".done").read_text()  # the run's stdout
     share = result["exchange_exposed_s"] / result["step_time_s"]

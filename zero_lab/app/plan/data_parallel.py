@@ -7,8 +7,8 @@
 1. a plain optimizer (``optim=adam``): ``ddp``, DDP + the optimizer, every rank holds the whole state;
 2. a ``zero_*`` optimizer with a setting only the DDP path takes (:func:`ddp_only_settings`:
    ``overlap``, ``bucket_view``, the DDP path's gradient release, ``compile``, ``autocast=fp16``,
-   DDP's own ``dist.`` options, the ZeRO wrapper's own ``optim.`` keys): ``ddp``, so that such a
-   key keeps its meaning (and the closing lines name the key that chose);
+   low-precision ``param_dtype``, DDP's own ``dist.`` options, the ZeRO wrapper's own ``optim.``
+   keys): ``ddp``, so that such a key keeps its meaning (and the closing lines name the key that chose);
 3. any other ``zero_*`` run: ``zero_lab``, the engine — the same parameters as DDP + the same
    optimizer (bitwise at W=2), a lower peak (ZeRO-2 on its own buffers) and a faster step
    (docs/benchmarks.md); no mode is chosen by a trial that would add to the peak.
@@ -72,10 +72,14 @@ def ddp_only_settings(cfg: DictConfig, optim: OptimPlan) -> list[str]:
     """Each setting of ``cfg`` that only the DDP path takes, as ``key=value``: the engine's refusals
     (its strategy's ``unused_keys``: it overlaps its own reductions, its parameters are views of its
     buckets, it releases unowned gradients per bucket; ``compile``; ``autocast=fp16``, whose GradScaler
-    unscales before the engine reduces), ``overlap_hook`` (overlap's), DDP's own ``dist.`` options
+    unscales before the engine reduces), ``param_dtype`` other than float32 (the engine steps fp32 main
+    copies of low-precision parameters, DDP + the optimizer steps them as they are: not the same
+    numbers), ``overlap_hook`` (overlap's), DDP's own ``dist.`` options
     (:data:`DDP_SWITCHES`, a ``dist.bucket_cap_mb`` of one's own: the engine has its own cap) and the
     ZeRO wrapper's own ``optim.`` keys set away from their defaults (:func:`engine_options`)."""
     out = engine_refuses(cfg)
+    if cfg.get("param_dtype") is not None and enum_str(cfg.param_dtype) != "float32":
+        out.append(f"param_dtype={enum_str(cfg.param_dtype)}")  # the engine steps fp32 main copies, DDP + Adam bf16
     if cfg.get("overlap_hook") is not None and enum_str(cfg.overlap_hook) != "zero_step":
         out.append(f"overlap_hook={enum_str(cfg.overlap_hook)}")
     dist = cfg.get("dist") or {}
