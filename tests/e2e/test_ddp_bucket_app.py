@@ -11,9 +11,9 @@ STEPS = ("steps=4", "logger=none")
 
 def test_ddp_bucket_without_overlap_trains_as_ddp_adam_bitwise(tmp_path):
     ours, theirs = train_together(
-        (*STEPS, "optim=zero_adam", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
+        (*STEPS, "optim=zero_adam", "dp=ddp", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
          f"hydra.run.dir={tmp_path / 'zero'}"),
-        (*STEPS, "optim=adam", f"hydra.run.dir={tmp_path / 'ddp'}"),
+        (*STEPS, "optim=adam", "dp=ddp", f"hydra.run.dir={tmp_path / 'ddp'}"),
     )  # fmt: skip
     for result in (ours, theirs):
         assert result.returncode == 0, result.stderr[-3000:]

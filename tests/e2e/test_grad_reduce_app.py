@@ -21,6 +21,7 @@ def runs(tmp_path_factory):
         (
             *STEPS,
             "optim=zero_adam",
+            "dp=ddp",
             "grad_reduce=reduce_scatter",
             "release_grads=true",
             "partitioner=flat",
@@ -29,7 +30,7 @@ def runs(tmp_path_factory):
             "logger=wandb",
             f"hydra.run.dir={base / 'zero'}",
         ),
-        (*STEPS, "optim=adam", "grad_reduce=all_reduce", "logger=none", f"hydra.run.dir={base / 'ddp'}"),
+        (*STEPS, "optim=adam", "dp=ddp", "grad_reduce=all_reduce", "logger=none", f"hydra.run.dir={base / 'ddp'}"),
     )
     assert zero.returncode == 0, zero.stderr[-3000:]
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -73,6 +74,7 @@ SWEEPS = {
         # exchange fixed: auto may take another collective per job, and the exchange's bytes are compared
         (
             "optim=zero_adam",
+            "dp=ddp",  # the DDP path's grad_reduce hook (shard_grads=false would take the engine under dp=auto)
             "grad_reduce=all_reduce,reduce_scatter",
             "release_grads=false,true",
             "exchange=broadcast",
