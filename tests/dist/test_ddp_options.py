@@ -54,7 +54,7 @@ class Net(nn.Module):
 
 
 def config(overrides: list[str]) -> dict[str, Any]:
-    cfg, _, _ = compose_job([*overrides, "model.in_dim=12", "model.out_dim=6", "logger=none"])
+    cfg, _, _ = compose_job([*overrides, "dp=ddp", "model.in_dim=12", "model.out_dim=6", "logger=none"])
     container = to_container(cfg)
     container["model"] = {"_target_": f"{__name__}.Net", "in_dim": 12, "out_dim": 6}
     return container

@@ -47,8 +47,7 @@ def app_run(container: dict[str, Any]) -> dict[str, Any]:
         unscale_and_clip(training)
         apply_step(training)
         lrs.append(training.optimizer.param_groups[0]["lr"])
-    if training.zero:
-        training.optimizer.wait_for_exchange()
+    training.strategy.settle(training.optimizer)  # prefetch: the last step's exchange may be in flight
     val = validation_loss(training, data, 2, options, torch.device("cpu"), Communicator())
     with torch.no_grad():  # by hand: the whole held-out global batches on this replica
         held_out = [data.global_batch_at(i, "val") for i in range(2)]
