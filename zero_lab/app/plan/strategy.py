@@ -26,6 +26,7 @@ from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.engine import ShardedDataParallel, engine_of
 from zero_lab.engine.main_params import main_copy_bytes
 from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.shard_state import slice_state
 
 __all__ = ["Engine", "PlainDdp", "Strategy", "Zero"]
 
@@ -125,6 +126,15 @@ class Strategy(ABC):
         """Load a sharded checkpoint into a ZeRO optimizer and the model; ``False``: not this
         strategy's to load (a plain optimizer takes the merged state instead)."""
         return False
+
+    def group_params(self, optimizer: Optimizer) -> list[list[torch.Tensor]]:
+        """Each param group's parameters as the model holds them (what a whole state dict is keyed by)."""
+        return [list(group["params"]) for group in optimizer.param_groups]
+
+    def load_whole_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Load a whole ``torch.optim`` state dict (a plain checkpoint's, or one merged from shards);
+        each rank keeps what it steps."""
+        optimizer.load_state_dict(state_dict)
 
     # ------------------------------------------------------------------ the closing lines
     @abstractmethod
@@ -315,6 +325,27 @@ class Engine(_Sharded):
 
     def engine_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
         return _engine(optimizer).modes()
+
+    def group_params(self, optimizer: Optimizer) -> list[list[torch.Tensor]]:
+        """The module's parameters per group (the optimizer's groups hold this rank's views of the buckets)."""
+        return [list(params) for params in _engine(optimizer).group_params]
+
+    def load_whole_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Each parameter's whole state cut to the ranges this rank steps (:mod:`zero_lab.engine.state`), as a
+        sharded checkpoint is loaded: a plain DDP + Adam checkpoint resumes on the engine."""
+        states = _engine(optimizer).states()
+        groups = state_dict["param_groups"]
+        saved, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in states.param_groups]
+        if saved != mine:
+            raise ValueError(f"the state dict's param groups hold {saved} parameters, this optimizer's {mine}")
+        keys = [key for group in groups for key in group["params"]]
+        shapes = [p.shape for p in states.all_params]
+
+        def state_of(index: int, start: int, stop: int) -> dict[str, Any] | None:
+            whole = state_dict["state"].get(keys[index])
+            return None if whole is None else slice_state(whole, shapes[index], start, stop)
+
+        states.load_shard_states(state_of, groups)
 
 
 _BY_SHARDING: dict[bool, Strategy] = {False: PlainDdp(), True: Zero()}

@@ -187,10 +187,10 @@ def _describe_class(path: str | None, groups: list[dict[str, Any]]) -> str | Non
 def _load_plain_state(training: Training, found: Path, state_dict: dict[str, Any]) -> None:
     """Load a whole ``torch.optim`` state (a ``step_N.pt``, or a sharded checkpoint merged for a plain
     optimizer) once it fits this run's parameters and classes (:func:`zero_lab.checkpoint.check_state_dict`)."""
-    groups = [list(g["params"]) for g in training.optimizer.param_groups]
+    groups = training.strategy.group_params(training.optimizer)
     names = {id(p): n for n, p in training.model.named_parameters()}
     sharded.check_state_dict(found, state_dict, groups, training.strategy.group_classes(training.optimizer), names)
-    training.optimizer.load_state_dict(state_dict)
+    training.strategy.load_whole_state(training.optimizer, state_dict)
 
 
 def _check_step(found: Path, step: int, steps: int) -> None:
