@@ -114,6 +114,7 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
     _standard_start_method()
     start_forkserver(*RANK_PRELOAD)  # running already when the check callback started it
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
+    log.info("data parallel: %s (%s)", run_plan.dp.dp, run_plan.dp.reason)
     stage.now("starting the ranks", f"{run_dir} holds its config, no step was trained")
     started = time.perf_counter()
     make_sink = functools.partial(make_logger_sink, cfg, run_dir, spec.config, spec.meta, plan)
