@@ -71,7 +71,7 @@ class NanOnRank1(RegressionData):
 
 
 def _spec(run_dir: Path, model: str | None = None, data: str | None = None, choice: str = "regression") -> RunSpec:
-    cfg, choices, _ = compose_job(["logger=none", "steps=6", "optim=zero_adam", *SMALL])
+    cfg, choices, _ = compose_job(["logger=none", "steps=6", "optim=zero_adam", "dp=ddp", *SMALL])  # DDP's errors
     config = to_container(cfg)
     if model:
         config["model"]["_target_"] = f"{HERE}.{model}"

@@ -21,6 +21,7 @@ HIER = (
     "progress=false",
     "steps=3",
     "optim=zero_adam",
+    "dp=ddp",  # the DDP path's hierarchy (bitwise across hosts); dp=auto would take the engine
     "grad_reduce=reduce_scatter",
     "exchange=broadcast",
 )

@@ -24,8 +24,10 @@ from torch.optim import Optimizer
 from zero_lab import checkpoint as sharded
 from zero_lab.chained import GROUP_CLASS_KEY, ChainedOptimizer
 from zero_lab.engine import ShardedDataParallel, engine_of
+from zero_lab.engine.layout import Bucket
 from zero_lab.engine.main_params import main_copy_bytes
 from zero_lab.optimizer import ZeroRedundancyOptimizer
+from zero_lab.partition import PartitionReport
 from zero_lab.shard_state import slice_state
 
 __all__ = ["Engine", "PlainDdp", "Strategy", "Zero"]
@@ -320,6 +322,16 @@ class Engine(_Sharded):
     def imbalance(self, optimizer: Optimizer) -> float:
         return _engine(optimizer).imbalance()
 
+    def partition_report(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """Each rank's owned elements and bytes over the engine's buckets (padding not counted)."""
+        engine = _engine(optimizer)
+        numel, nbytes = [], []
+        for rank in range(engine.comm.world_size):
+            owned = [(_owned_numel(b, rank), b.itemsize) for b in engine.buckets]
+            numel.append(sum(n for n, _ in owned))
+            nbytes.append(sum(n * size for n, size in owned))
+        return PartitionReport(tuple(numel), tuple(nbytes), engine.imbalance()).as_dict()
+
     def exchange_mode(self, optimizer: Optimizer) -> str | None:
         return _engine(optimizer).exchange
 
@@ -350,6 +362,14 @@ class Engine(_Sharded):
 
 _BY_SHARDING: dict[bool, Strategy] = {False: PlainDdp(), True: Zero()}
 ENGINE = Engine()
+
+
+def _owned_numel(bucket: Bucket, rank: int) -> int:
+    """The elements of ``bucket``'s parameters in ``rank``'s range (its padding left out)."""
+    start, stop = bucket.bounds[rank]
+    return sum(
+        max(0, min(stop, offset + size) - max(start, offset)) for offset, size in zip(bucket.offsets, bucket.sizes)
+    )
 
 
 def _engine(optimizer: Optimizer) -> ShardedDataParallel:
