@@ -74,7 +74,7 @@ SWEEPS = {
         # exchange fixed: auto may take another collective per job, and the exchange's bytes are compared
         (
             "optim=zero_adam",
-            "dp=ddp",  # the DDP path's grad_reduce hook (shard_grads=false would take the engine under dp=auto)
+            "dp=ddp",  # the DDP path's grad_reduce hook (release_grads=false would take the engine under dp=auto)
             "grad_reduce=all_reduce,reduce_scatter",
             "release_grads=false,true",
             "exchange=broadcast",

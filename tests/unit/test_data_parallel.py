@@ -38,7 +38,7 @@ def test_a_plain_optimizer_takes_ddp(optim):
     assert made.reason.startswith("dp=auto: a plain ") and made.reason.endswith(", its whole state on every rank")
 
 
-#: The DDP path's gradient-release key (``shard_grads`` / ``release_grads``): it needs a ``grad_reduce`` hook.
+#: The DDP path's gradient-release key (``release_grads``): it needs a ``grad_reduce`` hook.
 RELEASE = next(key for key in ENGINE.unused_keys if key not in ("overlap", "bucket_view"))
 DDP_ONLY = [
     *(f"{key}=true" for key in ENGINE.unused_keys),  # overlap, bucket_view, the DDP path's gradient release
