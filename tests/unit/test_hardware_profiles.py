@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from zero_lab.bench import plan
-from zero_lab.bench.calibrate import fit_link, profile_from
+from zero_lab.bench.calibrate import Rate, duplex_from, fit_link, profile_from
 from zero_lab.bench.hardware import PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
 from zero_lab.collective_cost import Collective, Link, seconds
 
@@ -69,10 +69,36 @@ def test_a_calibration_makes_a_profile_that_loads() -> None:
         for w in (2, 4)
         for n in (2**20, 2**24)
     ]
-    profile = profile_from(rows, {"matmul_flops": 2e10, "memory_bandwidth": 5e9}, "python scripts/calibrate.py", 2)
+    compute = {"matmul_flops": Rate(4e10, (2.0, 4.0, 3.0)), "memory_bandwidth": Rate(1e10, (2.0, 2.5))}
+    profile = profile_from(rows, compute, "python scripts/calibrate.py", 2)
     hardware = hardware_from_dict(yaml.safe_load(yaml.safe_dump(profile)))
     assert set(hardware.collectives) == {"all_reduce", "broadcast"} and hardware.cores == 2
     assert "python scripts/calibrate.py" in hardware.sources["collectives"]
+    # the fastest block's rate, the spread kept beside it
+    assert (hardware.matmul_flops, hardware.memory_bandwidth) == (2e10, 5e9)
+    assert "20 GFLOP/s (blocks: min 10, median 13.3, max 20)" in hardware.sources["matmul_flops"]
+    assert hardware.duplex and "no one-way messages measured" in hardware.sources["duplex"]
+
+
+def test_a_rate_is_its_fastest_block_with_the_spread() -> None:
+    rate = Rate(12.0, (4.0, 3.0, 6.0))  # 3, 4 and 2 per second
+    assert rate.value == 4.0 and rate.spread == (2.0, 3.0, 4.0)
+    assert rate.describe(1.0, "x/s") == "4 x/s (blocks: min 2, median 3, max 4)"
+
+
+def test_duplex_is_a_one_way_message_near_a_swaps_time() -> None:
+    def rows(one_way: float) -> list[dict]:
+        sizes = [(2, 2**20), (2, 2**24), (4, 2**24), (2, 2**10)]
+        swaps = [{"op": "send_recv", "world_size": w, "nbytes": n, "seconds": 0.010} for w, n in sizes]
+        ways = [{"op": "send_one_way", "world_size": w, "nbytes": n, "seconds": one_way} for w, n in sizes[:3]]
+        # a small message is latency: not counted even when it disagrees
+        return swaps + ways + [{"op": "send_one_way", "world_size": 2, "nbytes": 2**10, "seconds": 0.1}]
+
+    assert duplex_from(rows(0.005)) == (
+        False,
+        "a one-way message takes 0.50 x a swap's time (median of 3; > 0.75: duplex)",
+    )
+    assert duplex_from(rows(0.009))[0] is True
 
 
 def test_plan_with_hardware_prints_the_at_scale_table_and_crossings(capsys) -> None:

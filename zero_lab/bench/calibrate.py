@@ -3,16 +3,19 @@
 Times, through zero_lab's :class:`~zero_lab.comm.Communicator` (one thread per rank, a barrier
 before each repetition, the slowest rank's time), ``all_reduce``, ``reduce_scatter``,
 ``all_gather``, ``broadcast`` and a point-to-point exchange (``send_recv``: every rank swaps a
-buffer with its neighbour ``r ^ 1``) at several sizes and world sizes; then fits, per
-collective, by least squares over every (W, size) point::
+buffer with its neighbour ``r ^ 1``; and ``send_one_way``, the same pairs one way only, which
+says whether a rank's sends and receives run at once: ``duplex``, :func:`duplex_from`) at several
+sizes and world sizes; then fits, per collective, by least squares over every (W, size) point::
 
     t = α · steps(op, W) + busbytes(op, W, S) / B       (non-negative α and 1/B)
 
 with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`.
 One thread's matmul rate (``(B × k) @ (k × k)``, forward and backward shapes) gives
-``matmul_flops``; a ``torch.optim.Adam`` step on a large tensor gives ``memory_bandwidth``
-(``ADAM_TOUCHES × 4`` bytes per element over its time); both in CPU time, so load from other
-jobs does not lower them. Writes a profile YAML (atomically)
+``matmul_flops``; ``torch.optim.Adam`` steps on the parameters of the benchmark's models (their
+shapes, :data:`ADAM_MODELS`) give ``memory_bandwidth`` (``ADAM_TOUCHES × 4`` bytes per element
+over their time); both in CPU time, so waiting for other jobs does not lower them, and each the
+fastest of ``--blocks`` timed blocks (:class:`Rate`; the spread printed and kept in ``sources``),
+since other jobs still slow a block through the caches and memory bus they share. Writes a profile YAML (atomically)
 whose ``sources`` name the command, date and load average, and whose ``measured`` holds every
 raw median::
 
@@ -28,6 +31,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,15 +40,30 @@ import yaml
 
 from zero_lab.bench.host import keep_freed_memory
 from zero_lab.bench.script_args import command_line, script_parser
+from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
 from zero_lab.runtime.spawn import run_world
 from zero_lab.step_model import ADAM_TOUCHES
 
-__all__ = ["fit_link", "main", "measure_collectives", "measure_compute"]
+__all__ = [
+    "ADAM_MODELS",
+    "Rate",
+    "adam_rate",
+    "duplex_from",
+    "fit_link",
+    "main",
+    "matmul_rate",
+    "measure_collectives",
+    "measure_compute",
+]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+#: ``send_recv``'s pairs sending one way only (even ranks send, odd ones receive): with the swap, says ``duplex``.
+ONE_WAY = "send_one_way"
+#: A one-way message slower than this share of a swap of the same size: the link is duplex.
+DUPLEX_SHARE = 0.75
 
 
 def _slowest_median(run: Callable[[], None], repeats: int) -> float:
@@ -73,6 +92,8 @@ def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None
     }
     if peer < world:
         ops["send_recv"] = lambda: comm.issue_exchange([(full, peer)], [(swap, peer)]).wait()
+        one_way = ([(full, peer)], []) if rank % 2 == 0 else ([], [(swap, peer)])
+        ops[ONE_WAY] = lambda: comm.issue_exchange(*one_way).wait()
     return ops
 
 
@@ -91,35 +112,86 @@ def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict[str, An
     return rows
 
 
-def measure_compute(repeats: int = 5) -> dict[str, float]:
-    """One thread's matmul FLOP/s (forward and backward shapes) and an Adam step's bytes/s.
+#: The benchmark models whose parameters the Adam step is timed on (the model check's two).
+ADAM_MODELS = ("tutorial-quick", "linear768")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate timed in ``blocks``: the work of one block over its CPU seconds, for each block.
+
+    ``value`` is the fastest block's (the least disturbed by other jobs: CPU time leaves out the
+    waits, not the caches and the memory bus they share), ``spread`` its min / median / max."""
+
+    work: float
+    seconds: tuple[float, ...]
+
+    @property
+    def value(self) -> float:
+        return self.work / min(self.seconds)
+
+    @property
+    def spread(self) -> tuple[float, float, float]:
+        rates = sorted(self.work / t for t in self.seconds)
+        return rates[0], statistics.median(rates), rates[-1]
+
+    def describe(self, unit: float, name: str) -> str:
+        low, middle, high = (r / unit for r in self.spread)
+        return f"{high:.3g} {name} (blocks: min {low:.3g}, median {middle:.3g}, max {high:.3g})"
+
+
+def _blocks(run: Callable[[], None], blocks: int, per_block: int) -> tuple[float, ...]:
+    """CPU seconds (``time.process_time``) of ``blocks`` blocks of ``per_block`` calls, after one warm-up call."""
+    run()
+    times = []
+    for _ in range(blocks):
+        start = time.process_time()
+        for _ in range(per_block):
+            run()
+        times.append(time.process_time() - start)
+    return tuple(times)
+
+
+def adam_rate(models: Sequence[str] = ADAM_MODELS, blocks: int = 7, per_block: int = 3) -> Rate:
+    """An Adam step's bytes per CPU second on the parameters of the benchmark ``models`` (their
+    shapes: per-tensor overheads included, as a benchmark step pays them): ``ADAM_TOUCHES × 4``
+    bytes per element of every model's parameters over the summed time of one step of each, per block."""
+    steppers, elements = [], 0
+    for name in models:
+        params = [p for p in MODELS[name].build().parameters() if p.requires_grad]
+        for param in params:
+            param.grad = torch.ones_like(param)
+        steppers.append(torch.optim.Adam(params, lr=1e-3).step)
+        elements += sum(p.numel() for p in params)
+
+    def step_each() -> None:
+        for step in steppers:
+            step()
+
+    return Rate(ADAM_TOUCHES * 4 * elements * per_block, _blocks(step_each, blocks, per_block))
+
+
+def matmul_rate(blocks: int = 7, per_block: int = 5, batch: int = 32, width: int = 1024) -> Rate:
+    """FLOP per CPU second of ``(batch × width) @ (width × width)`` in its forward and two backward shapes."""
+    x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
+
+    def shapes() -> None:
+        x @ w, dy @ w.T, dy.T @ x
+
+    return Rate(3 * 2 * batch * width * width * per_block, _blocks(shapes, blocks, per_block))
+
+
+def measure_compute(blocks: int = 7, models: Sequence[str] = ADAM_MODELS) -> dict[str, Rate]:
+    """One thread's matmul FLOP/s and an Adam step's bytes/s, each the fastest of ``blocks`` timed blocks.
 
     Timed in this process's CPU time (``time.process_time``, one thread): the rate of an idle
     core even while other jobs share the machine, which wall time is not (a loaded 2-core host
-    stretched it 3.5× here)."""
+    stretched it 3.5× here); the fastest block, as other jobs still slow a block through the caches
+    and the memory bus they share (three single-block refits within minutes read 8.9, 17.3 and
+    17.4 GB/s). Freed memory stays in the heap (as the benchmark's timing phases run)."""
     torch.set_num_threads(1)
-    keep_freed_memory()  # as the benchmark's timing phase runs: an Adam step's temporaries reuse the heap
-    batch, width = 32, 1024
-    x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
-    shapes = [lambda: x @ w, lambda: dy @ w.T, lambda: dy.T @ x]
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        for matmul in shapes:
-            matmul()
-        times.append(time.process_time() - start)
-    flops = 3 * 2 * batch * width * width / statistics.median(times)
-    param = torch.zeros(4 << 20, requires_grad=True)
-    param.grad = torch.ones_like(param)
-    adam = torch.optim.Adam([param], lr=1e-3)
-    adam.step()
-    steps = []
-    for _ in range(repeats):
-        start = time.process_time()
-        adam.step()
-        steps.append(time.process_time() - start)
-    bandwidth = ADAM_TOUCHES * param.numel() * 4 / statistics.median(steps)
-    return {"matmul_flops": flops, "memory_bandwidth": bandwidth}
+    keep_freed_memory()
+    return {"matmul_flops": matmul_rate(blocks), "memory_bandwidth": adam_rate(models, blocks)}
 
 
 def fit_link(points: Sequence[tuple[Collective, float]]) -> Link:
@@ -139,7 +211,29 @@ def fit_link(points: Sequence[tuple[Collective, float]]) -> Link:
     return Link(alpha, 1 / inverse)
 
 
-def profile_from(rows: list[dict[str, Any]], compute: dict[str, float], command: str, cores: int) -> dict[str, Any]:
+def duplex_from(rows: Sequence[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether a rank's sends and receives run at once: the median over (W, size ≥ 1 MiB) of a
+    one-way message's time over a swap's. Near 1: each way has its own rate (duplex); near 1/2:
+    one rate shared by both ways. ``(True, why)`` without one-way rows (a NIC's default)."""
+    swaps = {(r["world_size"], r["nbytes"]): r["seconds"] for r in rows if r["op"] == "send_recv"}
+    shares = [
+        r["seconds"] / swaps[(r["world_size"], r["nbytes"])]
+        for r in rows
+        if r["op"] == ONE_WAY and r["nbytes"] >= 2**20 and swaps.get((r["world_size"], r["nbytes"]))
+    ]
+    if not shares:
+        return True, "no one-way messages measured: duplex assumed"
+    share = statistics.median(shares)
+    duplex = share > DUPLEX_SHARE
+    return (
+        duplex,
+        f"a one-way message takes {share:.2f} x a swap's time (median of {len(shares)}; > {DUPLEX_SHARE}: duplex)",
+    )
+
+
+def profile_from(
+    rows: list[dict[str, Any]], compute: dict[str, Rate], command: str, cores: int, compute_blocks: int = 7
+) -> dict[str, Any]:
     """The profile mapping (see :mod:`zero_lab.bench.hardware`) from measured rows and compute rates."""
     fits = {}
     for op in OPS:
@@ -151,21 +245,32 @@ def profile_from(rows: list[dict[str, Any]], compute: dict[str, float], command:
     load = os.getloadavg()[0]
     origin = f"`{command}` on {when}, load average {load:.1f} at the end (over {cores} cores: under load if > {cores})"
     one = fits.get("all_reduce", {"alpha_s": 1e-4, "bus_bandwidth": 1e9})
+    duplex, why = duplex_from(rows)
+    matmul, adam = compute["matmul_flops"], compute["memory_bandwidth"]
     return {
         "name": "gloo_local",
         "description": f"this host's Gloo, {cores} cores, one thread per rank (fitted by scripts/calibrate.py)",
         "ranks_per_node": 1024,
         "cores": cores,
         "overlap": 0.0,
+        "duplex": duplex,
         "algorithm": "ring",
-        "matmul_flops": float(f"{compute['matmul_flops']:.4g}"),
-        "memory_bandwidth": float(f"{compute['memory_bandwidth']:.4g}"),
+        "matmul_flops": float(f"{matmul.value:.4g}"),
+        "memory_bandwidth": float(f"{adam.value:.4g}"),
         "links": {"intra": dict(one), "inter": dict(one)},  # one host: both classes are its all-reduce's
         "collectives": {op: dict(fit) for op, fit in fits.items()},
         "sources": {
             "collectives": f"least-squares alpha-beta fits of measured medians, {origin}",
-            "matmul_flops": f"one thread's CPU time, (32 x 1024) @ (1024 x 1024) fwd and bwd shapes, {origin}",
-            "memory_bandwidth": f"CPU time of an Adam step, 4 Mi elements x {ADAM_TOUCHES} touches x 4 B, {origin}",
+            "duplex": f"{why}, {origin}",
+            "matmul_flops": (
+                f"one thread's CPU time, (32 x 1024) @ (1024 x 1024) fwd and bwd shapes, fastest of "
+                f"{len(matmul.seconds)} blocks: {matmul.describe(1e9, 'GFLOP/s')}, {origin}"
+            ),
+            "memory_bandwidth": (
+                f"CPU time of torch.optim.Adam steps on the parameters of {', '.join(ADAM_MODELS)}, "
+                f"{ADAM_TOUCHES} touches x 4 B per element, fastest of {len(adam.seconds)} blocks: "
+                f"{adam.describe(1e9, 'GB/s')}, {origin}"
+            ),
             "overlap": "0: on a 2-core host the ranks' computation and Gloo's threads share the cores",
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],
@@ -177,6 +282,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0])
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per op and size (after one warm-up)")
+    parser.add_argument("--blocks", type=int, default=7, help="timed blocks of the matmul and the Adam step")
     parser.add_argument("--out", required=True, help="the profile YAML to write (e.g. zero_lab/bench/profiles/...)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per world")
     return parser.parse_args(argv)
@@ -193,11 +299,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rows += ranks[0]  # every rank holds the same rows: each time is the slowest rank's
         print(f"W={world}: measured {len(sizes)} sizes of {len(OPS)} collectives", flush=True)
     command = command_line("scripts/calibrate.py", argv)
-    profile = profile_from(rows, measure_compute(args.repeats), command, os.cpu_count() or 1)
+    compute = measure_compute(args.blocks)
+    profile = profile_from(rows, compute, command, os.cpu_count() or 1)
     text = yaml.safe_dump(profile, sort_keys=False, width=110)
     write_atomic(args.out, lambda f: f.write(text.encode("utf-8")))
     for op, fit in profile["collectives"].items():
         print(f"  {op:<15} alpha {fit['alpha_s'] * 1e6:9.1f} us   busbw {fit['bus_bandwidth'] / 1e9:7.3f} GB/s")
-    print(f"  matmul {profile['matmul_flops'] / 1e9:.1f} GFLOP/s, Adam {profile['memory_bandwidth'] / 1e9:.2f} GB/s")
+    print(f"  matmul {compute['matmul_flops'].describe(1e9, 'GFLOP/s')}")
+    print(f"  Adam   {compute['memory_bandwidth'].describe(1e9, 'GB/s')}")
+    print(f"  duplex {profile['duplex']}: {profile['sources']['duplex'].split(', `')[0]}")
     print(f"profile: {args.out}")
     return profile
