@@ -80,6 +80,7 @@ def _train_pair(case: EngineCase, build: Any) -> dict[str, Any]:
         "psi": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
         "buckets": len(engine.buckets),
         "in_flight": engine.group.in_flight,
+        "collectives": engine.comm_stats.calls,
         "state_numel": sum(t.numel() for s in opt.state.values() for t in s.values() if t.dim()),
     }
 
@@ -110,6 +111,24 @@ def test_parity_with_ddp_bitwise_at_two_ranks(world):
     adam = next(i for i, c in enumerate(W2_CASES) if c.optimizer == "adam" and c.partitioner == "flat")
     states = [r[adam]["state_numel"] for r in results]
     assert sum(states) == pytest.approx(2 * 1083, abs=2 * 2 * results[0][adam]["buckets"])  # exp_avg + exp_avg_sq
+
+
+W1_CASES = [
+    EngineCase(),
+    EngineCase(prefetch=False, accumulate=2),
+    EngineCase("sorted_greedy", optimizer="adamw"),
+    EngineCase(optimizer="sgd", grad_reduce="all_reduce"),
+]
+
+
+def test_one_rank_issues_no_collective_and_matches_ddp(world):
+    """W=1 (a shard group of one): the bucket's buffer is the whole gradient and this rank owns it, so the
+    engine issues no collective at all (DDP still all-reduces) and steps bitwise as DDP + the optimizer."""
+    (rank_results,) = world(_parity_cases, 1, W1_CASES)
+    for case, result in zip(W1_CASES, rank_results):
+        assert result["diff"] == 0.0 and result["losses_equal"], (case, result)
+        assert result["collectives"] == 0 and result["in_flight"] == 0, (case, result)
+        assert 0 < result["peak"] <= result["bound"], (case, result)
 
 
 W3_CASES = [EngineCase("flat"), EngineCase("sorted_greedy", prefetch=False, accumulate=2)]

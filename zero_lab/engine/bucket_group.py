@@ -8,7 +8,9 @@
   *ready*, and ready buckets are issued strictly in bucket order (so every rank issues the same
   collectives in the same order) through a registered ``grad_reduce`` strategy
   (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments,
-  the bucket index as the point-to-point tag). When a bucket needs a gradient buffer while two
+  the bucket index as the point-to-point tag). A shard group of one (W=1, or ``shard_size=1``)
+  issues nothing: the buffer already holds the whole gradient and this rank owns every range, so a
+  complete bucket is finished at once (and no parameter is gathered after the step). When a bucket needs a gradient buffer while two
   are taken, the oldest reduction is waited and finished — its reduced range (with shard groups,
   ``shard_size`` < W: then all-reduced across the replica group, the ranks owning the same range
   in the other groups) copied into (or added to) the owned gradient, the ``.grad`` of the tensor
@@ -64,11 +66,16 @@ class BucketGroup:
         self.reduce = reduce
         self.gather = gather
         count = len(buffer.buckets)
-        self._arrived: list[set[int]] = [set() for _ in range(count)]
-        self._ready = [False] * count
+        #: a shard group of one: this rank owns every bucket whole, so nothing is reduced inside it or gathered
+        self.solo = comm.world_size == 1
+        self._scale = 1.0 / self.world_size
+        self._sizes = [len(bucket.params) for bucket in buffer.buckets]
+        self._arrived = [bytearray(size) for size in self._sizes]  # per position: its gradient arrived
+        self._missing = list(self._sizes)  # per bucket: gradients still to arrive
         self._next = 0  # the first bucket not yet issued
-        self._reducing: deque[tuple[int, Reduced]] = deque()
+        self._reducing: deque[tuple[int, Reduced | None]] = deque()
         self._gathering: list[InFlight | None] = [None] * count
+        self._gathers = 0  # all-gathers in flight (the next forward's waits return at once when none)
         self.started = False  # a gradient of this synchronised backward arrived
 
     # ------------------------------------------------------------------ gradients
@@ -76,7 +83,8 @@ class BucketGroup:
         """``param``'s gradient is accumulated (a post-accumulate-grad hook): into its bucket."""
         b, position = self.buffer.where[id(param)]
         self.started = True
-        if position in self._arrived[b]:
+        arrived = self._arrived[b]
+        if arrived[position]:
             raise RuntimeError(
                 "a parameter received a second gradient in one synchronised backward after its bucket was "
                 "complete (a parameter used twice across two backward calls?): run every backward but the "
@@ -84,17 +92,23 @@ class BucketGroup:
             )
         if self.buffer.grad_data[b] is None:
             self._make_room()
-        self.buffer.write_grad(b, position, param.grad, 1.0 / self.world_size)
+        self.buffer.write_grad(b, position, param.grad, self._scale)
         param.grad = None
-        self._arrived[b].add(position)
-        if len(self._arrived[b]) == len(self.buffer.buckets[b].params):
-            self._ready[b] = True
+        arrived[position] = 1
+        self._missing[b] -= 1
+        if not self._missing[b]:
             self._issue_ready()
 
     def _issue_ready(self) -> None:
-        while self._next < len(self._ready) and self._ready[self._next]:
+        """Issue the complete buckets from ``_next`` on, in bucket order. A shard group of one issues no
+        collective: its buffer already holds the whole (÷ W) gradient, finished at once."""
+        while self._next < len(self._missing) and not self._missing[self._next]:
             b = self._next
             self._next += 1
+            if self.solo:
+                self._reducing.append((b, None))
+                self._finish_oldest()
+                continue
             bucket = self.buffer.buckets[b]
             data = self.buffer.grad_buffer(b)
             segments = [data[a:z] for a, z in bucket.bounds] if self.reduce.scatters else [data]
@@ -108,10 +122,13 @@ class BucketGroup:
 
     def _finish_oldest(self) -> None:
         b, reduced = self._reducing.popleft()
-        result = reduced.wait()
         main = self.buffer.main[b]
+        if reduced is None:  # a shard group of one: the buffer is the reduced bucket (this rank owns all of it)
+            result = self.buffer.grad_buffer(b)[slice(*self.buffer.buckets[b].bounds[0])]
+        else:
+            result = reduced.wait()
         if main is not None:
-            if not self.reduce.scatters:
+            if reduced is not None and not self.reduce.scatters:
                 result = result[slice(*self.buffer.buckets[b].bounds[self.comm.rank])]
             if self.replicas is not None and result.numel():  # the same range's owners in the other groups
                 self.replicas.all_reduce(result, op="engine_grad_replicas")
@@ -123,45 +140,51 @@ class BucketGroup:
         """Complete, issue and wait for every bucket of this backward (see the module docstring)."""
         if not self.started:
             return
-        for b in range(self._next, len(self._ready)):
-            bucket = self.buffer.buckets[b]
-            for position, index in enumerate(bucket.params):
-                if position not in self._arrived[b]:
+        for b in range(self._next, len(self._missing)):
+            if not self._missing[b]:
+                continue
+            for position, index in enumerate(self.buffer.buckets[b].params):
+                if not self._arrived[b][position]:
                     if self.buffer.grad_data[b] is None:
                         self._make_room()
                     param = self.buffer.params[index]
-                    self.buffer.write_grad(b, position, param.grad, 1.0 / self.world_size)
+                    self.buffer.write_grad(b, position, param.grad, self._scale)
                     param.grad = None
-            self._ready[b] = True
-        self._issue_ready()
+            self._missing[b] = 0
+            self._issue_ready()
         while self._reducing:
             self._finish_oldest()
         self.buffer.note_held(exact=True)
-        for arrived in self._arrived:
-            arrived.clear()
-        self._ready = [False] * len(self._ready)
+        for b, size in enumerate(self._sizes):
+            self._arrived[b][:] = bytes(size)
+        self._missing[:] = self._sizes
         self._next = 0
         self.started = False
 
     # ------------------------------------------------------------------ parameters
     def start_param_sync(self) -> None:
         """Issue every bucket's all-gather of the owners' ranges, in forward order."""
+        if self.solo:  # the owner of every range is this rank: the parameters are up to date
+            return
         for b in reversed(range(len(self.buffer.buckets))):
             self.wait_params(b)
             bounds = self.buffer.buckets[b].bounds
             data = self.buffer.param_data[b]
             self._gathering[b] = self.gather.issue(self.gather_comm, data, bounds, "engine_param_gather")
+            self._gathers += 1
 
     def wait_params(self, b: int) -> None:
         """Wait for bucket ``b``'s parameter all-gather, if one is in flight."""
         inflight = self._gathering[b]
         if inflight is not None:
             self._gathering[b] = None
+            self._gathers -= 1
             inflight.wait()
 
     def wait_buckets(self, buckets: Sequence[int]) -> None:
-        for b in buckets:
-            self.wait_params(b)
+        if self._gathers:
+            for b in buckets:
+                self.wait_params(b)
 
     def wait_all(self) -> None:
         """Wait for every collective in flight: reductions, then all-gathers."""
@@ -171,4 +194,4 @@ class BucketGroup:
 
     @property
     def in_flight(self) -> int:
-        return len(self._reducing) + sum(g is not None for g in self._gathering)
+        return len(self._reducing) + self._gathers
