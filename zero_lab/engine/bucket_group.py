@@ -7,16 +7,16 @@
   bucket's buffer, releases ``param.grad`` and counts; when a bucket has all its gradients it is
   *ready*, and ready buckets are issued strictly in bucket order (so every rank issues the same
   collectives in the same order) through a registered ``grad_reduce`` strategy
-  (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments,
-  the bucket index as the point-to-point tag). A shard group of one (W=1, or ``shard_size=1``)
-  issues nothing: the buffer already holds the whole gradient and this rank owns every range, so a
-  complete bucket is finished at once (and no parameter is gathered after the step). When a bucket needs a gradient buffer while two
-  are taken, the oldest reduction is waited and finished — its reduced range (with shard groups,
-  ``shard_size`` < W: then all-reduced across the replica group, the ranks owning the same range
-  in the other groups) copied into (or added to) the owned gradient, the ``.grad`` of the tensor
-  the optimizer steps (the owned view, or its fp32 main copy: :mod:`~zero_lab.engine.main_params`),
-  its buffer given back — so at most two bucket buffers live at once and each reduction overlaps
-  the backward of the next bucket;
+  (:class:`zero_lab.grad_reduce.GradReduce`: the bucket's per-rank ranges as segments, the bucket
+  index as the point-to-point tag). A shard group of one (W=1, or ``shard_size=1``) issues nothing:
+  the buffer already holds the whole gradient and this rank owns every range, so a complete bucket
+  is finished at once (and no parameter is gathered after the step). When a bucket needs a gradient
+  buffer while two are taken, the oldest reduction is waited and finished — its reduced range (with
+  shard groups, ``shard_size`` < W: then all-reduced across the replica group, the ranks owning the
+  same range in the other groups) copied into (or added to) the owned gradient, the ``.grad`` of the
+  tensor the optimizer steps (the owned view, or its fp32 main copy:
+  :mod:`~zero_lab.engine.main_params`), its buffer given back — so at most two bucket buffers live
+  at once and each reduction overlaps the backward of the next bucket;
 * :meth:`BucketGroup.finish_grad_sync` (before the optimizer steps) completes the buckets some
   parameter's hook never reached — a parameter no gradient reached this time counts as zeros, one
   that holds a gradient accumulated under ``no_sync()`` contributes it — issues them in order and
