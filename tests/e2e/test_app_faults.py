@@ -77,7 +77,8 @@ def test_sigterm_stops_after_a_step_checkpoints_and_resumes_exactly(tmp_path):
     stopped = summary(interrupted)
     done = len(stopped["losses"])
     assert stopped["stopped_by"] == "SIGTERM" and done >= 2
-    assert f"stopped by SIGTERM after {done} steps; checkpoint {interrupted}/checkpoints/step_{done:08d}" in stderr
+    newest = f"{interrupted}/checkpoints/step_{done:08d}"
+    assert f"stopped by SIGTERM after {done} steps; continue from step {done} ({newest}) with: " in stderr
     assert f"resume={interrupted}" in stderr and "Traceback" not in stderr
     assert not list((interrupted / "checkpoints").glob(".*partial"))  # the stop-time save finished
     assert_no_leftover_processes()
@@ -244,8 +245,9 @@ def test_ctrl_c_while_the_ranks_start_is_one_line_130_and_the_job_log_says_how_f
     assert code == 128 + signal.SIGINT
     line = assert_one_line(
         stderr,
-        r"stopped by SIGINT(: the ranks were stopped while starting, before any step; no complete checkpoint to "
-        r"resume from| after \d+ steps; checkpoint .*; continue with: .*)",
+        r"stopped by SIGINT(: the ranks were stopped while starting, before any step; no complete checkpoint in "
+        r".*/checkpoints to resume from; start again with: .*"
+        r"| after (\d+) steps; continue from step \2 \(.*\) with: .*)",
     )
     assert (run_dir / "train.log").read_text().splitlines()[-1].endswith(line.removeprefix("zero_lab: "))
 
@@ -254,7 +256,8 @@ def test_ctrl_c_as_the_first_steps_are_logged_stops_with_a_checkpoint_and_130(tm
     run_dir = tmp_path / "run"
     code, stderr = signal_at(_first_step_logged, signal.SIGINT, run_dir, FOREVER, "checkpoint_every=5")
     assert code == 128 + signal.SIGINT
-    assert_one_line(stderr, rf"stopped by SIGINT after \d+ steps; checkpoint {run_dir}/checkpoints/step_\d+; .*")
+    newest = rf"{run_dir}/checkpoints/step_\d+"
+    assert_one_line(stderr, rf"stopped by SIGINT after (\d+) steps; continue from step \1 \({newest}\) with: .*")
     done = len(summary(run_dir)["losses"])
     assert summary(run_dir)["stopped_by"] == "SIGINT"
     assert (run_dir / "checkpoints" / f"step_{done:08d}" / "manifest.json").is_file()

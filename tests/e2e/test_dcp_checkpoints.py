@@ -1,19 +1,24 @@
 """``checkpoint_format=dcp`` (issues 28, 37): the app writes torch.distributed.checkpoint directories
 with an integrity record, resumes them exactly — with another partitioner, into a plain optimizer,
-and in a job Slurm requeued — and refuses a broken or tampered one before any rank starts, in one
-line."""
+and in a job Slurm requeued — refuses a broken or tampered one before any rank starts, in one
+line, and a run stopped by a signal names its newest one in the command it prints to continue."""
 
 from __future__ import annotations
 
 import functools
 import os
 import pickle
+import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.runs import assert_close, child_env, run_once, summary, together, train, train_together
+from tests.e2e.test_app_faults import FOREVER, start, wait_for
+from zero_lab.app.record.checkpoint_finder import DCP_EXTRA
+from zero_lab.app.record.closing import resume_hint
 from zero_lab.dcp_record import RECORD, write_record
 
 STEP = "step_00000002.dcp"
@@ -129,3 +134,42 @@ def test_a_requeued_job_resumes_its_newest_dcp_checkpoint_and_refuses_a_broken_o
     assert line.startswith(f"zero_lab: resume: {expected}"), line
     assert "Traceback" not in done[1].stdout + done[1].stderr
     assert not (broken / "metrics.jsonl").exists()  # no rank started
+
+
+def test_a_dcp_run_stopped_by_sigterm_names_its_newest_checkpoint_and_the_resume_command(tmp_path):
+    """SIGTERM once a ``checkpoint_format=dcp`` run wrote a checkpoint: the one line names the DCP
+    checkpoint the stop saved (not "no complete checkpoint", as when only the native format was
+    looked for) and the ``resume=<run dir>`` command, which resumes it (run with 2 more steps)."""
+    run_dir = tmp_path / "stopped"
+    args = (FOREVER, "checkpoint_every=2", "checkpoint_format=dcp")
+    proc = start(run_dir, *args)
+    wait_for(run_dir / "checkpoints" / STEP / DCP_EXTRA, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    done = len(summary(run_dir)["losses"])
+    newest = run_dir / "checkpoints" / f"step_{done:08d}.dcp"
+    assert (newest / DCP_EXTRA).is_file()
+    command = shlex.join(["python", "train.py", "logger=none", *args, f"resume={run_dir}"])
+    expected = f"zero_lab: stopped by SIGTERM after {done} steps; continue from step {done} ({newest}) with: {command}"
+    assert expected in stderr.splitlines(), stderr[-3000:]
+    overrides = [f"steps={done + 2}" if word == FOREVER else word for word in shlex.split(command)[2:]]
+    resumed = train(*overrides, f"hydra.run.dir={tmp_path / 'resumed'}")  # the printed command, 2 steps more
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert summary(tmp_path / "resumed")["start_step"] == done
+
+
+def test_the_resume_hint_names_the_newest_complete_dcp_checkpoint(saved, tmp_path):
+    """On the files the app's DCP writer wrote: the newest (step 4); with step 4's record gone, as when
+    it was cut short before its rename, step 2; with none left, that there is none."""
+    meta = {"overrides": ["checkpoint_format=dcp", "hydra.run.dir=x"]}
+    command = f"python train.py checkpoint_format=dcp resume={saved}"
+    newest = saved / "checkpoints" / "step_00000004.dcp"
+    assert resume_hint(saved, meta) == f"continue from step 4 ({newest}) with: {command}"
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved / "checkpoints", run_dir / "checkpoints")
+    (run_dir / "checkpoints" / "step_00000004.dcp" / DCP_EXTRA).unlink()
+    step_2 = run_dir / "checkpoints" / STEP
+    assert resume_hint(run_dir, meta).startswith(f"continue from step 2 ({step_2}) with: ")
+    shutil.rmtree(step_2)
+    assert resume_hint(run_dir, meta).startswith(f"no complete checkpoint in {run_dir / 'checkpoints'} to resume")

@@ -187,13 +187,25 @@ def test_the_resume_hint_is_shell_quoted(tmp_path):
     (run_dir / "checkpoints" / "step_00000002.pt").write_bytes(b"x")
     meta = {"overrides": ["optim=adam", "partitioner.params_per_rank=[[a*],[b*]]", "hydra.run.dir=x"]}
     hint = resume_hint(run_dir, meta)
-    assert shlex.split(hint.removeprefix("continue with: ")) == [
+    head, command = hint.split(" with: ")
+    assert head == f"continue from step 2 ({run_dir / 'checkpoints' / 'step_00000002.pt'})"
+    assert shlex.split(command) == [
         "python",
         "train.py",
         "optim=adam",
         "partitioner.params_per_rank=[[a*],[b*]]",
         f"resume='{run_dir}'",  # quoted for Hydra too: the path has spaces
     ]
+
+
+def test_the_resume_hint_without_a_checkpoint_says_so_and_gives_the_jobs_own_command(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".step_00000002.dcp.partial-1a2b3c4d").mkdir(parents=True)  # cut short: not one
+    meta = {"overrides": ["optim=adam", "resume=/runs/earlier", "hydra.run.dir=x y"]}
+    assert resume_hint(run_dir, meta) == (
+        f"no complete checkpoint in {run_dir}/checkpoints to resume from; "
+        "start again with: python train.py optim=adam resume=/runs/earlier 'hydra.run.dir=x y'"
+    )
 
 
 def test_a_failure_every_rank_shares_is_not_called_an_echo(tmp_path):
@@ -217,7 +229,7 @@ def test_the_resume_hint_parses_back_to_the_run_dir_for_hydra(tmp_path, name):
     run_dir = tmp_path / name
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_00000002.pt").write_bytes(b"x")
-    words = shlex.split(resume_hint(run_dir, {"overrides": []}).removeprefix("continue with: "))
+    words = shlex.split(resume_hint(run_dir, {"overrides": []}).split(" with: ")[1])
     (override,) = OverridesParser.create().parse_overrides([words[-1]])
     assert (override.key_or_group, override.value()) == ("resume", str(run_dir))
 

@@ -35,8 +35,9 @@ from zero_lab.app.check.rules import ConfigError, check
 from zero_lab.app.config.problems import describe_hydra_error
 from zero_lab.app.config.schema import enum_str
 from zero_lab.app.plan.run_plan import RunPlan
+from zero_lab.app.record.checkpoint_finder import find_any, is_dcp
 from zero_lab.app.record.objective import check_directions
-from zero_lab.app.run.checkpoints import find_any, is_dcp, read_dcp_extra
+from zero_lab.app.run.checkpoints import read_dcp_extra
 from zero_lab.app.run.rank_loop import RANK_PRELOAD
 from zero_lab.app.workloads.torch_extras import model_extras_problem
 from zero_lab.checkpoint import CheckpointError

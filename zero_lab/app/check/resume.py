@@ -21,7 +21,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from zero_lab.app.check.options import options_where
 from zero_lab.app.check.scheduler import REFUSED, built_scheduler
 from zero_lab.app.config.schema import enum_str
-from zero_lab.app.run.checkpoints import find_any, is_dcp, read_dcp_extra, step_of_any
+from zero_lab.app.record.checkpoint_finder import find_any, is_dcp, step_of_any
+from zero_lab.app.run.checkpoints import read_dcp_extra
 from zero_lab.checkpoint import CheckpointError, load_plain, read_manifest
 
 __all__ = ["resume_problems"]

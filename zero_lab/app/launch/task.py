@@ -44,13 +44,13 @@ from zero_lab.app.config.schema import enum_str
 from zero_lab.app.launch import repeats
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan
+from zero_lab.app.record.checkpoint_finder import find_any, step_of_any
 from zero_lab.app.record.closing import closing_lines, describe_failure, resume_hint
 from zero_lab.app.record.objective import objective_value
 from zero_lab.app.record.provenance import run_meta
 from zero_lab.app.record.run_files import META_FILE, METRICS_FILE
 from zero_lab.app.record.sinks import JsonlFollower, make_logger_sink
 from zero_lab.app.record.summary import SUMMARY_FILE, RunSummary
-from zero_lab.app.run.checkpoints import find_any, step_of_any
 from zero_lab.app.run.rank_loop import RANK_PRELOAD, RankResult, RunSpec, train_rank
 from zero_lab.files import write_json
 from zero_lab.runtime import external, slurm
@@ -244,9 +244,8 @@ def _report(results: list[RankResult], cfg: DictConfig, spec: RunSpec, seconds: 
     if results[0].stopped_by:
         stopped = results[0]
         hand_back(stopped.stopped_by)  # under the Slurm launcher, SIGUSR2: submitit requeues the job and exits
-        saved = f"checkpoint {stopped.checkpoint}" if stopped.checkpoint else "no checkpoint (checkpoint_every=0)"
-        _fail_logged(
-            f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; {saved}; "
+        _fail_logged(  # a stop always saves: the hint names that checkpoint
+            f"stopped by {signal_name(stopped.stopped_by)} after {len(stopped.losses)} steps; "
             f"{resume_hint(run_dir, spec.meta)}",
             128 + stopped.stopped_by,
         )

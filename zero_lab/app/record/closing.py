@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from zero_lab.app.plan.strategy import Strategy
+from zero_lab.app.record.checkpoint_finder import find_any, step_of_any
 from zero_lab.app.record.run_files import COMMAND, LOGS_DIR
 from zero_lab.app.record.summary import RunSummary
-from zero_lab.checkpoint import find_checkpoint
 from zero_lab.files import write_atomic
 from zero_lab.runtime.spawn import RankFailure, RankStalled, describe_exit, last_line
 
@@ -186,14 +186,21 @@ def _size(nbytes: float) -> str:
 
 
 def resume_hint(run_dir: Path, meta: dict[str, Any]) -> str:
-    """``continue with: python train.py <the same overrides> resume=<run dir>``, shell-quoted
-    so it can be pasted as is (paths with spaces, overrides with brackets), the path also
-    quoted for Hydra's override parser where it would read it otherwise (a comma: a sweep)."""
-    found = find_checkpoint(run_dir)
+    """How to continue a stopped or failed run, as one clause: ``continue from step 4
+    (<run dir>/checkpoints/step_00000004.dcp) with: python train.py <the same overrides>
+    resume=<run dir>``, naming the newest complete checkpoint of either format
+    (:func:`~zero_lab.app.record.checkpoint_finder.find_any`, the finder ``resume=`` itself uses, so
+    the command resumes that one); with none, ``no complete checkpoint in <run dir>/checkpoints to
+    resume from; start again with: <the job's own command>``. Commands are shell-quoted so they can be
+    pasted as is (paths with spaces, overrides with brackets), the run dir also quoted for Hydra's
+    override parser where it would read it otherwise (a comma: a sweep)."""
+    found = find_any(run_dir)
     if found is None:
-        return "no complete checkpoint to resume from"
+        again = shlex.join([*COMMAND, *meta.get("overrides", [])])
+        return f"no complete checkpoint in {run_dir / 'checkpoints'} to resume from; start again with: {again}"
     kept = [o for o in meta.get("overrides", []) if not o.startswith(("resume=", "hydra."))]
-    return "continue with: " + shlex.join([*COMMAND, *kept, f"resume={hydra_quoted(str(run_dir))}"])
+    command = shlex.join([*COMMAND, *kept, f"resume={hydra_quoted(str(run_dir))}"])
+    return f"continue from step {step_of_any(found)} ({found}) with: {command}"
 
 
 _HYDRA_PLAIN = re.compile(r"[\w./:@%+~-]+")

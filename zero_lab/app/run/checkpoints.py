@@ -15,11 +15,12 @@ Three layouts under ``<run dir>/checkpoints/``, named by the next step to run:
   that rank 0 renames into place after a barrier; it is read through :func:`zero_lab.dcp.load`
   (restricted unpickling, every file checked), after the job's check (:mod:`zero_lab.app.check.callback`).
 
-A resume finds the newest of the three. The record (:func:`_record`): step, stepping class, losses,
-world size, the scheduler's and fp16 scaler's state. Any layout loads into either kind of optimizer
-at any world size (the sharded format reshards by element ranges, merged for a plain optimizer; a
-plain state loads into ``ZeroRedundancyOptimizer.load_state_dict``), every file through the core's
-checked loaders. The loop reseeds from ``(seed, rank, step)``: the step is all the RNG a resume needs.
+A resume finds the newest of the three (:func:`zero_lab.app.record.checkpoint_finder.find_any`).
+The record (:func:`_record`): step, stepping class, losses, world size, the scheduler's and fp16
+scaler's state. Any layout loads into either kind of optimizer at any world size (the sharded format
+reshards by element ranges, merged for a plain optimizer; a plain state loads into
+``ZeroRedundancyOptimizer.load_state_dict``), every file through the core's checked loaders. The
+loop reseeds from ``(seed, rank, step)``: the step is all the RNG a resume needs.
 
 What a resume checks (:func:`restore`): the step inside the checkpoint equals the one in its
 name (a renamed ``step_N`` would skip or repeat steps) and is below ``steps``; the optimizer
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -43,19 +43,18 @@ import torch.distributed as dist
 
 from zero_lab import checkpoint as sharded
 from zero_lab import dcp as zero_dcp
+from zero_lab.app.record.checkpoint_finder import DCP_EXTRA, dcp_checkpoints, find_any, is_dcp, step_of_any
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
-from zero_lab.checkpoint import CheckpointError, checkpoint_step, find_checkpoint, load_file
+from zero_lab.checkpoint import CheckpointError, load_file
 from zero_lab.dcp_record import write_record
 
 # torch.distributed.checkpoint itself is imported where a DCP checkpoint is written or read: the
 # config check (schema, validate) finds checkpoints through this module and should not pay for it.
 
-__all__ = ["Restored", "ResumeMismatch", "find_any", "is_dcp", "read_dcp_extra", "restore", "save", "step_of_any"]
+__all__ = ["Restored", "ResumeMismatch", "read_dcp_extra", "restore", "save"]
 
 FORMAT = 1
-DCP_EXTRA = "zero_lab.json"  # written last: its presence marks a complete DCP checkpoint
-_DCP_NAME = re.compile(r"step_(\d+)\.dcp")
 
 
 class ResumeMismatch(CheckpointError):
@@ -87,19 +86,6 @@ def save(
     if torch.distributed.get_rank() == 0 and keep:
         prune(path.parent, keep)
     return path
-
-
-def find_any(path: str | Path) -> Path | None:
-    """The checkpoint ``path`` names (any format): itself, else the newest step among the run's."""
-    found = [p for p in (find_checkpoint(path), _latest_dcp(path)) if p is not None]
-    if len(found) == 2 and Path(path) in found:
-        return Path(path)
-    return max(found, key=step_of_any, default=None)
-
-
-def step_of_any(path: str | Path) -> int | None:
-    """The step in a checkpoint's name, any format (``None``: not a checkpoint's name)."""
-    return _dcp_step(path) if is_dcp(path) else checkpoint_step(path)
 
 
 def _record(training: Training, next_step: int, losses: list[float]) -> dict[str, Any]:
@@ -276,31 +262,6 @@ def _load_sharded(training: Training, directory: Path, manifest: dict[str, Any],
 
 
 # ---------------------------------------------------------------------------- checkpoint_format=dcp
-def is_dcp(path: str | Path) -> bool:
-    """A complete ``step_N.dcp`` directory."""
-    path = Path(path)
-    return path.is_dir() and _DCP_NAME.fullmatch(path.name) is not None and (path / DCP_EXTRA).is_file()
-
-
-def _dcp_step(path: str | Path) -> int | None:
-    match = _DCP_NAME.fullmatch(Path(path).name)
-    return int(match.group(1)) if match else None
-
-
-def _dcp_checkpoints(root: Path) -> list[Path]:
-    """The complete DCP checkpoints directly under ``root``, oldest step first."""
-    return sorted((p for p in root.glob("step_*.dcp") if is_dcp(p)), key=_dcp_step) if root.is_dir() else []
-
-
-def _latest_dcp(path: str | Path) -> Path | None:
-    """``path`` itself when it is one, else the newest under ``<path>/checkpoints`` or ``<path>``."""
-    path = Path(path)
-    if is_dcp(path):
-        return path
-    found = _dcp_checkpoints(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
-    return found[-1] if found else None
-
-
 def _dcp_state(training: Training) -> dict[str, Any]:
     """What DCP saves, and the template it loads into (every rank; collective for ZeRO)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -353,7 +314,7 @@ def _load_dcp(training: Training, path: Path, load_optimizer: bool) -> None:
 
 def _prune_dcp(root: Path, keep: int) -> None:
     """Delete all but the ``keep`` newest DCP checkpoints under ``root`` (hidden first, then removed)."""
-    for path in _dcp_checkpoints(root)[:-keep] if keep > 0 else []:
+    for path in dcp_checkpoints(root)[:-keep] if keep > 0 else []:
         hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
         os.replace(path, hidden)
         shutil.rmtree(hidden, ignore_errors=True)
