@@ -35,8 +35,9 @@ Accounting, in :class:`CommStats`:
   (:func:`ranks_per_node`: ``LOCAL_WORLD_SIZE`` from torchrun or zero_lab's launcher,
   ``SLURM_NTASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` from srun; ranks laid out node by node),
   the node axis (``intra_node``: the group's ranks share one node; ``inter_node``: they span
-  several — the whole collective is charged there, the slow link it waits on). Each axis sums
-  to ``sent_bytes``;
+  several — the whole collective is charged there, the slow link it waits on, since which of its
+  hops cross is the backend's choice; a point-to-point message, whose peer is known, is charged
+  exactly, by the peer's node). Each axis sums to ``sent_bytes``;
 * ``exposed_seconds`` — time the caller was blocked: issuing plus waiting;
 * ``seconds`` — wall time during which at least one collective was in flight, each
   counted from its issue until its wait returned; collectives in flight together are
@@ -241,7 +242,8 @@ class Communicator:
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
         if link not in (INTRA_GROUP, INTER_GROUP):
             raise ValueError(f"link={link!r}: one of {INTRA_GROUP!r}, {INTER_GROUP!r}")
-        nodes = node_link(dist.get_process_group_ranks(self.group), per_node or ranks_per_node())
+        self._per_node = per_node or ranks_per_node()
+        nodes = node_link(dist.get_process_group_ranks(self.group), self._per_node)
         #: the link classes this group's sent bytes count under (group axis, then node axis when known)
         self.links: tuple[str, ...] = (link,) if nodes is None else (link, nodes)
 
@@ -252,6 +254,14 @@ class Communicator:
 
     def global_rank(self, rank: int) -> int:
         return dist.distributed_c10d.get_global_rank(self.group, rank)
+
+    def peer_links(self, peer: int) -> tuple[str, ...]:
+        """The link classes of one message to ``peer`` (a rank of this group): the group's axis, then
+        ``intra_node`` or ``inter_node`` by the peer's own node — exact, where a collective's is its group's."""
+        if self._per_node is None:
+            return self.links
+        same = self.global_rank(self.rank) // self._per_node == self.global_rank(peer) // self._per_node
+        return (self.links[0], INTRA_NODE if same else INTER_NODE)
 
     @contextmanager
     def _metered(self, op: str, nbytes: int, calls: int = 1):
@@ -326,15 +336,31 @@ class Communicator:
     ) -> Pending:
         """Start point-to-point sends ``(tensor, dst_rank)`` and receives ``(tensor, src_rank)``
         (ranks of this group), matched by ``tag``; ``wait()`` finishes them all. Counts the bytes
-        sent and received, and sends (exactly) as ``sent_bytes``."""
-        sent = sum(_nbytes(t) for t, _ in sends)
+        sent and received, and sends (exactly) as ``sent_bytes``, each message on its peer's links."""
+        nbytes = sum(_nbytes(t) for t, _ in [*sends, *recvs])
+        return self._issue_p2p(op, nbytes, len(sends) + len(recvs), sends, recvs, tag)
+
+    def _issue_p2p(
+        self,
+        op: str,
+        nbytes: int,
+        calls: int,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        tag: int,
+    ) -> Pending:
+        """Start ``sends`` and ``recvs`` at once (``batch_isend_irecv``), counting ``nbytes`` and ``calls``,
+        and each send as sent on the links to its peer (:meth:`peer_links`)."""
 
         def launch() -> list[Any]:
             ops = [dist.P2POp(dist.isend, t, self.global_rank(r), self.group, tag) for t, r in sends]
             ops += [dist.P2POp(dist.irecv, t, self.global_rank(r), self.group, tag) for t, r in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
-        return self._issue(op, sent + sum(_nbytes(t) for t, _ in recvs), len(sends) + len(recvs), launch, sent)
+        pending = self._issue(op, nbytes, calls, launch)
+        for tensor, peer in sends:
+            self.stats.add_sent(_nbytes(tensor), self.peer_links(peer))
+        return pending
 
     def issue_all_gather_p2p(
         self, storage: torch.Tensor, bounds: Sequence[tuple[int, int]], op: str = "all_gather_p2p", tag: int = 0
@@ -343,19 +369,13 @@ class Communicator:
         ``storage[bounds[rank]]`` to every peer (``isend``) and receives each peer's range straight
         into ``storage`` (``irecv``; ranks of this group; empty ranges move nothing). Counted as one collective: the
         bytes of the whole output (an all-gather's convention, the same on every rank), and as sent
-        exactly what this rank sends, its range once per peer."""
+        exactly what this rank sends, its range once per peer, each on its peer's links."""
         start, stop = bounds[self.rank]
         peers = [r for r in range(self.world_size) if r != self.rank]
         sends = [(storage[start:stop], r) for r in peers if stop > start]
         recvs = [(storage[a:b], r) for r, (a, b) in enumerate(bounds) if r != self.rank and b > a]
-
-        def launch() -> list[Any]:
-            ops = [dist.P2POp(dist.isend, t, self.global_rank(r), self.group, tag) for t, r in sends]
-            ops += [dist.P2POp(dist.irecv, t, self.global_rank(r), self.group, tag) for t, r in recvs]
-            return dist.batch_isend_irecv(ops) if ops else []
-
         total = sum(b - a for a, b in bounds) * storage.element_size()
-        return self._issue(op, total, 1, launch, sum(_nbytes(t) for t, _ in sends))
+        return self._issue_p2p(op, total, 1, sends, recvs, tag)
 
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
         """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""

@@ -84,3 +84,41 @@ def p2p_reduce_scatter() -> dict[str, Any]:
 def test_the_p2p_reduce_scatter_sums_in_place_in_rank_order(world, world_size):
     for row in world(p2p_reduce_scatter, world_size):
         assert row == {"bitwise": True, "in_place": True, "zeros_elsewhere": True}
+
+
+def links_by_peer() -> dict[str, dict[str, int]]:
+    """W=4 as two nodes of two ranks (``per_node=2``): rank r sends 10·(p+1) floats to each peer p, then
+    a p2p all-gather of ranges 5, 0, 7, 3 floats, then an all-reduce of 8 floats."""
+    comm = Communicator(per_node=2)
+    rank, peers = comm.rank, [p for p in range(4) if p != comm.rank]
+    sends = [(torch.ones(10 * (p + 1)), p) for p in peers]
+    recvs = [(torch.empty(10 * (rank + 1)), p) for p in peers]
+    comm.issue_exchange(sends, recvs, tag=3).wait()
+    exchanged = dict(comm.stats.sent_by_link)
+    bounds = _bounds(4)
+    storage = torch.zeros(bounds[-1][1])
+    P2PAllGather().issue(comm, storage, bounds, "all_gather_p2p").wait()
+    gathered = {k: v - exchanged.get(k, 0) for k, v in comm.stats.sent_by_link.items() if v > exchanged.get(k, 0)}
+    before = dict(comm.stats.sent_by_link)
+    comm.all_reduce(torch.ones(8))
+    reduced = {k: v - before.get(k, 0) for k, v in comm.stats.sent_by_link.items() if v > before.get(k, 0)}
+    return {"exchange": exchanged, "all_gather_p2p": gathered, "all_reduce": reduced}
+
+
+def test_a_point_to_point_message_is_metered_on_its_peers_node(world):
+    """Each send is charged to the link it takes: to the node's other rank ``intra_node``, to the
+    two ranks of the other node ``inter_node``; a collective over both nodes, all ``inter_node``."""
+    rows = world(links_by_peer, 4)
+    for rank, row in enumerate(rows):
+        mate = rank ^ 1
+        others = [p for p in range(4) if p // 2 != rank // 2]
+        assert row["exchange"] == {
+            "intra_group": 4 * 10 * sum(p + 1 for p in range(4) if p != rank),
+            "intra_node": 4 * 10 * (mate + 1),
+            "inter_node": 4 * 10 * sum(p + 1 for p in others),
+        }
+        own = [5, 0, 7, 3][rank] * 4  # its range, once to each of its 3 peers
+        assert row["all_gather_p2p"] == {
+            k: v for k, v in {"intra_group": 3 * own, "intra_node": own, "inter_node": 2 * own}.items() if v
+        }
+        assert row["all_reduce"] == {"intra_group": 2 * 32 * 3 // 4, "inter_node": 2 * 32 * 3 // 4}
