@@ -24,12 +24,14 @@ print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'ncc
 [ "$failed" -eq 0 ] || { echo "no usable CUDA device: stopping"; exit 1; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv 2>/dev/null || true
 
-# The engine with CUDA tensors: W=1 NCCL, W=2 Gloo on one GPU (tests/dist/test_engine_cuda.py).
-step 180 "engine, CUDA tensors (W=1 nccl, W=2 gloo)" "$PY" -m pytest -q -n 0 -p no:cacheprovider -m cuda \
-    tests/dist/test_engine_cuda.py
-# The core's single-rank layer and the engine's unit layer (CPU; they must still pass on that host).
+# The engine with CUDA tensors: W=1 NCCL, W=2 Gloo on one GPU; the step with CUDA's sync check set to
+# raise, and a collective's span timed with CUDA events (tests/dist/test_engine_cuda.py: three worlds).
+step 180 "engine, CUDA tensors (W=1 nccl, W=2 gloo; no host sync, CUDA-event timing)" "$PY" -m pytest -q -n 0 \
+    -p no:cacheprovider -m cuda tests/dist/test_engine_cuda.py
+# The core's single-rank layer, the engine's unit layer and the timing's CPU path (CPU; they must still pass there).
 step 120 "core + engine unit layer" "$PY" -m pytest -q -n 0 -p no:cacheprovider \
-    tests/unit/test_engine_layout.py tests/unit/test_exchange_single_rank.py tests/unit/test_partition.py
+    tests/unit/test_engine_layout.py tests/unit/test_exchange_single_rank.py tests/unit/test_partition.py \
+    tests/unit/test_comm_stats.py
 # The quick benchmark of the engine on CUDA: W=1 NCCL, then W=2 Gloo on one GPU.
 step 90 "speed, W=1 nccl" "$PY" scripts/bench_engine_speed.py --device cuda --world 1 --rounds 10 --warmup 3
 step 90 "speed, W=2 gloo (one GPU)" "$PY" scripts/bench_engine_speed.py --device cuda --world 2 --rounds 10 --warmup 3

@@ -46,6 +46,13 @@ Accounting, in :class:`CommStats`:
   collectives this equals the exposed time; for asynchronous ones the difference is work
   the caller did meanwhile, i.e. communication hidden behind computation (an upper
   bound: a collective may have finished before its wait).
+
+On CUDA tensors a wait makes the current stream wait for the collective (NCCL's ``work.wait()``),
+not the host, so the host's clock would miss the collective's time: there a span is timed with
+CUDA events (:class:`Clock`), one recorded on the current stream at issue and one after the wait,
+kept in the stats and read only when the totals are read (:meth:`CommStats.settle`, called by
+``snapshot``, ``since``, ``plus`` and ``reset_to``: one host sync per read, none while stepping).
+``exposed_seconds`` stays the host's time blocked, on either device.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import io
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -70,6 +78,8 @@ __all__ = [
     "INTRA_GROUP",
     "INTRA_NODE",
     "LINK_CLASSES",
+    "SPANS_KEPT",
+    "Clock",
     "CommStats",
     "Communicator",
     "Pending",
@@ -111,9 +121,42 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+class Clock:
+    """Marks on one device's timeline, for timing a span without a host sync while it runs.
+
+    On CPU a mark is ``time.perf_counter()``. On CUDA it is a ``torch.cuda.Event`` recorded on the
+    device's current stream: it completes when the work queued before it does (after a collective's
+    ``wait()``, when the collective has landed), and :meth:`seconds` reads it later, waiting for the
+    end mark only then (once per step, or at the end, never on the hot path)."""
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device if device is not None else "cpu")
+        self.cuda = self.device.type == "cuda"
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    @staticmethod
+    def seconds(start: Any, end: Any) -> float:
+        """Seconds from mark ``start`` to mark ``end`` (on CUDA: waits for ``end`` to complete)."""
+        if isinstance(start, float):
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+#: Device spans a :class:`CommStats` keeps unread at most before it counts those already over.
+SPANS_KEPT = 256
+
+
 @dataclass
 class CommStats:
-    """Running totals of the collectives a :class:`Communicator` issued."""
+    """Running totals of the collectives a :class:`Communicator` issued (device spans in
+    ``seconds`` once :meth:`settle` read them)."""
 
     calls: int = 0
     bytes: int = 0
@@ -121,8 +164,36 @@ class CommStats:
     exposed_seconds: float = 0.0
     sent_bytes: int = 0
     sent_by_link: dict[str, int] = field(default_factory=dict)
+    #: device spans (start and end marks of a :class:`Clock`) not yet in ``seconds``, in the order they ended
+    _spans: deque[tuple[Any, Any]] = field(default_factory=deque, init=False, repr=False, compare=False)
+    _origin: Any = field(default=None, init=False, repr=False, compare=False)  # the first span's start
+    _until: float = field(default=0.0, init=False, repr=False, compare=False)  # seconds after _origin counted
+
+    def add_span(self, start: Any, end: Any) -> None:
+        """A collective in flight from device mark ``start`` to ``end``, counted at :meth:`settle`."""
+        if self._origin is None:
+            self._origin = start
+        self._spans.append((start, end))
+        if len(self._spans) >= SPANS_KEPT:  # totals nobody reads: count what is over, without waiting
+            self.settle(wait=False)
+
+    def settle(self, wait: bool = True) -> CommStats:
+        """Add the device spans recorded so far to ``seconds`` — their union, as for host spans —
+        reading their marks (on CUDA: waits for the last one; ``wait=False``: only the spans already
+        over, asked with the marks' non-blocking ``query()``); returns ``self``."""
+        while self._spans:
+            start, end = self._spans[0]
+            if not wait and not end.query():
+                break
+            self._spans.popleft()
+            begin = Clock.seconds(self._origin, start) if start is not self._origin else 0.0
+            finish = Clock.seconds(self._origin, end)
+            self.seconds += max(0.0, finish - max(begin, self._until))
+            self._until = max(self._until, finish)
+        return self
 
     def snapshot(self) -> CommStats:
+        self.settle()
         return CommStats(
             self.calls, self.bytes, self.seconds, self.exposed_seconds, self.sent_bytes, dict(self.sent_by_link)
         )
@@ -130,12 +201,14 @@ class CommStats:
     def reset_to(self, earlier: CommStats) -> None:
         """Put these totals back to ``earlier`` (a snapshot), in place: what ran since (an ``auto``
         trial) is not counted, and communicators sharing this object see the same."""
+        self.settle()
         self.calls, self.bytes, self.seconds = earlier.calls, earlier.bytes, earlier.seconds
         self.exposed_seconds, self.sent_bytes = earlier.exposed_seconds, earlier.sent_bytes
         self.sent_by_link.clear()
         self.sent_by_link.update(earlier.sent_by_link)
 
     def since(self, earlier: CommStats) -> CommStats:
+        self.settle()
         links = {k: v - earlier.sent_by_link.get(k, 0) for k, v in self.sent_by_link.items()}
         return CommStats(
             self.calls - earlier.calls,
@@ -148,6 +221,7 @@ class CommStats:
 
     def plus(self, other: CommStats) -> CommStats:
         """The totals of two meters together (two communicators of one phase or one engine)."""
+        self.settle(), other.settle()
         links = dict(self.sent_by_link)
         for link, nbytes in other.sent_by_link.items():
             links[link] = links.get(link, 0) + nbytes
@@ -201,14 +275,25 @@ def _ring_share(nbytes: int, world_size: int, passes: int = 1) -> int:
 class Pending:
     """Asynchronous collectives in flight; :meth:`wait` (idempotent) finishes and meters them."""
 
-    def __init__(self, comm: Communicator, op: str, works: list[Any], issued_at: float):
+    def __init__(
+        self,
+        comm: Communicator,
+        op: str,
+        works: list[Any],
+        issued_at: float,
+        clock: Clock | None = None,
+        mark: Any = None,
+    ):
         self.comm = comm
         self.op = op
         self._works = works
         self._issued_at = issued_at
+        self._clock, self._mark = clock, mark  # CUDA tensors: their device's clock, and its mark at issue
         self.done = not works
 
     def wait(self) -> None:
+        """Finish the collectives: on CUDA tensors the current stream waits for them (NCCL), the host
+        does not; their span then ends with an event recorded after the wait."""
         if self.done:
             return
         start = time.perf_counter()
@@ -217,7 +302,10 @@ class Pending:
                 work.wait()
         end = time.perf_counter()
         self.comm.stats.exposed_seconds += end - start
-        self.comm.count_in_flight(self._issued_at, end)
+        if self._clock is None:
+            self.comm.count_in_flight(self._issued_at, end)
+        else:
+            self.comm.stats.add_span(self._mark, self._clock.mark())
         self.done = True
 
 
@@ -240,6 +328,7 @@ class Communicator:
         self.rank = dist.get_rank(self.group)
         self.stats = stats if stats is not None else CommStats()
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
+        self._clocks: dict[torch.device, Clock] = {}
         if link not in (INTRA_GROUP, INTER_GROUP):
             raise ValueError(f"link={link!r}: one of {INTRA_GROUP!r}, {INTER_GROUP!r}")
         self._per_node = per_node or ranks_per_node()
@@ -251,6 +340,15 @@ class Communicator:
         """Add the part of ``[start, end]`` (``perf_counter`` times, ends in order) not yet in ``stats.seconds``."""
         self.stats.seconds += max(0.0, end - max(start, self._counted_until))
         self._counted_until = max(self._counted_until, end)
+
+    def device_clock(self, tensor: torch.Tensor | None) -> Clock | None:
+        """The clock a collective on ``tensor`` is timed with: ``None`` (the host's) unless it is on CUDA."""
+        if tensor is None or tensor.device.type != "cuda":
+            return None
+        clock = self._clocks.get(tensor.device)
+        if clock is None:
+            clock = self._clocks[tensor.device] = Clock(tensor.device)
+        return clock
 
     def global_rank(self, rank: int) -> int:
         return dist.distributed_c10d.get_global_rank(self.group, rank)
@@ -264,17 +362,33 @@ class Communicator:
         return (self.links[0], INTRA_NODE if same else INTER_NODE)
 
     @contextmanager
-    def _metered(self, op: str, nbytes: int, calls: int = 1):
+    def _metered(self, op: str, nbytes: int, calls: int = 1, on: torch.Tensor | None = None):
+        clock = self.device_clock(on)
+        mark = clock.mark() if clock is not None else None
         start = time.perf_counter()
         with record_function(f"zero_lab::{op}"):
             yield
         end = time.perf_counter()
-        self.count_in_flight(start, end)
+        if clock is None:
+            self.count_in_flight(start, end)
+        else:  # a blocking collective on CUDA tensors returns once queued: its time is the stream's
+            self.stats.add_span(mark, clock.mark())
         self.stats.exposed_seconds += end - start
         self.stats.bytes += nbytes
         self.stats.calls += calls
 
-    def _issue(self, op: str, nbytes: int, calls: int, launch: Callable[[], list[Any]], sent: int = 0) -> Pending:
+    def _issue(
+        self,
+        op: str,
+        nbytes: int,
+        calls: int,
+        launch: Callable[[], list[Any]],
+        sent: int = 0,
+        on: torch.Tensor | None = None,
+    ) -> Pending:
+        """Launch, meter and return the collectives; ``on``: one of their tensors (its device picks the clock)."""
+        clock = self.device_clock(on)
+        mark = clock.mark() if clock is not None else None  # the span's start, before the launch
         start = time.perf_counter()
         with record_function(f"zero_lab::{op}"):
             works = launch()
@@ -282,7 +396,7 @@ class Communicator:
         self.stats.bytes += nbytes
         self.stats.add_sent(sent, self.links)
         self.stats.calls += calls
-        return Pending(self, op, works, start)
+        return Pending(self, op, works, start, clock, mark)
 
     def issue_broadcasts(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> Pending:
         """Start broadcasting each ``(tensor, src_rank)`` in place; ``wait()`` the result."""
@@ -293,6 +407,7 @@ class Communicator:
             len(tensors),
             lambda: [dist.broadcast(t, src=self.global_rank(s), group=self.group, async_op=True) for t, s in tensors],
             sum(_nbytes(t) for t, s in tensors if s == self.rank) * (self.world_size - 1),
+            tensors[0][0] if tensors else None,
         )
 
     def issue_all_gather(self, output: torch.Tensor, local: torch.Tensor, op: str = "all_gather") -> Pending:
@@ -303,6 +418,7 @@ class Communicator:
             1,
             lambda: [_all_gather_single(output, local, group=self.group, async_op=True)],
             _ring_share(_nbytes(output), self.world_size),
+            output,
         )
 
     def issue_all_reduce(
@@ -315,6 +431,7 @@ class Communicator:
             1,
             lambda: [dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True)],
             _ring_share(_nbytes(tensor), self.world_size, passes=2),
+            tensor,
         )
 
     def issue_reduce_scatter(self, output: torch.Tensor, full: torch.Tensor, op: str = "reduce_scatter") -> Pending:
@@ -325,6 +442,7 @@ class Communicator:
             1,
             lambda: [_reduce_scatter_single(output, full, group=self.group, async_op=True)],
             _ring_share(_nbytes(full), self.world_size),
+            full,
         )
 
     def issue_exchange(
@@ -357,7 +475,8 @@ class Communicator:
             ops += [dist.P2POp(dist.irecv, t, self.global_rank(r), self.group, tag) for t, r in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
-        pending = self._issue(op, nbytes, calls, launch)
+        first = next((t for t, _ in [*sends, *recvs]), None)  # its device picks the clock
+        pending = self._issue(op, nbytes, calls, launch, on=first)
         for tensor, peer in sends:
             self.stats.add_sent(_nbytes(tensor), self.peer_links(peer))
         return pending
@@ -387,7 +506,7 @@ class Communicator:
         self.issue_all_gather(output, local, op).wait()
 
     def all_reduce(self, tensor: torch.Tensor, reduce_op: dist.ReduceOp = dist.ReduceOp.SUM, op: str = "all_reduce"):
-        with self._metered(op, _nbytes(tensor)):
+        with self._metered(op, _nbytes(tensor), on=tensor):
             dist.all_reduce(tensor, op=reduce_op, group=self.group)
         self.stats.add_sent(_ring_share(_nbytes(tensor), self.world_size, passes=2), self.links)
         return tensor
