@@ -85,6 +85,7 @@ __all__ = [
     "prune_checkpoints",
     "read_manifest",
     "refused_global",
+    "remove_checkpoint",
     "save_checkpoint",
     "save_file",
     "save_tensors",
@@ -410,14 +411,20 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
     """
     doomed = checkpoints(root)[:-keep] if keep > 0 else []
     for path in doomed:
-        hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
-        os.replace(path, hidden)
-        if hidden.is_dir():
-            shutil.rmtree(hidden, ignore_errors=True)
-        else:
-            hidden.unlink(missing_ok=True)
-            digest_path(path).unlink(missing_ok=True)
+        remove_checkpoint(path)
     return doomed
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete one checkpoint (a directory, or a file and its digest): renamed to a hidden name first,
+    so it stops counting as complete at once, then removed."""
+    hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
+    os.replace(path, hidden)
+    if hidden.is_dir():
+        shutil.rmtree(hidden, ignore_errors=True)
+    else:
+        hidden.unlink(missing_ok=True)
+        digest_path(path).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- save

@@ -173,3 +173,16 @@ def test_the_resume_hint_names_the_newest_complete_dcp_checkpoint(saved, tmp_pat
     assert resume_hint(run_dir, meta).startswith(f"continue from step 2 ({step_2}) with: ")
     shutil.rmtree(step_2)
     assert resume_hint(run_dir, meta).startswith(f"no complete checkpoint in {run_dir / 'checkpoints'} to resume")
+
+
+def test_keep_checkpoints_keeps_the_newest_of_either_format(saved, tmp_path):
+    """A run dir holding the app's DCP checkpoints of steps 2 and 4, resumed in place in the native
+    format with ``keep_checkpoints=2``: the two newest of any format stay (its own steps 6 and 8);
+    each format pruning only its own kept the DCP ones forever."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved / "checkpoints", run_dir / "checkpoints")
+    args = ("logger=none", "optim=zero_adam", "steps=8", "checkpoint_every=2", "keep_checkpoints=2")
+    done = train(*args, f"resume={run_dir}", f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary(run_dir)["start_step"] == 4
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]

@@ -9,7 +9,8 @@ Under ``<run dir>/checkpoints/`` (:mod:`zero_lab.app.run.checkpoints` writes the
   keeps its hidden ``.step_N.dcp.partial-*`` name and is never found.
 
 :func:`find_any` is the one finder every reader uses: ``resume=`` (its check and its load), a job
-Slurm requeued, and the hint a stopped run prints. It reads names and marks only, no tensors and
+Slurm requeued, the hint a stopped run prints; :func:`all_checkpoints` is what ``keep_checkpoints``
+prunes. It reads names and marks only, no tensors and
 no ``torch.distributed.checkpoint``, so the config check and a closing line pay nothing for it::
 
     found = find_any(run_dir)  # the newest complete checkpoint of either format, or None
@@ -21,9 +22,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from zero_lab.checkpoint import checkpoint_step, find_checkpoint
+from zero_lab.checkpoint import checkpoint_step, checkpoints, find_checkpoint
 
-__all__ = ["DCP_EXTRA", "dcp_checkpoints", "find_any", "is_dcp", "step_of_any"]
+__all__ = ["DCP_EXTRA", "all_checkpoints", "find_any", "is_dcp", "step_of_any"]
 
 #: A DCP checkpoint's record (the app's JSON: step, losses, classes); its presence marks it complete.
 DCP_EXTRA = "zero_lab.json"
@@ -50,7 +51,12 @@ def is_dcp(path: str | Path) -> bool:
     return path.is_dir() and _DCP_NAME.fullmatch(path.name) is not None and (path / DCP_EXTRA).is_file()
 
 
-def dcp_checkpoints(root: Path) -> list[Path]:
+def all_checkpoints(root: Path) -> list[Path]:
+    """The complete checkpoints of every format directly under ``root``, oldest step first."""
+    return sorted([*checkpoints(root), *_dcp_checkpoints(root)], key=lambda p: step_of_any(p) or 0)
+
+
+def _dcp_checkpoints(root: Path) -> list[Path]:
     """The complete DCP checkpoints directly under ``root``, oldest step first."""
     return sorted((p for p in root.glob("step_*.dcp") if is_dcp(p)), key=_dcp_step) if root.is_dir() else []
 
@@ -65,5 +71,5 @@ def _latest_dcp(path: str | Path) -> Path | None:
     path = Path(path)
     if is_dcp(path):
         return path
-    found = dcp_checkpoints(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
+    found = _dcp_checkpoints(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
     return found[-1] if found else None

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from zero_lab import checkpoint as sharded
 from zero_lab import dcp as zero_dcp
-from zero_lab.app.record.checkpoint_finder import DCP_EXTRA, dcp_checkpoints, find_any, is_dcp, step_of_any
+from zero_lab.app.record.checkpoint_finder import DCP_EXTRA, all_checkpoints, find_any, is_dcp, step_of_any
 from zero_lab.app.run.training import Training
 from zero_lab.chained import GROUP_CLASS_KEY, canonical_class_path, class_path, resolve_class
 from zero_lab.checkpoint import CheckpointError, load_file
@@ -69,22 +69,20 @@ def save(
     keep: int | None = None,
     checkpoint_format: str = "native",
 ) -> Path:
-    """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest (``None``/0: all).
-    Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete."""
+    """Write the checkpoint of ``next_step``, then keep only the ``keep`` newest of any format (``None``/0:
+    all). Call on every rank (collective for ZeRO); rank 0 prunes, after the new one is complete."""
     if checkpoint_format == "dcp":
         path = Path(run_dir) / "checkpoints" / f"step_{next_step:08d}.dcp"
         path.parent.mkdir(parents=True, exist_ok=True)
         groups = json.loads(json.dumps(sharded.hyperparameters(training.optimizer.param_groups)))
         extra = {**_record(training, next_step, losses), "zero": training.strategy.shards_state, "param_groups": groups}
         _save_dcp(training, path, extra)
-        prune = _prune_dcp
     else:
         path = training.strategy.checkpoint_path(run_dir, next_step)
         whole = {"format": FORMAT, **_record(training, next_step, losses), "rng": torch.get_rng_state()}
         training.strategy.save_checkpoint(path, training.model, training.optimizer, whole)  # ZeRO: a manifest's extras
-        prune = sharded.prune_checkpoints
     if torch.distributed.get_rank() == 0 and keep:
-        prune(path.parent, keep)
+        _prune(path, keep)
     return path
 
 
@@ -312,9 +310,11 @@ def _load_dcp(training: Training, path: Path, load_optimizer: bool) -> None:
         zero_dcp.set_optimizer_state_dict(training.model, training.optimizer, state["optim"])
 
 
-def _prune_dcp(root: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest DCP checkpoints under ``root`` (hidden first, then removed)."""
-    for path in dcp_checkpoints(root)[:-keep] if keep > 0 else []:
-        hidden = path.with_name(f".{path.name}.pruned-{uuid.uuid4().hex[:8]}")
-        os.replace(path, hidden)
-        shutil.rmtree(hidden, ignore_errors=True)
+def _prune(saved: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest complete checkpoints beside ``saved``, the one just written,
+    of every format (a run dir resumed in another ``checkpoint_format`` holds both; each format's
+    own pruning alone left the other's forever), ``saved`` first among those of its step; each as
+    :func:`zero_lab.checkpoint.remove_checkpoint` deletes it (hidden at once, then removed)."""
+    found = sorted(all_checkpoints(saved.parent), key=lambda p: (step_of_any(p) or 0, p == saved))
+    for path in found[:-keep] if keep > 0 else []:
+        sharded.remove_checkpoint(path)
