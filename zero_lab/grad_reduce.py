@@ -212,7 +212,9 @@ class P2PReduceScatter:
 
 
 class ReduceScatterNative:
-    """One ``reduce_scatter_tensor`` of the owner-major bucket, segments zero-padded to the longest."""
+    """One ``reduce_scatter_tensor`` of the owner-major bucket, segments zero-padded to the longest
+    in a staging buffer — none when they already are equal, consecutive runs of one buffer (the
+    engine's evenly cut buckets): the bucket is then reduced as it lies."""
 
     name = "reduce_scatter_native"
     label = "grad_reduce_scatter_native"
@@ -221,15 +223,33 @@ class ReduceScatterNative:
     def issue(self, comm: Communicator, segments: Sequence[torch.Tensor], tag: int) -> Reduced:
         longest = max(s.numel() for s in segments)
         first = segments[comm.rank]
-        full = torch.zeros(longest * len(segments), dtype=first.dtype, device=first.device)
-        for rank, segment in enumerate(segments):
-            full[rank * longest : rank * longest + segment.numel()].copy_(segment)
+        full = _adjacent(segments, longest)
+        if full is None:
+            full = torch.zeros(longest * len(segments), dtype=first.dtype, device=first.device)
+            for rank, segment in enumerate(segments):
+                full[rank * longest : rank * longest + segment.numel()].copy_(segment)
         out = torch.empty(longest, dtype=first.dtype, device=first.device)
         mine = first.numel()
         return Reduced(comm.issue_reduce_scatter(out, full, op=self.label), lambda: out[:mine])
 
     def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
         return max(numels) * world_size * itemsize * (world_size - 1) // world_size
+
+
+def _adjacent(segments: Sequence[torch.Tensor], length: int) -> torch.Tensor | None:
+    """The one tensor ``segments`` are, when each is a contiguous run of ``length`` elements right after
+    the previous one in the same storage; else ``None``."""
+    first = segments[0]
+    step = length * first.element_size()
+    for rank, segment in enumerate(segments):
+        if (
+            segment.numel() != length
+            or not segment.is_contiguous()
+            or segment.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or segment.data_ptr() != first.data_ptr() + rank * step
+        ):
+            return None
+    return first.as_strided((length * len(segments),), (1,))
 
 
 _REGISTRY: Registry[GradReduce] = Registry(

@@ -12,6 +12,7 @@ from tests.preflight import preflight, problems
 from zero_lab.grad_reduce import (
     GRAD_REDUCES,
     BucketRoute,
+    _adjacent,
     grad_reduce_named,
     register_grad_reduce,
     registered_grad_reduces,
@@ -84,6 +85,21 @@ def test_scatter_back_keeps_only_the_ranks_own_runs():
     flat = torch.ones(9)
     route.scatter_back(flat, 0, torch.tensor([10.0, 11.0, 12.0, 13.0]))
     assert flat.tolist() == [10, 11, 0, 0, 0, 12, 13, 0, 0]
+
+
+def test_native_reduce_scatter_stages_only_segments_that_are_not_the_bucket():
+    """Equal runs back to back in one buffer (an evenly cut engine bucket) are reduced as they lie; an
+    uneven cut, a gap, a run out of order or another buffer is staged (padded) instead."""
+    bucket = torch.arange(12.0)
+    even = [bucket[0:4], bucket[4:8], bucket[8:12]]
+    whole = _adjacent(even, 4)
+    assert whole is not None and whole.data_ptr() == bucket.data_ptr() and torch.equal(whole, bucket)
+    assert _adjacent([bucket[4:8], bucket[8:12]], 4).data_ptr() == bucket[4:].data_ptr()  # from an offset
+    assert _adjacent([bucket[0:5], bucket[5:8], bucket[8:12]], 5) is None  # uneven
+    assert _adjacent([bucket[0:4], bucket[5:9]], 4) is None  # a gap
+    assert _adjacent([bucket[4:8], bucket[0:4]], 4) is None  # out of rank order
+    assert _adjacent([bucket[0:4], torch.arange(4.0)], 4) is None  # another buffer
+    assert _adjacent([bucket[0:8:2], bucket[8:12]], 4) is None  # strided
 
 
 def test_registry_names_and_refusals():
