@@ -70,9 +70,11 @@ class NanOnRank1(RegressionData):
         return (torch.full_like(x, float("nan")), y) if rank == 1 and step >= 2 else (x, y)
 
 
-def _spec(run_dir: Path, model: str | None = None, data: str | None = None, choice: str = "regression") -> RunSpec:
+def _spec(
+    run_dir: Path, model: str | None = None, data: str | None = None, choice: str = "regression", **settings: Any
+) -> RunSpec:
     cfg, choices, _ = compose_job(["logger=none", "steps=6", "optim=zero_adam", "dp=ddp", *SMALL])  # DDP's errors
-    config = to_container(cfg)
+    config = to_container(cfg) | settings
     if model:
         config["model"]["_target_"] = f"{HERE}.{model}"
     if data:
@@ -117,3 +119,18 @@ def test_a_nan_loss_on_rank_1_blames_rank_1_first(world, tmp_path):
     failure, line = _first_line(world, _spec(tmp_path, data="NanOnRank1"), tmp_path)
     assert line.startswith("rank 1 failed: NonFiniteLoss: non-finite loss at step 2 (rank 1: nan); stopped")
     assert failure.rank == 1 and 0 in failure.others  # rank 0 stopped too, and is listed beside it
+
+
+def test_a_nan_loss_names_the_checkpoint_to_go_back_to_or_that_none_was_written(world, tmp_path):
+    """NaN at step 2 with ``checkpoint_every=4``: no checkpoint was written before it (said so, not that
+    ``checkpoint_every`` was 0); the same run resumed from a finite run's step-2 checkpoint: that one is
+    the last good checkpoint, though this run wrote none."""
+    lower = ". Lower optim.lr or set optim.max_grad_norm"
+    first = tmp_path / "first"
+    _, line = _first_line(world, _spec(first, data="NanOnRank1", checkpoint_every=4), first)
+    assert line.endswith(f"(rank 1: nan); stopped, no checkpoint was written before it{lower}"), line
+    finite = tmp_path / "finite"
+    world(train_rank, 2, _spec(finite, steps=2, checkpoint_every=2), timeout_s=60)
+    resumed = tmp_path / "resumed"
+    _, line = _first_line(world, _spec(resumed, data="NanOnRank1", resume=str(finite)), resumed)
+    assert line.endswith(f"stopped, last good checkpoint: {finite}/checkpoints/step_00000002{lower}"), line

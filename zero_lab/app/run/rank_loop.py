@@ -81,7 +81,6 @@ class RankResult:
     rank: int
     losses: list[float]
     stopped_by: int = 0  # the signal that stopped the loop early (0: ran every step)
-    checkpoint: str | None = None  # the last checkpoint this run wrote
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -93,7 +92,7 @@ class NonFiniteLoss(FloatingPointError):
         culprits = [r for r, s in enumerate(per_rank) if not math.isfinite(s.loss)]
         self.blames_rank = culprits[0] if culprits else None
         bad = ", ".join(f"rank {r}: {per_rank[r].loss}" for r in culprits)
-        kept = f"last good checkpoint: {saved}" if saved else "no checkpoint was written (checkpoint_every=0)"
+        kept = f"last good checkpoint: {saved}" if saved else "no checkpoint was written before it"
         super().__init__(
             f"non-finite loss at step {step} ({bad}); stopped, {kept}. Lower optim.lr or set optim.max_grad_norm"
         )
@@ -128,7 +127,7 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
     imbalance = training.strategy.imbalance(training.optimizer)
     records: list[dict[str, Any]] = []
 
-    saved: Path | None = None
+    saved = resumed.path if resumed is not None else None  # the last good checkpoint, until this run writes one
     stopped_by = 0
     with ExitStack() as stack:
         sinks = _open_sinks(stack, spec, cfg) if rank == 0 else []
@@ -191,7 +190,6 @@ def _train(spec: RunSpec, stop: StopRequest) -> RankResult:
         rank=rank,
         losses=losses,
         stopped_by=stopped_by,
-        checkpoint=str(saved) if saved is not None else None,
     )
 
 
