@@ -329,6 +329,8 @@ class Communicator:
         self.stats = stats if stats is not None else CommStats()
         self._counted_until = 0.0  # stats.seconds covers in-flight time up to here
         self._clocks: dict[torch.device, Clock] = {}
+        #: each rank of the group's global rank (looked up once: point-to-point names a peer per message)
+        self._global_ranks = tuple(dist.distributed_c10d.get_global_rank(self.group, r) for r in range(self.world_size))
         if link not in (INTRA_GROUP, INTER_GROUP):
             raise ValueError(f"link={link!r}: one of {INTRA_GROUP!r}, {INTER_GROUP!r}")
         self._per_node = per_node or ranks_per_node()
@@ -351,7 +353,7 @@ class Communicator:
         return clock
 
     def global_rank(self, rank: int) -> int:
-        return dist.distributed_c10d.get_global_rank(self.group, rank)
+        return self._global_ranks[rank]
 
     def peer_links(self, peer: int) -> tuple[str, ...]:
         """The link classes of one message to ``peer`` (a rank of this group): the group's axis, then

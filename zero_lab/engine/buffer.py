@@ -56,6 +56,7 @@ class ParamAndGradBuffer:
             self.param_data.append(data)
         self.grad_data: list[torch.Tensor | None] = [None] * len(self.buckets)
         self._taken: list[torch.Tensor | None] = [None] * len(self.buckets)  # the pool buffer grad_data[b] lies in
+        self._live = 0  # entries of _taken that are not None
         self._pool: dict[str, list[torch.Tensor]] = {}  # free buffers per kind
         self._made: list[torch.Tensor] = []  # every pool buffer ever made
         self._largest = {b.kind: max(c.numel for c in self.buckets if c.kind == b.kind) for b in self.buckets}
@@ -73,7 +74,7 @@ class ParamAndGradBuffer:
     @property
     def live(self) -> int:
         """Bucket gradient buffers taken now (filling or being reduced)."""
-        return sum(data is not None for data in self.grad_data)
+        return self._live
 
     def grad_buffer(self, b: int) -> torch.Tensor:
         """Bucket ``b``'s gradient buffer, taken from the pool on first use (its padding zeroed)."""
@@ -90,6 +91,7 @@ class ParamAndGradBuffer:
             data = base[: bucket.numel]
             data[bucket.offsets[-1] + bucket.sizes[-1] :].zero_()  # offsets increase: the tail is padding
             self.grad_data[b], self._taken[b] = data, base
+            self._live += 1
             self.note_held()
         return data
 
@@ -118,6 +120,7 @@ class ParamAndGradBuffer:
         base = self._taken[b]
         if base is not None:
             self._pool[self.buckets[b].kind].append(base)
+            self._live -= 1
         self.grad_data[b] = self._taken[b] = None
 
     def held_grad_bytes(self) -> int:

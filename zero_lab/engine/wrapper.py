@@ -170,7 +170,7 @@ class ShardedDataParallel(nn.Module):
         ]
         self.buckets: tuple[Bucket, ...] = plan_buckets(specs, self.comm.world_size, self.partitioner, bucket_cap_mb)
         self._all_params = tuple(module.parameters())
-        self._trainable = tuple(p.requires_grad for p in self._all_params)  # checked at every step
+        self._trainable = [p.requires_grad for p in self._all_params]  # checked at every step
         self._sync_module_states(params)
         self.buffer = ParamAndGradBuffer(params, self.buckets, self.comm.rank)
         self.group = BucketGroup(
@@ -257,7 +257,7 @@ class ShardedDataParallel(nn.Module):
             self.group.wait_all()
 
     def _check_trainable(self) -> None:
-        if any(p.requires_grad is not was for p, was in zip(self._all_params, self._trainable)):
+        if [p.requires_grad for p in self._all_params] != self._trainable:
             raise RuntimeError(
                 "ShardedDataParallel: the set of parameters with requires_grad changed after construction; "
                 "wrap the model again (and build a new optimizer) after freezing or unfreezing parameters"
