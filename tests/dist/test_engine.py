@@ -1,7 +1,8 @@
 """zero_lab's own data-parallel engine (``ShardedDataParallel``) against DDP + the same optimizer.
 
 Parity per partitioner x prefetch x accumulation x optimizer, all cases of a world in one world
-(bitwise at W=2, 1e-6 at W=3); parameters no gradient reaches and frozen ones; the gradient
+(bitwise at W=2, 1e-6 at W=3); a shard group of one (W=1, ``shard_size=1``: no collective inside
+it, bitwise); parameters no gradient reaches and frozen ones; the gradient
 bytes a rank holds (measured on the buffers) against the bound Ψ/W + two buckets and against
 the Ψ DDP holds; what the reductions send; and nothing in flight after ``close()``, ten times.
 """
@@ -129,6 +130,32 @@ def test_one_rank_issues_no_collective_and_matches_ddp(world):
         assert result["diff"] == 0.0 and result["losses_equal"], (case, result)
         assert result["collectives"] == 0 and result["in_flight"] == 0, (case, result)
         assert 0 < result["peak"] <= result["bound"], (case, result)
+
+
+def _replicas_only_program() -> dict[str, Any]:
+    rank = torch.distributed.get_rank()
+    reference, model = make_model(), make_model()
+    ddp = DDP(reference)
+    plain, opt = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (reference, model))
+    with ShardedDataParallel(model, opt, shard_size=1, bucket_cap_mb=0.001) as engine:
+        for step in range(4):
+            for wrapped, optimizer in ((ddp, plain), (engine, opt)):
+                optimizer.zero_grad()
+                loss_of(wrapped, batch(step, rank)).backward()
+                optimizer.step()
+        gathers, buckets = engine.param_comm.stats.calls, len(engine.buckets)
+    diff = max((a - b).abs().max().item() for a, b in zip(reference.parameters(), model.parameters()))
+    reduced, tensors = engine.comm.stats.calls, len(list(model.parameters()))
+    return {"diff": diff, "gathers": gathers, "buckets": buckets, "reduced": reduced, "tensors": tensors}
+
+
+def test_shard_groups_of_one_only_all_reduce_across_the_replicas(world):
+    """``shard_size=1`` at W=2: each rank owns everything, so nothing is reduced or gathered inside its
+    group; each bucket is all-reduced across the replicas once a step — bitwise equal to DDP + Adam."""
+    for result in world(_replicas_only_program, 2):
+        assert result["diff"] == 0.0 and result["gathers"] == 0, result
+        # per step one all-reduce per bucket (no module buffers to broadcast); + the set-up broadcast, one per tensor
+        assert result["reduced"] == 4 * result["buckets"] + result["tensors"], result
 
 
 W3_CASES = [EngineCase("flat"), EngineCase("sorted_greedy", prefetch=False, accumulate=2)]
