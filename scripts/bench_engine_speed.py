@@ -1,11 +1,12 @@
 """The engine's iteration beside DDP + Adam, paired, with an A/A control.
 
-All variants live in the same W Gloo ranks and take turns, one block of ``--block`` consecutive
-steps per round, in a rotating order (each variant its own copy of the model and optimizer); a
-block is timed from a barrier to the end of its last ``optimizer.step()`` — for the engine, to
-the end of that step's parameter gathers (``wait_for_params``), so a prefetched gather is hidden
-only behind its own variant's next forward, never behind another variant's turn — and the
-slowest rank's block ÷ its steps counts. Each round gives every
+All variants live in the same W Gloo ranks and take turns in a rotating order (each variant its
+own copy of the model and optimizer). A turn is one untimed step after a barrier, then
+``--block`` consecutive steps timed together, then — for the engine, untimed — the wait for the
+last step's parameter gathers (``wait_for_params``). So every timed step pays exactly one
+step's gathers (those of the step before it, waited in its forward: the steady state of
+training with prefetch), and no gather runs on behind another variant's turn, where it would
+look free. The slowest rank's timed block ÷ ``--block`` counts. Each round gives every
 variant's ratio to DDP's step of that round; the figure is the median over rounds, beside the
 A/A control (a second DDP + Adam, the noise of the measure). No asserts: a measurement to quote
 with its command, and under load to label as such. Each rank keeps freed memory in its heap
@@ -92,6 +93,12 @@ def _timer(device: str) -> Any:
     return start_host
 
 
+def _step(wrapped: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    wrapped(x).pow(2).mean().backward()
+    optimizer.step()
+
+
 def rank_program(
     layers: int,
     width: int,
@@ -114,14 +121,13 @@ def rank_program(
         for variant in order:
             wrapped, optimizer, engine = built[variant]
             dist.barrier()
+            _step(wrapped, optimizer, x)  # untimed: its forward has no gather of a previous step to wait for
             stop = timer()
-            for _ in range(block):
-                optimizer.zero_grad(set_to_none=True)
-                wrapped(x).pow(2).mean().backward()
-                optimizer.step()
-            if engine is not None:  # the last step's gathers finish inside this variant's time, not the next's
-                engine.wait_for_params()
+            for _ in range(block):  # steady state: each forward waits for the previous step's gathers
+                _step(wrapped, optimizer, x)
             elapsed = torch.tensor([stop() / block], device=device)
+            if engine is not None:  # the last step's gathers end here, untimed, before the next variant's turn
+                engine.wait_for_params()
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
             if index >= warmup:
                 times[variant].append(float(elapsed))
@@ -140,7 +146,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--block", type=int, default=3, help="consecutive steps per variant and round, timed together")
+    parser.add_argument("--block", type=int, default=3, help="steps timed together per turn, after one untimed step")
     parser.add_argument(
         "--caps", type=float, nargs="*", default=[14.0], help="extra bucket caps (MiB) for the prefetched engine"
     )
@@ -157,7 +163,7 @@ def main() -> None:
     where = f"{args.device}, {backend}"
     print(
         f"{args.layers} × Linear({args.width}), batch {args.batch}, W={args.world} ({where}), "
-        f"{args.rounds} rounds of {args.block} steps per variant"
+        f"{args.rounds} rounds of 1 + {args.block} steps per variant"
     )
     print(f"{'variant':<22} {'median step (ms)':>17} {'÷ DDP + Adam (median of rounds)':>33}")
     for variant in variants(args.caps):
