@@ -33,12 +33,15 @@ Algorithm, :func:`tune`:
    same choice), and only a clearly faster one displaces it. :attr:`Decision.within_noise`
    lists the other candidates neither clearly faster nor clearly slower than the choice; the
    phase's report carries it, so a summary says when the choice was a near-tie.
-5. **Confirmed.** When the rule displaces the preferred candidate, a second round of as many
-   samples is timed and the rule decides again on both rounds together (the report's figures are
-   theirs). A displacement that one disturbed round produced between candidates doing the same
-   work (two rounds' worth of pairs must still say 80 %) is not taken; a clearly faster candidate
-   stays clearly faster. Every rank decides from the same agreed figures, so every rank times the
-   second round or none does.
+5. **Confirmed.** When the rule finds a difference — it displaces the preferred candidate, or
+   judges another clearly slower than the choice — a second round of as many samples is timed and
+   the rule decides again on both rounds together (the report's figures are theirs). A difference
+   that one disturbed round produced between candidates doing the same work (under load a
+   point-to-point trial is bimodal: both ranks scheduled, or one waiting a time slice; the medians
+   of two identical candidates read up to 5 × apart in one round here) is not taken, neither as a
+   displacement nor as a "clearly slower" in the report (two rounds' worth of pairs must still say
+   80 %); a clearly faster candidate stays clearly faster. Every rank decides from the same
+   agreed figures, so every rank times the second round or none does.
 
     decision = tune(key, comm, ["broadcast", "p2p_all_gather"], trial, device=dev, sample_bytes=n, label="tune")
     decision.choice, decision.within_noise   # "broadcast", ("p2p_all_gather",)
@@ -199,7 +202,7 @@ def tune(
 
     agreed = agreed_round()
     choice, within = decide(agreed)
-    if choice != candidates[0]:  # step 5: a displacement is decided again on twice the samples
+    if choice != candidates[0] or len(within) < len(candidates) - 1:  # step 5: a difference, on twice the samples
         again = agreed_round()
         agreed = {name: agreed[name] + again[name] for name in candidates}
         choice, within = decide(agreed)
