@@ -35,7 +35,8 @@ does all Newton–Schulz work.
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
-``local_step_seconds``; the engine's ``step()`` between its hooks: the owner's step), the
+``local_step_seconds``; the engine's ``local_step_seconds``: the owners' step, without the
+reductions its step pre-hook finishes or the all-gathers its post-hook issues and waits), the
 slowest rank ÷ the mean (median over steps), the iteration (zero_grad + forward + backward +
 step, slowest rank, median), state bytes per rank, and parity: the largest |parameter − DDP's|
 after the run (0.0 = bitwise)::
@@ -136,7 +137,7 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
     if name == "zl_engine":
         chained = ChainedOptimizer(_ordered(matrices, rest, order), torch.optim.AdamW)
         engine = ShardedDataParallel(model, chained, partitioner=SortedGreedy(cost="newton_schulz"), prefetch=False)
-        return _Row(model, engine, [chained], _timed_hooks(chained))  # its hooks: after the engine's pre-hook
+        return _Row(model, engine, [chained], lambda: engine.local_step_seconds)  # the owners' step, no gather
     ddp = DDP(model)
     if name == "ddp_muon":
         muon = torch.optim.Muon(matrices["params"], **MUON)

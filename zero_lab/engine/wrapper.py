@@ -28,7 +28,9 @@ optimizer, DeepSpeed's stage 2):
    gradient reached complete with zeros); the optimizer steps the owned ranges; a step post-hook
    issues each bucket's parameter all-gather in forward order. With ``prefetch=True`` the next
    forward waits for each bucket just before the first module that uses it; otherwise the step
-   waits for all of them.
+   waits for all of them. :attr:`ShardedDataParallel.local_step_seconds` times the optimizer's own
+   step on this rank's ranges alone: from the end of the pre-hook (the reductions finished) to the
+   optimizer's return, before the post-hook issues (or waits for) any all-gather.
 
 ``no_sync()`` accumulates in ``param.grad`` without communication (DDP's contract); the first
 backward outside it reduces the sum once. Frozen parameters (``requires_grad=False`` at
@@ -46,6 +48,7 @@ unchanged, weight decay still applies.
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -194,6 +197,9 @@ class ShardedDataParallel(nn.Module):
                 ]
             )
         self._sync = True
+        #: running seconds of the optimizer's step on this rank's ranges (no reduction, no all-gather)
+        self.local_step_seconds = 0.0
+        self._step_started = 0.0
         self._handles = [
             self.buffer.params[i].register_post_accumulate_grad_hook(self._grad_hook)
             for b in self.buckets
@@ -236,6 +242,7 @@ class ShardedDataParallel(nn.Module):
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._finish_grads()
         hand_grads(self.buffer, self._whole)
+        self._step_started = time.perf_counter()  # the local step: from here to the optimizer's return
 
     def _finish_grads(self) -> None:
         """Finish this backward's reductions (idempotent): the owned gradients are then whole."""
@@ -250,6 +257,7 @@ class ShardedDataParallel(nn.Module):
         self.group.finish_grad_sync()
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.local_step_seconds += time.perf_counter() - self._step_started
         drop_grads(self.buffer, self._whole)
         write_back(self.buffer.owned, self.buffer.main)
         self.group.start_param_sync()

@@ -43,6 +43,7 @@ from zero_lab.app.record.catalogue import (
     Metric,
 )
 from zero_lab.comm import INTER_GROUP, INTER_NODE, INTRA_GROUP, INTRA_NODE, Communicator
+from zero_lab.engine import engine_of
 from zero_lab.optimizer import ZeroRedundancyOptimizer
 
 __all__ = [
@@ -93,7 +94,9 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RankStep))
 class LocalStepClock:
     """Running seconds of an optimizer's *local* step: ZeRO's own counter
     (``local_step_seconds``: its shards' step, in ``step()`` or the overlap hooks, without
-    the exchange), or, for a plain optimizer, step pre/post hooks around its ``step()``.
+    the exchange), the engine's for an optimizer it re-pointed (its step on the owned ranges,
+    without the reductions its pre-hook finishes or the all-gathers its post-hook issues), or,
+    for a plain optimizer, step pre/post hooks around its ``step()``.
 
         clock = LocalStepClock(optimizer); before = clock.seconds(); optimizer.step()
         local = clock.seconds() - before
@@ -103,7 +106,8 @@ class LocalStepClock:
         self.optimizer = optimizer
         self._total = 0.0
         self._started = 0.0
-        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+        self._counter: Any = optimizer if isinstance(optimizer, ZeroRedundancyOptimizer) else engine_of(optimizer)
+        if self._counter is None:  # hooks of its own (registered after an engine's, they would span its gathers)
             optimizer.register_step_pre_hook(self._start)
             optimizer.register_step_post_hook(self._stop)
 
@@ -114,9 +118,7 @@ class LocalStepClock:
         self._total += time.perf_counter() - self._started
 
     def seconds(self) -> float:
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
-            return self.optimizer.local_step_seconds
-        return self._total
+        return self._counter.local_step_seconds if self._counter is not None else self._total
 
 
 def peak_memory_bytes(device: torch.device) -> int:
