@@ -63,7 +63,7 @@ def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs):
     base, _ = runs
     default, ddp = summary(base / "default"), summary(base / "ddp")
     assert default["choices"]["optim"] == "zero_adam" and default["dp"] == "zero_lab" and default["engine"]
-    reason = "dp=auto: a sharded Adam and no key only DDP takes"
+    reason = "dp=auto: a sharded Adam and no key only DDP takes; bitwise DDP + Adam's parameters at W=2"
     assert default["dp_choice"] == {"dp": "zero_lab", "requested": "auto", "reason": reason}
     assert ddp["dp_choice"] == {"dp": "ddp", "requested": "ddp", "reason": "dp=ddp, as set"}
     assert default["losses"] == ddp["losses"] and default["param_checksum"] == ddp["param_checksum"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.preflight import compose_job, preflight, problems, sweep_jobs
-from zero_lab.app.plan.data_parallel import DpChoice, ddp_only_settings, resolve_dp
+from zero_lab.app.plan.data_parallel import DpChoice, ddp_only_settings, parity_with_ddp, resolve_dp
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.run_plan import RunPlan
 from zero_lab.app.plan.strategy import ENGINE
@@ -22,8 +22,20 @@ def choice(*overrides: str) -> DpChoice:
 def test_the_default_job_trains_on_the_engine():
     cfg, _ = preflight([])
     assert str(cfg.dp.value) == "auto"
-    assert choice() == DpChoice("zero_lab", "auto", "dp=auto: a sharded Adam and no key only DDP takes")
+    assert choice() == DpChoice(
+        "zero_lab", "auto", "dp=auto: a sharded Adam and no key only DDP takes; bitwise DDP + Adam's parameters at W=2"
+    )
     assert RunPlan.of(cfg).dp.dp == "zero_lab"
+
+
+def test_the_reason_claims_bitwise_only_where_the_engine_is():
+    # at W >= 3 the engine's reduce-scatter sums in another order than DDP's ring: 1e-6, not bitwise
+    assert choice("dist.world_size=3").reason == (
+        "dp=auto: a sharded Adam and no key only DDP takes; "
+        "DDP + Adam's parameters within 1e-6 at W=3, not bitwise (another summation order)"
+    )
+    assert choice("dist.world_size=1").reason.endswith("; bitwise DDP + Adam's parameters at W=1")
+    assert parity_with_ddp(None, "AdamW") == "DDP + AdamW's parameters bitwise at W <= 2, within 1e-6 from W=3"
 
 
 @pytest.mark.parametrize("optim", ["zero_adam", "zero_adamw", "zero_sgd", "zero_muon"])

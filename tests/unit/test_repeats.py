@@ -1,13 +1,18 @@
 """A sweep job that would train what an earlier one trained is found by its claim in the sweep
 dir (zero_lab/app/launch/repeats.py): only once the earlier job finished, never its own (requeued)
-claim, and the keys a plain optimizer ignores make no difference to the digest."""
+claim, and the keys a plain optimizer ignores make no difference to the digest, nor ``dp=auto`` against
+the path it resolves to (``-m dp=auto,zero_lab``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from zero_lab.app.launch.repeats import REPEAT_FILE, Original, claim, job_key, read_repeat, write_repeat
+from tests.preflight import compose_job
+from zero_lab.app.check.rules import to_container
+from zero_lab.app.launch.repeats import REPEAT_FILE, Original, claim, job_key, read_repeat, why_repeat, write_repeat
+from zero_lab.app.plan.data_parallel import resolve_dp
+from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.record.summary import SUMMARY_FILE
 
 CONFIG = {"optim": {"_target_": "torch.optim.Adam", "lr": 1e-3}, "partitioner": {"_target_": "Flat"}, "steps": 2}
@@ -55,3 +60,22 @@ def test_a_repeat_is_recorded_and_read_back(tmp_path: Path):
         }
     )
     assert read_repeat(tmp_path / "nowhere") is None
+
+
+def test_dp_auto_and_the_path_it_resolves_to_are_one_job():
+    # -m dp=auto,zero_lab: the zero_* job of dp=auto trains on the engine, the dp=zero_lab job's path and modes
+    jobs = {dp: compose_job([f"dp={dp}"])[0] for dp in ("auto", "zero_lab", "ddp")}
+    keys = {}
+    for dp, cfg in jobs.items():
+        optim = OptimPlan.of(cfg.optim)
+        keys[dp] = job_key(to_container(cfg), optim.strategy.unused_keys, resolve_dp(cfg, optim).dp)
+    assert keys["auto"] == keys["zero_lab"] != keys["ddp"]
+    plain = [compose_job(["optim=adam", f"dp={dp}"])[0] for dp in ("auto", "zero_lab")]  # auto: DDP + Adam
+    assert len({job_key(to_container(c), (), resolve_dp(c, OptimPlan.of(c.optim)).dp) for c in plain}) == 2
+    assert why_repeat(["dp=zero_lab"], ["dp=auto"], [], "torch.optim.Adam", "zero_lab") == (
+        "dp=zero_lab: dp=auto resolves to dp=zero_lab here, the same path and modes, so"
+    )
+    assert why_repeat(["steps=2"], ["steps=2"], [], "x", "ddp") == "its overrides: the same config, so"
+    assert why_repeat(["partitioner=flat"], [], ["partitioner=flat"], "torch.optim.Adam", "ddp") == (
+        "partitioner=flat: not used by torch.optim.Adam, a plain optimizer, so"
+    )

@@ -3,7 +3,9 @@
 A plain optimizer ignores ``partitioner`` and ``bucket_view``, so in ``-m optim=adam,zero_adam
 partitioner=sorted_greedy,flat`` the ``optim=adam`` jobs train the same thing. Each job of a
 sweep names its config, without the keys its optimizer does not use, by a digest (:func:`job_key`)
-and claims it in the sweep dir with a file created exclusively (:data:`CLAIM_NAME`: beside Hydra's
+with ``dp`` as resolved (``-m dp=auto,zero_lab``: a sharded optimizer's ``dp=auto`` job trains on the
+engine, the same path and modes as the ``dp=zero_lab`` job), and claims it in the sweep dir with a file
+created exclusively (:data:`CLAIM_NAME`: beside Hydra's
 ``multirun.yaml``, as the sweep dir's folders are its jobs), so parallel jobs agree on who was first.
 
 A later job whose digest an earlier, finished job claimed is a *repeat*: it trains nothing,
@@ -11,7 +13,7 @@ writes :data:`REPEAT_FILE` into its run dir, and its objective is the earlier jo
 (:mod:`zero_lab.report` lists it under that run). When the earlier job has not finished, or
 failed, the job runs as usual; a requeued job finds its own claim and runs.
 
-    original = claim(sweep_dir, job_key(config, unused), run_dir, overrides)   # None: run it
+    original = claim(sweep_dir, job_key(config, unused, dp), run_dir, overrides)   # None: run it
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from zero_lab.app.record.summary import SUMMARY_FILE
 from zero_lab.files import write_json
 
-__all__ = ["REPEAT_FILE", "Original", "claim", "job_key", "read_repeat", "write_repeat"]
+__all__ = ["REPEAT_FILE", "Original", "claim", "job_key", "read_repeat", "why_repeat", "write_repeat"]
 
 #: What a repeat job leaves in its run dir instead of a summary.
 REPEAT_FILE = "repeat_of.json"
@@ -42,10 +44,11 @@ class Original:
     overrides: list[str]
 
 
-def job_key(config: dict[str, Any], unused: tuple[str, ...]) -> str:
+def job_key(config: dict[str, Any], unused: tuple[str, ...], dp: str | None = None) -> str:
     """A digest of the job's config (resolved, plain Python) without the top-level keys in
-    ``unused`` (what its optimizer ignores: ``partitioner``, ``bucket_view``)."""
-    kept = {key: value for key, value in config.items() if key not in unused}
+    ``unused`` (what its optimizer ignores: ``partitioner``, ``bucket_view``), its ``dp`` the path
+    ``dp=auto`` resolved to where given (``ddp`` or ``zero_lab``)."""
+    kept = {key: value for key, value in config.items() if key not in unused} | ({"dp": dp} if dp else {})
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -74,6 +77,18 @@ def _finished(run_dir: Path) -> bool:
         return not done.get("stopped_by") and len(done["losses"]) >= int(done["steps"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def why_repeat(overrides: list[str], earlier: list[str], unused: list[str], target: str, dp: str) -> str:
+    """Why a job with ``overrides`` trains what the job with ``earlier`` did, the start of its one line:
+    overrides its plain optimizer (``target``) does not use, a ``dp=`` that resolves to the path the
+    other names (``dp``: the path both train on), or the same config."""
+    differing = [o for o in overrides if o not in earlier]
+    if unused:
+        return f"{' '.join(unused)}: not used by {target}, a plain optimizer, so"
+    if [o for o in overrides if o.startswith("dp=")] != [o for o in earlier if o.startswith("dp=")]:
+        return f"{' '.join(differing)}: dp=auto resolves to dp={dp} here, the same path and modes, so"
+    return f"{' '.join(differing) or 'its overrides'}: the same config, so"
 
 
 def write_repeat(run_dir: Path, original: Original, overrides: list[str], unused: list[str]) -> None:

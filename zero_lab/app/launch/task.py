@@ -89,7 +89,7 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
     said = notices(cfg, overrides, run_plan)
     config = to_container(cfg)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN and world is None  # under torchrun/srun each rank is a job
-    original = _earlier_identical_job(hydra_cfg, config, plan, run_dir) if in_sweep else None
+    original = _earlier_identical_job(hydra_cfg, config, plan, run_plan.dp.dp, run_dir) if in_sweep else None
     for notice in said if original is None else []:
         _note(notice)
     meta = run_meta(hydra_cfg, OmegaConf.to_container(hydra_cfg.runtime.choices))  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ def _run(cfg: DictConfig, run_dir: Path, stage: StopStage) -> Objective | None:
         return _run_as_external_rank(spec, cfg)
     write_json(run_dir / META_FILE, spec.meta)
     if original is not None:
-        return _repeat(original, cfg, plan, overrides, run_dir)
+        return _repeat(original, cfg, plan, run_plan.dp.dp, overrides, run_dir)
     _standard_start_method()
     start_forkserver(*RANK_PRELOAD)  # running already when the check callback started it
     log.info("starting %d %s rank(s) in %s", cfg.dist.world_size, enum_str(cfg.dist.backend), run_dir)
@@ -184,10 +184,11 @@ def _fail_logged(text: str, code: int) -> NoReturn:
 
 
 def _earlier_identical_job(
-    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, run_dir: Path
+    hydra_cfg: DictConfig, config: dict[str, Any], plan: OptimPlan, dp: str, run_dir: Path
 ) -> repeats.Original | None:
-    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.launch.repeats`)."""
-    key = repeats.job_key(config, plan.strategy.unused_keys)
+    """The earlier job of this sweep that trained what this one would (:mod:`zero_lab.app.launch.repeats`):
+    the same config but for keys its optimizer ignores, ``dp`` as ``dp=auto`` resolved."""
+    key = repeats.job_key(config, plan.strategy.unused_keys, dp)
     sweep_dir = run_dir
     for _ in Path(str(hydra_cfg.sweep.subdir)).parts:  # the run dir is <sweep dir>/<subdir>, as Hydra made it
         sweep_dir = sweep_dir.parent
@@ -195,16 +196,11 @@ def _earlier_identical_job(
 
 
 def _repeat(
-    original: repeats.Original, cfg: DictConfig, plan: OptimPlan, overrides: list[str], run_dir: Path
+    original: repeats.Original, cfg: DictConfig, plan: OptimPlan, dp: str, overrides: list[str], run_dir: Path
 ) -> Objective:
     """This job repeats ``original``: say so in one line, record it, return the earlier job's objective."""
     unused = [o.text for o in read(overrides) if o.root in plan.strategy.unused_keys]
-    differing = [o for o in overrides if o not in original.overrides]
-    why = (
-        f"{' '.join(unused)}: not used by {cfg.optim._target_}, a plain optimizer, so"
-        if unused
-        else f"{' '.join(differing) or 'its overrides'}: the same config, so"
-    )
+    why = repeats.why_repeat(overrides, original.overrides, unused, cfg.optim._target_, dp)
     repeats.write_repeat(run_dir, original, overrides, unused)
     _note(
         f"{why} this job trains what {original.run_dir} trained; not run again (its results stand for both; "

@@ -9,12 +9,14 @@
    ``overlap``, ``bucket_view``, the DDP path's gradient release, ``compile``, ``autocast=fp16``,
    low-precision ``param_dtype``, DDP's own ``dist.`` options, the ZeRO wrapper's own ``optim.``
    keys): ``ddp``, so that such a key keeps its meaning (and the closing lines name the key that chose);
-3. any other ``zero_*`` run: ``zero_lab``, the engine — the same parameters as DDP + the same
-   optimizer (bitwise at W=2), a lower peak (ZeRO-2 on its own buffers) and a faster step
-   (docs/benchmarks.md); no mode is chosen by a trial that would add to the peak.
+3. any other ``zero_*`` run: ``zero_lab``, the engine — the parameters of DDP + the same optimizer
+   (bitwise at W ≤ 2; at W ≥ 3 within 1e-6, not bitwise: no reduction order of the engine's is DDP's
+   ring order, and the reason says which of the two a job gets, :func:`parity_with_ddp`), a lower
+   peak (ZeRO-2 on its own buffers) and a faster step (docs/benchmarks.md); no mode is chosen by a
+   trial that would add to the peak.
 
     choice = resolve_dp(cfg, OptimPlan.of(cfg.optim))
-    choice.dp, choice.reason   # "zero_lab", "dp=auto: a sharded Adam and no key only DDP takes"
+    choice.dp, choice.reason   # "zero_lab", "dp=auto: a sharded Adam and no key only DDP takes; bitwise ..."
 """
 
 from __future__ import annotations
@@ -24,14 +26,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from zero_lab.app.config.schema import APP_KEYS, HYDRA_KEYS, DistConfig, enum_str
 from zero_lab.app.plan.optim_plan import OptimPlan
 from zero_lab.app.plan.strategy import ENGINE
 from zero_lab.chained import GROUP_CLASS_KEY
 
-__all__ = ["AUTO", "DpChoice", "ddp_only_settings", "engine_options", "engine_refuses", "resolve_dp"]
+__all__ = [
+    "AUTO",
+    "DpChoice",
+    "ddp_only_settings",
+    "engine_options",
+    "engine_refuses",
+    "parity_with_ddp",
+    "resolve_dp",
+]
 
 #: ``dp=auto``: resolved per job by :func:`resolve_dp`.
 AUTO = "auto"
@@ -65,7 +75,20 @@ def resolve_dp(cfg: DictConfig, optim: OptimPlan | None) -> DpChoice:
     settings = ddp_only_settings(cfg, optim)
     if settings:
         return DpChoice("ddp", AUTO, f"dp=auto: {' '.join(settings)} only the DDP path takes")
-    return DpChoice("zero_lab", AUTO, f"dp=auto: a sharded {optim.name} and no key only DDP takes")
+    parity = parity_with_ddp(OmegaConf.select(cfg, "dist.world_size", default=None), optim.name)
+    return DpChoice("zero_lab", AUTO, f"dp=auto: a sharded {optim.name} and no key only DDP takes; {parity}")
+
+
+def parity_with_ddp(world_size: int | None, name: str) -> str:
+    """How close the engine's parameters are to DDP + ``name``'s at ``world_size`` ranks: bitwise up to two
+    (a sum of two is the same in any order), within 1e-6 from three (tests/dist/test_engine.py), where the
+    engine's reductions (reduce-scatter to owners, replicas after shard groups) add in another order than
+    DDP's ring all-reduce."""
+    if world_size is None:
+        return f"DDP + {name}'s parameters bitwise at W <= 2, within 1e-6 from W=3"
+    if int(world_size) <= 2:
+        return f"bitwise DDP + {name}'s parameters at W={world_size}"
+    return f"DDP + {name}'s parameters within 1e-6 at W={world_size}, not bitwise (another summation order)"
 
 
 def ddp_only_settings(cfg: DictConfig, optim: OptimPlan) -> list[str]:
