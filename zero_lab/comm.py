@@ -12,7 +12,8 @@ group's timeout (set at ``init_process_group``), so a lost peer raises instead o
 Blocking collectives (``broadcast_many``, ``all_gather_into``, ``all_reduce``, ...)
 return when done. Asynchronous ones (``issue_broadcasts``, ``issue_all_gather``,
 ``issue_all_reduce``, ``issue_reduce_scatter``, ``issue_exchange`` for point-to-point,
-``issue_all_gather_p2p``: an all-gather built from it)
+``issue_all_gather_p2p``: an all-gather built from it; ``issue_local``: one a host-local
+transport moves, metered as its point-to-point equivalent)
 return a :class:`Pending`; its ``wait()`` finishes them. The
 parameter exchange's collectives (:mod:`zero_lab.collectives`) are built on these.
 Accounting, in :class:`CommStats`:
@@ -497,6 +498,25 @@ class Communicator:
         recvs = [(storage[a:b], r) for r, (a, b) in enumerate(bounds) if r != self.rank and b > a]
         total = sum(b - a for a, b in bounds) * storage.element_size()
         return self._issue_p2p(op, total, 1, sends, recvs, tag)
+
+    def issue_local(
+        self, op: str, nbytes: int, launch: Callable[[], list[Any]], sends: Sequence[tuple[int, int]]
+    ) -> Pending:
+        """Start a collective a host-local transport moves (:mod:`zero_lab.host_shm`: no
+        ``torch.distributed`` call), labelled, timed and metered as its point-to-point equivalent:
+        ``nbytes`` of payload, one call, and each ``(bytes, peer)`` of ``sends`` as sent on the links to
+        that peer. ``launch`` returns the works whose ``wait()`` finishes it."""
+        pending = self._issue(op, nbytes, 1, launch)
+        for sent, peer in sends:
+            self.stats.add_sent(sent, self.peer_links(peer))
+        return pending
+
+    def all_gather_objects(self, obj: Any) -> list[Any]:
+        """Small picklable objects from every rank, in rank order, on every rank (set-up only)."""
+        everyone: list[Any] = [None] * self.world_size
+        with self._metered("all_gather_objects", 0):
+            dist.all_gather_object(everyone, obj, group=self.group)
+        return everyone
 
     def broadcast_many(self, tensors: Sequence[tuple[torch.Tensor, int]], op: str = "broadcast") -> None:
         """Broadcast each ``(tensor, src_rank)`` in place; all issued async, then awaited."""

@@ -76,8 +76,13 @@ __all__ = [
 
 def auto_collectives() -> tuple[str, ...]:
     """The collectives ``exchange="auto"`` chooses among, in its preference order: the registered
-    ones that fill a unit in place (``in_place_shards``), registration order."""
-    return tuple(name for name in registered_collectives() if collective_named(name).in_place_shards)
+    ones that fill a unit in place (``in_place_shards``) and are not opt-in (``auto_candidate = False``),
+    registration order."""
+    return tuple(
+        name
+        for name in registered_collectives()
+        if collective_named(name).in_place_shards and getattr(collective_named(name), "auto_candidate", True)
+    )
 
 
 @dataclass(frozen=True)

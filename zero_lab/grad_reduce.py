@@ -26,7 +26,9 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    (point-to-point ``isend``/``irecv``: ``Ψ(W-1)/W`` sent per rank; on Gloo 24.5 ms vs the
    all-reduce's 44.5 ms for 38 MiB, FIELD-NOTES); ``reduce_scatter_native`` one
    ``reduce_scatter_tensor`` of the owner-major layout, segments zero-padded to the
-   longest (what wins on NCCL). ``auto`` chooses with the tuner every phase shares
+   longest (what wins on NCCL); ``shm_reduce_scatter`` and ``shm_all_reduce`` the point-to-point
+   reduce-scatter and an all-reduce through host-local shared memory (:mod:`zero_lab.host_shm`:
+   ranks of one host, opt-in, never ``auto``'s). ``auto`` chooses with the tuner every phase shares
    (:mod:`zero_lab.auto`), once, at :func:`reduce_gradients`: each trial reduces a scratch
    bucket the size of DDP's largest (the figure that predicts a step: every bucket is at most
    that size), capped at a third of the model's gradient bytes, and the strategies are
@@ -90,7 +92,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from zero_lab import background
+from zero_lab import background, host_shm
 from zero_lab.auto import Decision, tune
 from zero_lab.comm import INTER_GROUP, CommStats, Communicator, Pending, new_group
 from zero_lab.ddp_buckets import DdpBuckets
@@ -108,6 +110,8 @@ __all__ = [
     "P2PReduceScatter",
     "ReduceScatterNative",
     "Reduced",
+    "ShmAllReduce",
+    "ShmReduceScatter",
     "grad_reduce_named",
     "owned_grad_bytes",
     "reduce_gradients",
@@ -236,6 +240,45 @@ class ReduceScatterNative:
         return max(numels) * world_size * itemsize * (world_size - 1) // world_size
 
 
+class ShmReduceScatter:
+    """:class:`P2PReduceScatter` through host-local shared memory (:mod:`zero_lab.host_shm`): each rank
+    writes its peers' segments into its mailbox once, each adds the peers' contributions to its own
+    segment in rank order (the same sum, bitwise). Ranks of one x86-64 host, CPU tensors; opt-in
+    (not a candidate of ``auto``); the bytes are metered as the point-to-point reduce-scatter's."""
+
+    name = "shm_reduce_scatter"
+    label = "grad_shm_reduce_scatter"
+    scatters = True
+    auto_candidate = False
+    host_shm = True
+
+    def issue(self, comm: Communicator, segments: Sequence[torch.Tensor], tag: int) -> Reduced:
+        mine = segments[comm.rank]
+        return Reduced(host_shm.reduce_scatter(comm, segments, op=self.label, tag=tag), lambda: mine)
+
+    def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
+        return sum(numels) * itemsize * (world_size - 1) // world_size
+
+
+class ShmAllReduce:
+    """The all-reduce through host-local shared memory (:mod:`zero_lab.host_shm`): each rank writes its
+    whole bucket once and sums all W contributions in rank order (every rank the same sum). The control
+    of :class:`ShmReduceScatter`, and usable as DDP's comm hook; opt-in; metered as an all-reduce."""
+
+    name = "shm_all_reduce"
+    label = "grad_shm_all_reduce"
+    scatters = False
+    auto_candidate = False
+    host_shm = True
+
+    def issue(self, comm: Communicator, segments: Sequence[torch.Tensor], tag: int) -> Reduced:
+        (whole,) = segments
+        return Reduced(host_shm.all_reduce(comm, whole, op=self.label, tag=tag), lambda: whole)
+
+    def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
+        return 2 * sum(numels) * itemsize * (world_size - 1) // world_size
+
+
 def _adjacent(segments: Sequence[torch.Tensor], length: int) -> torch.Tensor | None:
     """The one tensor ``segments`` are, when each is a contiguous run of ``length`` elements right after
     the previous one in the same storage; else ``None``."""
@@ -255,7 +298,7 @@ def _adjacent(segments: Sequence[torch.Tensor], length: int) -> torch.Tensor | N
 _REGISTRY: Registry[GradReduce] = Registry(
     "grad_reduce",
     GradReduce,
-    (AllReduce, P2PReduceScatter, ReduceScatterNative),
+    (AllReduce, P2PReduceScatter, ReduceScatterNative, ShmReduceScatter, ShmAllReduce),
     "name, label, scatters, issue() and sent_bytes()",
 )
 #: Built-in ``grad_reduce=`` values (``auto`` first), the app's choices.
@@ -538,10 +581,13 @@ class GradReduceHandle:
         return self.pipeline.partition
 
     def close(self) -> None:
-        """Stop the worker thread and wait for it (the hook must not be called afterwards)."""
+        """Stop the worker thread and wait for it, and release shared-memory mailboxes (the hook must not be
+        called afterwards)."""
         if self._worker is not None:
             background.end(self._worker.thread)
             self._worker = None
+        if self.strategy in registered_grad_reduces() and host_shm.uses_host_shm(grad_reduce_named(self.strategy)):
+            host_shm.release(self.comm)  # its shared-memory mailboxes, when they were set up
 
 
 def _owned_params(partition: Partition, rank: int) -> frozenset[int]:
@@ -693,7 +739,7 @@ def _choose(comm: Communicator, ddp: Any, scatter_ok: bool) -> Decision:
     scratch_bytes = min(max(per_bucket.values()), sum(sizes) // 3)
     numel = max(world, scratch_bytes // itemsize // world * world)
     chunk = numel // world
-    registered = [n for n in registered_grad_reduces() if scatter_ok or not grad_reduce_named(n).scatters]
+    registered = [n for n in _REGISTRY.auto_names() if scatter_ok or not grad_reduce_named(n).scatters]
     sent = {n: grad_reduce_named(n).sent_bytes([chunk] * world, itemsize, world) for n in registered}
     candidates = sorted(registered, key=sent.__getitem__)  # the preference: fewest bytes sent (stable sort)
     ranks = tuple(comm.global_rank(r) for r in range(world))

@@ -3,7 +3,8 @@
 The parameter exchange's collectives (``exchange=``, :mod:`zero_lab.collectives`) and the
 gradient reduction's strategies (``grad_reduce=``, :mod:`zero_lab.grad_reduce`) are each a
 :class:`Registry`: a name -> instance map seeded with the built-in classes, in registration
-order (the exchange's ``"auto"`` prefers them in that order, :mod:`zero_lab.auto`). A strategy is one class
+order (the exchange's ``"auto"`` prefers them in that order, :mod:`zero_lab.auto`); a class with
+``auto_candidate = False`` is opt-in: registered, but never one of ``"auto"``'s candidates. A strategy is one class
 checked against the phase's runtime ``Protocol`` when it registers; ``"auto"`` is reserved
 (it chooses among the registered ones); a name is taken by one class only (registering the
 same class again is a no-op); a registration lasts for the process. Errors name the key
@@ -59,6 +60,11 @@ class Registry(Generic[T]):
     def names(self) -> tuple[str, ...]:
         """Every registered name, built-in ones first, in registration order."""
         return tuple(self._entries)
+
+    def auto_names(self) -> tuple[str, ...]:
+        """The names ``"auto"`` chooses among: every registered one but those whose class says
+        ``auto_candidate = False`` (opt-in strategies, e.g. the host-local shared-memory ones)."""
+        return tuple(name for name, s in self._entries.items() if getattr(s, "auto_candidate", True))
 
     def named(self, name: str) -> T:
         """The strategy registered as ``name``; a clear error listing the others if none is."""

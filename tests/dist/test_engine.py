@@ -30,6 +30,7 @@ class EngineCase:
     optimizer: str = "adam"
     grad_reduce: str | None = None
     steps: int = 4
+    exchange: str | None = None
 
 
 def _partitioner(name: str) -> Any:
@@ -55,6 +56,7 @@ def _train_pair(case: EngineCase, build: Any) -> dict[str, Any]:
         partitioner=_partitioner(case.partitioner),
         prefetch=case.prefetch,
         grad_reduce=case.grad_reduce,
+        exchange=case.exchange,
         bucket_cap_mb=0.001,  # about a layer of the small model per bucket
     )
     losses: dict[str, list[float]] = {"ddp": [], "engine": []}

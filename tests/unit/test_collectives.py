@@ -38,8 +38,11 @@ def registry():
 
 
 def test_the_constants_are_derived_from_the_registry():
-    assert COLLECTIVES == ("broadcast", "all_gather", "p2p_all_gather") == registered_collectives()
-    assert EXCHANGES == ("auto", "broadcast", "all_gather", "p2p_all_gather")
+    # the opt-in shm_all_gather is registered (a value of exchange=) but not one of auto's candidates
+    assert COLLECTIVES == ("broadcast", "all_gather", "p2p_all_gather")
+    assert registered_collectives() == (*COLLECTIVES, "shm_all_gather")
+    assert EXCHANGES == ("auto", "broadcast", "all_gather", "p2p_all_gather", "shm_all_gather")
+    assert exchange.auto_collectives() == ("broadcast", "p2p_all_gather")
     assert exchange.COLLECTIVES is COLLECTIVES and exchange.EXCHANGES is EXCHANGES
     assert isinstance(collective_named("broadcast"), Broadcast)
     assert isinstance(collective_named("all_gather"), AllGather)
@@ -50,16 +53,18 @@ def test_the_constants_are_derived_from_the_registry():
 def test_a_registered_collective_is_an_exchange(single_rank_group, registry):
     params = nn.Linear(3, 2).parameters()
     with pytest.raises(
-        ValueError, match=r"exchange='all_reduce' is not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather'\]"
+        ValueError,
+        match=r"exchange='all_reduce' is not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather', 'shm_all",
     ):
         ZeroRedundancyOptimizer(params, torch.optim.Adam, exchange="all_reduce", lr=1e-2)
     assert register_collective(PaddedAllReduce) is PaddedAllReduce
     register_collective(PaddedAllReduce)  # again: a no-op
-    assert registered_collectives() == ("broadcast", "all_gather", "p2p_all_gather", "all_reduce")
+    assert registered_collectives() == ("broadcast", "all_gather", "p2p_all_gather", "shm_all_gather", "all_reduce")
     opt = ZeroRedundancyOptimizer(nn.Linear(3, 2).parameters(), torch.optim.Adam, exchange="all_reduce", lr=1e-2)
     assert opt.exchange_report().requested == "all_reduce"
     with pytest.raises(
-        ValueError, match=r"not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather', 'all_reduce'\]"
+        ValueError,
+        match=r"not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather', 'shm_all_gather', 'all_reduce'\]",
     ):
         collective_named("ring")
 
@@ -80,7 +85,7 @@ def test_bad_registrations_say_what_is_wrong(registry):
         register_collective(Auto)
     with pytest.raises(ValueError, match="exchange='broadcast' is already Broadcast; give Clash another name"):
         register_collective(Clash)
-    assert registered_collectives() == COLLECTIVES
+    assert registered_collectives() == (*COLLECTIVES, "shm_all_gather")
 
 
 @pytest.mark.parametrize(

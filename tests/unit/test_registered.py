@@ -38,7 +38,8 @@ def test_a_collective_registered_after_import_is_chosen_by_name(registries):
     assert (exchange_name("auto"), exchange_name("broadcast")) == ("auto", "broadcast")
     (refused,) = problems("exchange=all_reduce")
     assert refused == (
-        "exchange=all_reduce: not a registered name (auto, broadcast, all_gather, p2p_all_gather); give the dotted "
+        "exchange=all_reduce: not a registered name (auto, broadcast, all_gather, p2p_all_gather, shm_all_gather); "
+        "give the dotted "
         "path of a zero_lab.collectives.Collective class of yours (exchange=my_project.MyClass), or register it "
         "before the job starts"
     )

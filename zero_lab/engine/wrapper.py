@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from zero_lab import host_shm
 from zero_lab.chained import ChainedOptimizer
 from zero_lab.collectives import collective_named
 from zero_lab.comm import INTER_GROUP, CommStats, Communicator
@@ -184,6 +185,7 @@ class ShardedDataParallel(nn.Module):
             self.param_comm,
             replicas,
         )
+        self._mailboxes = _attach_host_shm(self.group, self.comm)
         #: each param group's parameters as given (checkpoints name the state by them: :mod:`~zero_lab.engine.state`)
         self.group_params = [list(group["params"]) for group in optimizer.param_groups]
         self._whole = owned_whole(self.buffer, self.comm.rank, whole)  # Muon's matrices this rank owns
@@ -357,6 +359,9 @@ class ShardedDataParallel(nn.Module):
         atexit.unregister(self._atexit)
         if dist.is_initialized():
             self.group.wait_all()
+        if self._mailboxes:
+            self._mailboxes = False
+            host_shm.release(self.comm)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -413,6 +418,18 @@ def _check_whole(whole: set[int], params: list[torch.Tensor], names: list[str], 
             f"parameter {low[0]!r} is {params[min(whole)].dtype} and stepped whole (a Muon group): the engine keeps "
             "fp32 main copies of element ranges only; train those matrices in fp32"
         )
+
+
+def _attach_host_shm(group: BucketGroup, comm: Communicator) -> bool:
+    """Set up the shard group's shared-memory mailboxes when a strategy moves data through them
+    (:mod:`zero_lab.host_shm`): a slot per bucket and two more, each the largest bucket, so every
+    parameter all-gather of a step and two reductions are in flight without waiting for a slot."""
+    if comm.world_size == 1 or not (host_shm.uses_host_shm(group.reduce) or host_shm.uses_host_shm(group.gather)):
+        return False
+    data = group.buffer.param_data
+    largest = max(t.numel() * t.element_size() for t in data)
+    host_shm.attach(comm, slots=len(data) + 2, slot_bytes=largest + 2 * host_shm.ALIGN * (comm.world_size + 1))
+    return True
 
 
 def _wait_hooks(module: nn.Module, buffer: ParamAndGradBuffer, group: BucketGroup) -> list[Any]:
