@@ -9,6 +9,7 @@ the Ψ DDP holds; what the reductions send; and nothing in flight after ``close(
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +227,9 @@ def test_gradient_bytes_held_and_sent(world):
 
 REDUCES = ("reduce_scatter", "all_reduce", "reduce_scatter_native")
 EXCHANGES = ("p2p_all_gather", "broadcast", "all_gather")
+#: every strategy x collective over Gloo, then the shared-memory ones (zero_lab.host_shm), last
+PAIRS = [*itertools.product(REDUCES, EXCHANGES), ("shm_all_reduce", "shm_all_gather")]
+PAIRS.append(("shm_reduce_scatter", "shm_all_gather"))
 
 
 def _exit_program(repeats: int, close: bool) -> int:
@@ -233,25 +237,24 @@ def _exit_program(repeats: int, close: bool) -> int:
     last step() (prefetch: all-gathers still in flight): closed (waited) or left to the world's end."""
     engines = 0
     for repeat in range(repeats):
-        for reduce in REDUCES:
-            for exchange in EXCHANGES:
-                model = make_model(seed=repeat)
-                opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-                engine = ShardedDataParallel(model, opt, bucket_cap_mb=0.001, grad_reduce=reduce, exchange=exchange)
-                for step in range(2):
-                    opt.zero_grad()
-                    loss_of(engine, batch(step, torch.distributed.get_rank())).backward()
-                    opt.step()
-                assert engine.group.in_flight == len(engine.buckets)  # prefetch: the gathers wait for a forward
-                if close or (repeat, reduce, exchange) != (repeats - 1, REDUCES[-1], EXCHANGES[-1]):
-                    engine.close()
-                    assert engine.group.in_flight == 0
-                engines += 1
+        for reduce, exchange in PAIRS:
+            model = make_model(seed=repeat)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            engine = ShardedDataParallel(model, opt, bucket_cap_mb=0.001, grad_reduce=reduce, exchange=exchange)
+            for step in range(2):
+                opt.zero_grad()
+                loss_of(engine, batch(step, torch.distributed.get_rank())).backward()
+                opt.step()
+            assert engine.group.in_flight == len(engine.buckets)  # prefetch: the gathers wait for a forward
+            if close or (repeat, (reduce, exchange)) != (repeats - 1, PAIRS[-1]):
+                engine.close()
+                assert engine.group.in_flight == 0
+            engines += 1
     return engines
 
 
 def test_nothing_in_flight_after_close(world):
     # ten rounds of every strategy x collective, each closed; then a world whose last engine is
     # left in flight when the rank returns (the world destroys the group): neither aborts
-    assert world(_exit_program, 2, 10, True) == [90, 90]
-    assert world(_exit_program, 2, 1, False) == [9, 9]
+    assert world(_exit_program, 2, 10, True) == [110, 110]
+    assert world(_exit_program, 2, 1, False) == [11, 11]

@@ -54,15 +54,21 @@ def _grad_reduce(model: torch.nn.Module) -> Built:
     return ddp, opt
 
 
+def _grad_reduce_shm(model: torch.nn.Module) -> Built:
+    ddp, opt = _zero(model, exchange="shm_all_gather")
+    reduce_gradients(ddp, opt, "shm_reduce_scatter")
+    return ddp, opt
+
+
 def _prefetch(model: torch.nn.Module) -> Built:
     ddp, opt = _zero(model, exchange="p2p_all_gather")
     prefetch_exchange(model, opt)  # the exit comes with the last step's exchange in flight
     return ddp, opt
 
 
-def _engine(model: torch.nn.Module) -> Built:
+def _engine(model: torch.nn.Module, **kwargs: Any) -> Built:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    return ShardedDataParallel(model, opt, partitioner=Flat(), prefetch=True), opt
+    return ShardedDataParallel(model, opt, partitioner=Flat(), prefetch=True, **kwargs), opt
 
 
 #: name -> wrap a fresh model: (the module the loop calls, the optimizer that steps). A new engine or
@@ -80,6 +86,8 @@ STRATEGIES: dict[str, Callable[[torch.nn.Module], Built]] = {
     "grad_reduce=reduce_scatter": _grad_reduce,
     "prefetch-p2p_all_gather": _prefetch,
     "engine-flat-prefetch": _engine,
+    "grad_reduce=shm_reduce_scatter-shm_all_gather": _grad_reduce_shm,
+    "engine-shm": lambda model: _engine(model, grad_reduce="shm_reduce_scatter", exchange="shm_all_gather"),
 }
 
 
