@@ -46,7 +46,8 @@ def test_world_of_one_issues_nothing_and_matches_adam(single_rank_group, partiti
 
 def test_unknown_exchange_is_named(single_rank_group):
     with pytest.raises(
-        ValueError, match=r"exchange='ring' is not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather'\]"
+        ValueError,
+        match=r"exchange='ring' is not one of \['auto', 'broadcast', 'all_gather', 'p2p_all_gather', 'shm_all_gather']",
     ):
         ZeroRedundancyOptimizer(_model().parameters(), torch.optim.Adam, exchange="ring", lr=1e-2)
 
