@@ -25,7 +25,15 @@ leave the node, through the rank's own NIC (``inter``), the rest at ``intra``.
 
 A hardware profile may also carry per-collective fits (:attr:`Hardware.collectives`, the
 calibrated Gloo profile of one host): they replace the link's α and ``B`` for that op, with
-the same step counts and factors. Usage::
+the same step counts and factors.
+
+**Crowded hosts.** On a CPU host with ``cores``, ``W > cores`` ranks (and their Gloo threads)
+take turns on the cores, and a collective's α-β scaling over ``n`` (fitted where every rank has
+a core) no longer describes it. :meth:`Hardware.on_host` gives the hardware as one of ``W`` ranks
+sees it: where the calibration measured a world of ``m > cores`` ranks (:class:`Crowded`), that
+world's own collective fits and per-rank rates (measured with all ``m`` ranks at once), the rates
+scaled by ``m / W`` beyond it; without one, the rates shared as ``cores / W``. A profile without
+``cores`` (one device per rank: every cluster) is its own view at every ``W``. Usage::
 
     h100 = Hardware("h100", 8, intra=Link(3e-6, 450e9), inter=Link(6e-6, 50e9), matmul_flops=4e14,
                     memory_bandwidth=3.0e12)
@@ -36,11 +44,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "OPS",
     "Collective",
+    "Crowded",
     "Hardware",
     "Link",
     "bus_bytes",
@@ -69,6 +78,17 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Crowded:
+    """A world of more ranks than cores as the calibration measured it: every op fitted on that
+    world's points alone, and one rank's matmul FLOP/s and memory bytes/s (wall time, every rank
+    computing at once: the cores' sharing included); a rate ``None`` was not measured."""
+
+    collectives: Mapping[str, Link] = field(default_factory=dict)
+    matmul_flops: float | None = None
+    memory_bandwidth: float | None = None
+
+
+@dataclass(frozen=True)
 class Hardware:
     """A machine the step model prices: links, compute and memory rates per rank.
 
@@ -80,6 +100,8 @@ class Hardware:
     share (a rank computes ``W / cores`` times slower beyond it; ``None``: one device per rank);
     ``duplex``: a rank's point-to-point sends and receives proceed at once, each at the link's
     rate (a NIC; ``False``: they share the rank's rate, as Gloo's copies on one host do).
+    ``crowded``: per world size ``m > cores``, that world as measured (:class:`Crowded`, used by
+    :meth:`on_host`).
     ``sources``: where each figure comes from (profile YAMLs carry them).
     """
 
@@ -94,6 +116,7 @@ class Hardware:
     cores: int | None = None
     duplex: bool = True
     collectives: Mapping[str, Link] = field(default_factory=dict)
+    crowded: Mapping[int, Crowded] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,12 +132,36 @@ class Hardware:
         unknown = sorted(set(self.collectives) - set(OPS))
         if unknown:
             problems.append(f"collectives {unknown} are not among {OPS}")
+        for size, world in self.crowded.items():
+            if not self.cores or size <= self.cores:
+                problems.append(f"crowded world {size} needs cores < {size}, got cores={self.cores}")
+            unknown = sorted(set(world.collectives) - set(OPS))
+            if unknown:
+                problems.append(f"crowded.{size}.collectives {unknown} are not among {OPS}")
         if problems:
             raise ValueError(f"hardware {self.name!r}: " + "; ".join(problems))
 
-    def compute_slowdown(self, world_size: int) -> float:
-        """How much slower one rank computes when ``world_size`` ranks share the host's cores."""
-        return max(1.0, world_size / self.cores) if self.cores else 1.0
+    def on_host(self, world_size: int) -> Hardware:
+        """This hardware as one of ``world_size`` ranks sees it, every rate per rank after sharing.
+
+        ``W ≤ cores`` (or no ``cores``): itself. ``W > cores``: the measured crowded world ``m``
+        nearest below ``W`` (else the smallest): its collective fits (ops it did not measure keep
+        the profile's) and rates × ``m / W``; a rate it did not measure, and every rate without a
+        crowded world, is the profile's × ``cores / W`` (the cores shared evenly)."""
+        if not self.cores or world_size <= self.cores:
+            return self
+        share = self.cores / world_size
+        matmul, memory, collectives = self.matmul_flops * share, self.memory_bandwidth * share, self.collectives
+        if self.crowded:
+            below = [m for m in self.crowded if m <= world_size]
+            m = max(below) if below else min(self.crowded)
+            world = self.crowded[m]
+            collectives = {**self.collectives, **world.collectives}
+            matmul = world.matmul_flops * m / world_size if world.matmul_flops else matmul
+            memory = world.memory_bandwidth * m / world_size if world.memory_bandwidth else memory
+        return replace(
+            self, matmul_flops=matmul, memory_bandwidth=memory, collectives=collectives, cores=None, crowded={}
+        )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ the trainable bytes):
 
 1. *compute* — forward ``2·F`` and backward ``4·F`` FLOPs, ``F`` = trainable parameters ×
    samples (tokens) per rank (6 FLOPs per parameter per token; attention scores left out), at
-   the hardware's ``matmul_flops`` (slowed ``W/cores`` on a shared CPU host).
+   the hardware's ``matmul_flops`` — on a CPU host with fewer cores than ranks, the rate one of
+   ``W`` ranks gets (:meth:`~zero_lab.collective_cost.Hardware.on_host`: as the calibration
+   measured a crowded world, else the cores shared evenly, ``cores / W``; so are the memory
+   rate and every collective's fit: see *Crowded hosts* below).
 2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
    ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
    ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
@@ -43,6 +46,14 @@ gradients are ready): all but the last bucket's reduction may hide behind the ba
 exchange is exposed after the step (ZeRO-1), except for an engine that gathers each bucket
 before the next forward uses it (``exchange_hidden``): all but its first bucket may hide behind
 the forward, up to ``overlap × forward``.
+
+**Crowded hosts.** Ranks that outnumber a host's cores (4 on this machine's 2) take turns on
+them with their Gloo threads: a collective measured alone in a world of 4 is not the ring of a
+2-rank fit scaled by step counts and bus factors, and a rank computes at its share of the cores.
+Every phase is priced on ``hardware.on_host(W)``: the calibration's own fits and rates for a
+world of that size (``crowded`` in the profile, measured with every rank busy at once), the cores
+shared evenly where it measured none. A profile without ``cores`` (a cluster: one device per
+rank) is unchanged by it.
 
 **Bytes.** Each phase reports its bus bytes per rank on each link class (intra-node,
 inter-node) — an average rank's (a point-to-point reduce-scatter's time is its busiest rank's,
@@ -307,8 +318,8 @@ def p2p_busiest(segments: Sequence[int], duplex: bool) -> int:
     return math.ceil(max(max(pair) if duplex else sum(pair) / 2 for pair in loads))
 
 
-def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardware: Hardware, world: int) -> float:
-    """The slowest rank's owner step (every parameter on every rank for DDP)."""
+def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardware: Hardware) -> float:
+    """The slowest rank's owner step (every parameter on every rank for DDP), at ``hardware``'s per-rank rates."""
     loads = [0.0] * (partition.world_size if partition else 1)
     pieces = (
         [(0, spec, spec.numel) for spec in specs]
@@ -323,7 +334,7 @@ def _step_seconds(specs: Sequence[ParamSpec], partition: Partition | None, hardw
         else:
             loads[rank] += count * spec.itemsize * MUON_TOUCHES / hardware.memory_bandwidth
             loads[rank] += newton_schulz_flops(spec.shape) * count / spec.numel / hardware.matmul_flops
-    return max(loads) * hardware.compute_slowdown(world)
+    return max(loads)
 
 
 def _exchange_units(partition: Partition, strategy: ModeledStrategy) -> list[list[int]]:
@@ -384,16 +395,16 @@ def predict_step(
 
     ``samples_per_rank``: tokens (or rows) each rank's forward sees per step; ``shard_size``:
     ``S``, the group the optimizer state is partitioned over (default ``W``; it must divide ``W``).
-    The partitioner runs at ``S``; O(parameters + shards + W).
+    The partitioner runs at ``S``; O(parameters + shards + W). Priced on ``hardware.on_host(W)``.
     """
+    hardware = hardware.on_host(world_size)
     shard = world_size if shard_size is None else min(shard_size, world_size)
     if world_size < 1 or shard < 1 or world_size % shard:
         raise ValueError(f"shard_size={shard_size} must be a positive divisor of world_size={world_size}")
     specs = list(specs)
     partition = strategy.partitioner()(specs, shard) if strategy.partitioner else None
-    slowdown = hardware.compute_slowdown(world_size)
     flops = 2 * sum(s.numel for s in specs if s.trainable) * samples_per_rank
-    forward_s = flops / hardware.matmul_flops * slowdown
+    forward_s = flops / hardware.matmul_flops
     backward_s = 2 * forward_s
     layout = _Layout(world_size, shard, hardware.ranks_per_node)
     buckets = _bucket_segments(specs, partition, shard)
@@ -401,13 +412,13 @@ def predict_step(
     if world_size > 1:
         grads = _grad_phase(strategy, hardware, layout, buckets, backward_s)
     grad_bytes = sum(s.numel * s.itemsize for s in specs if s.trainable and s.gets_grad)
-    copies = grad_bytes * BUCKET_COPY_TOUCHES[strategy.grad_reduce] / hardware.memory_bandwidth * slowdown
+    copies = grad_bytes * BUCKET_COPY_TOUCHES[strategy.grad_reduce] / hardware.memory_bandwidth
     phases = (
         Phase("forward", forward_s, forward_s),
         Phase("backward", backward_s, backward_s),
         grads,
         Phase("grad_copies", copies, copies),
-        Phase("step", *(2 * [_step_seconds(specs, partition, hardware, world_size)])),
+        Phase("step", *(2 * [_step_seconds(specs, partition, hardware)])),
         _exchange_phase(strategy, hardware, layout, partition, forward_s),
     )
     imbalance = cost_imbalance = 1.0

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from zero_lab.bench import plan
-from zero_lab.bench.calibrate import Rate, duplex_from, fit_link, profile_from
+from zero_lab.bench.calibrate import Rate, duplex_from, fit_link, profile_from, refit
 from zero_lab.bench.hardware import PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
 from zero_lab.collective_cost import Collective, Link, seconds
 
@@ -78,6 +78,52 @@ def test_a_calibration_makes_a_profile_that_loads() -> None:
     assert (hardware.matmul_flops, hardware.memory_bandwidth) == (2e10, 5e9)
     assert "20 GFLOP/s (blocks: min 10, median 13.3, max 20)" in hardware.sources["matmul_flops"]
     assert hardware.duplex and "no one-way messages measured" in hardware.sources["duplex"]
+
+
+def test_a_crowded_world_is_fitted_on_its_own_points() -> None:
+    """W = 4 on 2 cores: its ops fitted on its rows alone (an α-β different from W = 2's), its
+    per-rank compute rates kept; the W = 2 world, which has a core per rank, is not crowded."""
+    h100 = load_hardware("h100_ib")
+    truths = {2: Link(1e-4, 2e9), 4: Link(2e-3, 1e9)}  # one core per rank; 4 ranks on 2 cores
+    rows = [
+        {"op": "all_reduce", "world_size": w, "nbytes": n, "seconds": seconds(truth, Collective("all_reduce", n, w))}
+        for w, link in truths.items()
+        for truth in [dataclasses.replace(h100, collectives={"all_reduce": link})]
+        for n in (2**18, 2**21, 2**24)
+    ]
+    rows += [
+        {"op": "matmul_flops", "world_size": 4, "rate": 3.5e10},
+        {"op": "memory_bandwidth", "world_size": 4, "rate": 7e9},
+    ]
+    compute = {"matmul_flops": Rate(8e10, (1.0,)), "memory_bandwidth": Rate(1.6e10, (1.0,))}
+    profile = yaml.safe_load(yaml.safe_dump(profile_from(rows, compute, "python scripts/calibrate.py", 2)))
+    assert list(profile["crowded"]) == [4] and "each op fitted on that world" in profile["sources"]["crowded"]
+    hardware = hardware_from_dict(profile)
+    fit = hardware.crowded[4].collectives["all_reduce"]
+    assert fit.alpha_s == pytest.approx(2e-3, rel=1e-3) and fit.bus_bandwidth == pytest.approx(1e9, rel=1e-3)
+    assert (hardware.crowded[4].matmul_flops, hardware.crowded[4].memory_bandwidth) == (3.5e10, 7e9)
+    four = hardware.on_host(4)
+    assert four.collectives["all_reduce"] == fit and four.matmul_flops == 3.5e10
+    assert hardware.on_host(2).collectives["all_reduce"] == hardware.collectives["all_reduce"]  # the joint fit
+    # --refit: the same sections from the stored rows, nothing run; a profile without rows is refused
+    again = refit(dict(profile, crowded={}))  # from the rows as stored (4 significant digits)
+    refitted = again["crowded"][4]["collectives"]["all_reduce"]
+    assert refitted == pytest.approx({"alpha_s": 2e-3, "bus_bandwidth": 1e9}, rel=1e-3)
+    assert again["crowded"][4]["matmul_flops"] == 3.5e10 and list(again)[-2:] == ["sources", "measured"]
+    with pytest.raises(ValueError, match="--refit: the profile has no measured rows"):
+        refit({"name": "x"})
+    with pytest.raises(ValueError, match=r"crowded\.4 must be a mapping of some of"):
+        hardware_from_dict(dict(profile, crowded={4: {"links": {}}}), "p.yaml")
+
+
+def test_the_shipped_gloo_profile_prices_four_ranks_from_its_four_rank_points() -> None:
+    """gloo_local's crowded W = 4 fits come from its own measured W = 4 rows (18:21), nothing else."""
+    gloo = load_hardware("gloo_local")
+    data = yaml.safe_load((PROFILE_DIR / "gloo_local.yaml").read_text())
+    four = [r for r in data["measured"] if r["world_size"] == 4 and r["op"] == "broadcast"]
+    fit = fit_link([(Collective("broadcast", r["nbytes"], 4), r["seconds"]) for r in four])
+    assert gloo.crowded[4].collectives["broadcast"].bus_bandwidth == pytest.approx(fit.bus_bandwidth, rel=1e-3)
+    assert gloo.crowded[4].matmul_flops is None  # not measured in that calibration: the cores shared evenly
 
 
 def test_a_rate_is_its_fastest_block_with_the_spread() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from zero_lab.collective_cost import (
     Collective,
+    Crowded,
     Hardware,
     Link,
     bus_factor,
@@ -218,6 +219,37 @@ def test_shared_cores_slow_compute() -> None:
     one = predict_step(specs_of(10**6), STRATEGIES["ddp"], h, 2, 10).phase("forward").seconds
     four = predict_step(specs_of(10**6), STRATEGIES["ddp"], h, 4, 10).phase("forward").seconds
     assert four == pytest.approx(2 * one)
+
+
+def test_a_crowded_world_is_priced_as_the_calibration_measured_it() -> None:
+    """W > cores: the measured world's own fits and per-rank rates (the sharing measured, not
+    assumed); beyond it the rates shared further (× m / W); W <= cores, or no cores (a cluster):
+    the profile itself, so the at-scale tables do not move."""
+    crowded = Crowded({"all_reduce": Link(1e-3, 1 * GB)}, matmul_flops=4e11, memory_bandwidth=2e10)
+    h = hardware(cores=2, collectives={"all_reduce": Link(0.0, 10 * GB)}, crowded={4: crowded})
+    assert h.on_host(2) is h and hardware().on_host(1024) == hardware()
+    four = h.on_host(4)
+    assert (four.matmul_flops, four.memory_bandwidth, four.cores, four.crowded) == (4e11, 2e10, None, {})
+    assert four.collectives["all_reduce"] == Link(1e-3, 1 * GB)
+    eight = h.on_host(8)  # 8 ranks on what 4 measured: the rates halve again, the fits are the 4-rank world's
+    assert (eight.matmul_flops, eight.memory_bandwidth) == (2e11, 1e10) and eight.collectives == four.collectives
+    # no crowded world measured, or a rate it did not measure: the cores shared evenly (cores / W)
+    even = hardware(cores=2).on_host(4)
+    assert (even.matmul_flops, even.memory_bandwidth) == (0.5e12, 0.5e11)
+    partial = hardware(cores=2, crowded={4: Crowded({}, matmul_flops=3e11)}).on_host(4)
+    assert (partial.matmul_flops, partial.memory_bandwidth) == (3e11, 0.5e11)
+    # DDP at W=4 by hand on the measured world: 16 MB in one bucket, 10 samples per rank
+    p = predict_step(specs_of(4 * 10**6), STRATEGIES["ddp"], h, 4, samples_per_rank=10)
+    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 4e11)
+    assert p.phase("grad_reduce").seconds == pytest.approx(6 * 1e-3 + 1.5 * 16e6 / 1e9)
+    assert p.phase("step").seconds == pytest.approx(16e6 * ADAM_TOUCHES / 2e10)
+    assert p.phase("grad_copies").seconds == pytest.approx(4 * 16e6 / 2e10)
+    # at W = 2 (one core each) the profile's own fit and rates
+    two = predict_step(specs_of(4 * 10**6), STRATEGIES["ddp"], h, 2, samples_per_rank=10)
+    assert two.phase("grad_reduce").seconds == pytest.approx(16e6 / 10e9)
+    assert two.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12)
+    with pytest.raises(ValueError, match=r"crowded world 2 needs cores < 2, got cores=2.*crowded\.4\.collectives"):
+        hardware(cores=2, crowded={2: Crowded(), 4: Crowded({"gather": Link(0, 1)})})
 
 
 def test_strategy_refuses_what_does_not_fit() -> None:

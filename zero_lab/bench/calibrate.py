@@ -10,6 +10,11 @@ sizes and world sizes; then fits, per collective, by least squares over every (W
     t = α · steps(op, W) + busbytes(op, W, S) / B       (non-negative α and 1/B)
 
 with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`.
+**Crowded worlds** (more ranks than the host's cores, e.g. W = 4 on 2): each op is also fitted on
+that world's points alone, and every rank of it times the matmul and the Adam step below at once,
+in wall time (the cores' sharing is the point): the slowest rank's median block gives the
+world's per-rank rates. They go to the profile's ``crowded`` section, which the step model
+prices such a world with (:meth:`~zero_lab.collective_cost.Hardware.on_host`).
 One thread's matmul rate (``(B × k) @ (k × k)``, forward and backward shapes) gives
 ``matmul_flops``; ``torch.optim.Adam`` steps on the parameters of the benchmark's models (their
 shapes, :data:`ADAM_MODELS`) give ``memory_bandwidth`` (``ADAM_TOUCHES × 4`` bytes per element
@@ -21,6 +26,7 @@ raw median::
 
     python scripts/calibrate.py --out zero_lab/bench/profiles/gloo_local.yaml
     python scripts/calibrate.py --world-sizes 2 --sizes-mib 0.25 4 --repeats 3 --out /tmp/quick.yaml
+    python scripts/calibrate.py --refit old.yaml --out new.yaml    # run nothing: refit old.yaml's measured rows
 """
 
 from __future__ import annotations
@@ -51,12 +57,14 @@ __all__ = [
     "ADAM_MODELS",
     "Rate",
     "adam_rate",
+    "crowded_rates",
     "duplex_from",
     "fit_link",
     "main",
     "matmul_rate",
     "measure_collectives",
     "measure_compute",
+    "refit",
 ]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
@@ -97,8 +105,11 @@ def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None
     return ops
 
 
-def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    """On every rank of a world: the median seconds of each op at each size S (bytes, nccl-tests' S)."""
+def measure_collectives(sizes: Sequence[int], repeats: int, blocks: int = 0) -> list[dict[str, Any]]:
+    """On every rank of a world: the median seconds of each op at each size S (bytes, nccl-tests' S);
+    then, if ``blocks`` and the world has more ranks than the host has cores, its per-rank
+    compute rates (:func:`crowded_rates`) as rows ``{"op": "matmul_flops" | "memory_bandwidth",
+    "world_size", "rate"}``."""
     torch.set_num_threads(1)
     keep_freed_memory()  # as the benchmark's timing phase runs
     comm = Communicator()
@@ -109,7 +120,23 @@ def measure_collectives(sizes: Sequence[int], repeats: int) -> list[dict[str, An
             rows.append(
                 {"op": op, "world_size": comm.world_size, "nbytes": size, "seconds": _slowest_median(run, repeats)}
             )
+    if blocks and comm.world_size > (os.cpu_count() or 1):
+        rows += [{"op": k, "world_size": comm.world_size, "rate": v} for k, v in crowded_rates(blocks).items()]
     return rows
+
+
+def crowded_rates(blocks: int) -> dict[str, float]:
+    """One rank's matmul FLOP/s and Adam bytes/s while every rank of the world computes at once:
+    each rank times ``blocks`` blocks in wall time (``perf_counter``: the turns it waits for a core
+    count), and the world takes the slowest rank's median block (a step waits for the slowest)."""
+    out = {}
+    for key, rate in (("matmul_flops", matmul_rate), ("memory_bandwidth", adam_rate)):
+        dist.barrier()  # every rank starts at once
+        timed = rate(blocks=blocks, clock=time.perf_counter)
+        median = torch.tensor([timed.spread[1]], dtype=torch.float64)
+        dist.all_reduce(median, op=dist.ReduceOp.MIN)
+        out[key] = float(median)
+    return out
 
 
 #: The benchmark models whose parameters the Adam step is timed on (the model check's two).
@@ -140,19 +167,26 @@ class Rate:
         return f"{high:.3g} {name} (blocks: min {low:.3g}, median {middle:.3g}, max {high:.3g})"
 
 
-def _blocks(run: Callable[[], None], blocks: int, per_block: int) -> tuple[float, ...]:
-    """CPU seconds (``time.process_time``) of ``blocks`` blocks of ``per_block`` calls, after one warm-up call."""
+def _blocks(
+    run: Callable[[], None], blocks: int, per_block: int, clock: Callable[[], float] = time.process_time
+) -> tuple[float, ...]:
+    """Seconds on ``clock`` (CPU time by default) of ``blocks`` blocks of ``per_block`` calls, after a warm-up call."""
     run()
     times = []
     for _ in range(blocks):
-        start = time.process_time()
+        start = clock()
         for _ in range(per_block):
             run()
-        times.append(time.process_time() - start)
+        times.append(clock() - start)
     return tuple(times)
 
 
-def adam_rate(models: Sequence[str] = ADAM_MODELS, blocks: int = 7, per_block: int = 3) -> Rate:
+def adam_rate(
+    models: Sequence[str] = ADAM_MODELS,
+    blocks: int = 7,
+    per_block: int = 3,
+    clock: Callable[[], float] = time.process_time,
+) -> Rate:
     """An Adam step's bytes per CPU second on the parameters of the benchmark ``models`` (their
     shapes: per-tensor overheads included, as a benchmark step pays them): ``ADAM_TOUCHES × 4``
     bytes per element of every model's parameters over the summed time of one step of each, per block."""
@@ -168,17 +202,23 @@ def adam_rate(models: Sequence[str] = ADAM_MODELS, blocks: int = 7, per_block: i
         for step in steppers:
             step()
 
-    return Rate(ADAM_TOUCHES * 4 * elements * per_block, _blocks(step_each, blocks, per_block))
+    return Rate(ADAM_TOUCHES * 4 * elements * per_block, _blocks(step_each, blocks, per_block, clock))
 
 
-def matmul_rate(blocks: int = 7, per_block: int = 5, batch: int = 32, width: int = 1024) -> Rate:
+def matmul_rate(
+    blocks: int = 7,
+    per_block: int = 5,
+    batch: int = 32,
+    width: int = 1024,
+    clock: Callable[[], float] = time.process_time,
+) -> Rate:
     """FLOP per CPU second of ``(batch × width) @ (width × width)`` in its forward and two backward shapes."""
     x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
 
     def shapes() -> None:
         x @ w, dy @ w.T, dy.T @ x
 
-    return Rate(3 * 2 * batch * width * width * per_block, _blocks(shapes, blocks, per_block))
+    return Rate(3 * 2 * batch * width * width * per_block, _blocks(shapes, blocks, per_block, clock))
 
 
 def measure_compute(blocks: int = 7, models: Sequence[str] = ADAM_MODELS) -> dict[str, Rate]:
@@ -231,16 +271,53 @@ def duplex_from(rows: Sequence[dict[str, Any]]) -> tuple[bool, str]:
     )
 
 
-def profile_from(
-    rows: list[dict[str, Any]], compute: dict[str, Rate], command: str, cores: int, compute_blocks: int = 7
-) -> dict[str, Any]:
-    """The profile mapping (see :mod:`zero_lab.bench.hardware`) from measured rows and compute rates."""
+def _fits(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per op, the α-β fit of its rows (profile YAML form, 4 significant digits)."""
     fits = {}
     for op in OPS:
         points = [(Collective(op, r["nbytes"], r["world_size"]), r["seconds"]) for r in rows if r["op"] == op]
         if points:
             link = fit_link(points)
             fits[op] = {"alpha_s": float(f"{link.alpha_s:.4g}"), "bus_bandwidth": float(f"{link.bus_bandwidth:.4g}")}
+    return fits
+
+
+def crowded_from(rows: Sequence[dict[str, Any]], cores: int) -> dict[int, dict[str, Any]]:
+    """The profile's ``crowded`` section: for every measured world of more ranks than ``cores``,
+    each op fitted on that world's rows alone, and its per-rank compute rates where measured."""
+    out: dict[int, dict[str, Any]] = {}
+    for world in sorted({r["world_size"] for r in rows if r["world_size"] > cores}):
+        mine = [r for r in rows if r["world_size"] == world]
+        section: dict[str, Any] = {"collectives": _fits(mine)}
+        section |= {r["op"]: float(f"{r['rate']:.4g}") for r in mine if "rate" in r}
+        out[world] = section
+    return out
+
+
+def refit(profile: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
+    """``profile`` with its ``collectives`` and ``crowded`` fitted again from its ``measured`` rows
+    (the compute rates kept): what a change to the fitting does to a stored calibration, run nothing."""
+    rows = profile.get("measured") or []
+    if not rows:
+        raise ValueError("--refit: the profile has no measured rows to fit; run scripts/calibrate.py to measure them")
+    cores = cores or profile.get("cores") or 1
+    out = dict(profile, collectives=_fits(rows), crowded=crowded_from(rows, cores))
+    return _ordered(out)
+
+
+def _ordered(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile's keys in the YAML's reading order (``crowded`` after ``collectives``, ``measured`` last)."""
+    first = [k for k in profile if k not in ("crowded", "sources", "measured")]
+    at = first.index("collectives") + 1 if "collectives" in first else len(first)
+    keys = [*first[:at], "crowded", *first[at:], "sources", "measured"]
+    return {k: profile[k] for k in keys if k in profile}
+
+
+def profile_from(
+    rows: list[dict[str, Any]], compute: dict[str, Rate], command: str, cores: int, compute_blocks: int = 7
+) -> dict[str, Any]:
+    """The profile mapping (see :mod:`zero_lab.bench.hardware`) from measured rows and compute rates."""
+    fits = _fits(rows)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = os.getloadavg()[0]
     origin = f"`{command}` on {when}, load average {load:.1f} at the end (over {cores} cores: under load if > {cores})"
@@ -259,6 +336,7 @@ def profile_from(
         "memory_bandwidth": float(f"{adam.value:.4g}"),
         "links": {"intra": dict(one), "inter": dict(one)},  # one host: both classes are its all-reduce's
         "collectives": {op: dict(fit) for op, fit in fits.items()},
+        "crowded": crowded_from(rows, cores),
         "sources": {
             "collectives": f"least-squares alpha-beta fits of measured medians, {origin}",
             "duplex": f"{why}, {origin}",
@@ -272,6 +350,11 @@ def profile_from(
                 f"{adam.describe(1e9, 'GB/s')}, {origin}"
             ),
             "overlap": "0: on a 2-core host the ranks' computation and Gloo's threads share the cores",
+            "crowded": (
+                f"worlds of more ranks than the {cores} cores: each op fitted on that world's medians alone; "
+                "matmul and Adam rates per rank in wall time with every rank computing at once (the slowest "
+                f"rank's median of {compute_blocks} blocks), {origin}"
+            ),
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],
     }
@@ -285,28 +368,47 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks of the matmul and the Adam step")
     parser.add_argument("--out", required=True, help="the profile YAML to write (e.g. zero_lab/bench/profiles/...)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per world")
+    parser.add_argument(
+        "--refit", metavar="PROFILE", help="run nothing: fit a stored profile's measured rows again, write it to --out"
+    )
     return parser.parse_args(argv)
+
+
+_RATES = (("matmul_flops", "GFLOP/s"), ("memory_bandwidth", "GB/s"))
+
+
+def _write(profile: dict[str, Any], out: str) -> None:
+    text = yaml.safe_dump(profile, sort_keys=False, width=110)
+    write_atomic(out, lambda f: f.write(text.encode("utf-8")))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.refit:
+        with open(args.refit) as f:
+            profile = refit(yaml.safe_load(f))
+        _write(profile, args.out)
+        print(f"profile: {args.out} (refitted from the measured rows of {args.refit})")
+        return profile
     sizes = [int(mib * 2**20) for mib in args.sizes_mib]
     rows = []
     for world in args.world_sizes:
-        world_args = (sizes, args.repeats)
+        world_args = (sizes, args.repeats, args.blocks)
         limits = {"timeout_s": args.timeout, "deadline_s": args.timeout, "start_method": "forkserver"}
         ranks = run_world(measure_collectives, world, world_args, **limits)
         rows += ranks[0]  # every rank holds the same rows: each time is the slowest rank's
         print(f"W={world}: measured {len(sizes)} sizes of {len(OPS)} collectives", flush=True)
     command = command_line("scripts/calibrate.py", argv)
     compute = measure_compute(args.blocks)
-    profile = profile_from(rows, compute, command, os.cpu_count() or 1)
-    text = yaml.safe_dump(profile, sort_keys=False, width=110)
-    write_atomic(args.out, lambda f: f.write(text.encode("utf-8")))
+    profile = profile_from(rows, compute, command, os.cpu_count() or 1, args.blocks)
+    _write(profile, args.out)
     for op, fit in profile["collectives"].items():
         print(f"  {op:<15} alpha {fit['alpha_s'] * 1e6:9.1f} us   busbw {fit['bus_bandwidth'] / 1e9:7.3f} GB/s")
     print(f"  matmul {compute['matmul_flops'].describe(1e9, 'GFLOP/s')}")
     print(f"  Adam   {compute['memory_bandwidth'].describe(1e9, 'GB/s')}")
     print(f"  duplex {profile['duplex']}: {profile['sources']['duplex'].split(', `')[0]}")
+    for world, section in profile["crowded"].items():
+        rates = [f"{section[k] / 1e9:.3g} {unit}" for k, unit in _RATES if k in section]
+        print(f"  crowded W={world}: {', '.join(rates) or 'collectives only'} per rank")
     print(f"profile: {args.out}")
     return profile

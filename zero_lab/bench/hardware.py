@@ -11,6 +11,8 @@ it). The shipped ones: ``h100_ib`` and ``a100_hdr`` (published bandwidths), ``gl
 Keys: ``name``, ``ranks_per_node``, ``matmul_flops``, ``memory_bandwidth``,
 ``links: {intra: {alpha_s, bus_bandwidth}, inter: {...}}``, ``sources`` (required); optional
 ``overlap``, ``algorithm``, ``cores``, ``duplex``, ``collectives: {op: {alpha_s, bus_bandwidth}}``,
+``crowded: {W: {collectives: {op: ...}, matmul_flops, memory_bandwidth}}`` (worlds of more ranks
+than ``cores`` as measured, :class:`~zero_lab.collective_cost.Crowded`; each key optional),
 ``description``, ``measured`` (the calibration's raw figures).
 """
 
@@ -21,13 +23,14 @@ from typing import Any
 
 import yaml
 
-from zero_lab.collective_cost import Hardware, Link
+from zero_lab.collective_cost import Crowded, Hardware, Link
 
 __all__ = ["PROFILE_DIR", "hardware_from_dict", "load_hardware", "profile_names"]
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 _REQUIRED = ("name", "ranks_per_node", "matmul_flops", "memory_bandwidth", "links", "sources")
-_OPTIONAL = ("overlap", "algorithm", "cores", "duplex", "collectives", "description", "measured")
+_OPTIONAL = ("overlap", "algorithm", "cores", "duplex", "collectives", "crowded", "description", "measured")
+_CROWDED = ("collectives", "matmul_flops", "memory_bandwidth")
 
 
 def profile_names() -> list[str]:
@@ -39,6 +42,20 @@ def _link(where: str, data: Any) -> Link:
     if not isinstance(data, dict) or set(data) != {"alpha_s", "bus_bandwidth"}:
         raise ValueError(f"{where} must be a mapping with exactly alpha_s and bus_bandwidth, got {data!r}")
     return Link(float(data["alpha_s"]), float(data["bus_bandwidth"]))
+
+
+def _crowded(where: str, data: Any) -> dict[int, Crowded]:
+    """``crowded``'s mapping of world size to :class:`Crowded`; a ``ValueError`` naming the key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must map a world size to its measured figures, got {data!r}")
+    out = {}
+    for size, world in data.items():
+        if not isinstance(world, dict) or set(world) - set(_CROWDED):
+            raise ValueError(f"{where}.{size} must be a mapping of some of {_CROWDED}, got {world!r}")
+        fits = {op: _link(f"{where}.{size}.collectives.{op}", v) for op, v in (world.get("collectives") or {}).items()}
+        rates = {key: float(world[key]) for key in ("matmul_flops", "memory_bandwidth") if world.get(key) is not None}
+        out[int(size)] = Crowded(fits, **rates)
+    return out
 
 
 def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware:
@@ -69,6 +86,7 @@ def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware
         cores=int(data["cores"]) if data.get("cores") is not None else None,
         duplex=data.get("duplex", True),
         collectives=collectives,
+        crowded=_crowded(f"{where}: crowded", data.get("crowded") or {}),
         sources={str(k): str(v) for k, v in data["sources"].items()},
     )
 

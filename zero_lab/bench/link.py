@@ -175,7 +175,8 @@ def link_hardware(rate_mbit: float, ranks_per_node: int = 2, base: str = "gloo_l
     a node, and between nodes the veth's ``rate_mbit`` per direction shared by the node's ranks
     (``inter`` = rate / ranks per node: a ring that leaves the node through every rank's share moves
     the whole rate, as the model's ``m × inter`` says). The per-collective fits of ``base`` are
-    left out: they were measured inside one host and would price inter-node collectives too. The
+    left out (the crowded worlds' too, their compute rates kept): they were measured inside one host
+    and would price inter-node collectives too. The
     veth limits each direction on its own, so a rank's sends and receives run at once (``duplex``)."""
     local = load_hardware(base)
     share = rate_mbit * 1e6 / 8 / ranks_per_node
@@ -186,6 +187,7 @@ def link_hardware(rate_mbit: float, ranks_per_node: int = 2, base: str = "gloo_l
         inter=Link(local.intra.alpha_s, share),
         duplex=True,
         collectives={},
+        crowded={m: replace(world, collectives={}) for m, world in local.crowded.items()},
         sources={
             **local.sources,
             "inter": f"tbf rate {rate_mbit:g} Mbit/s on each end of the veth (zero_lab.bench.netns)",
