@@ -82,3 +82,51 @@ def test_a_stored_check_is_repriced_without_running(tmp_path) -> None:
     assert all(c.predicted_bytes == c.measured_bytes for c in checks)
     assert all(abs(Check.error(c.predicted_s, c.measured_s)) <= 0.20 for c in checks)
     assert read_checks(tmp_path / "model_check.json")[1] == checks
+    # the W = 4 rows (4 ranks on 2 cores) are priced on the profile's crowded W = 4 fits, the others not
+    from dataclasses import replace
+
+    from zero_lab.bench.check_model import recheck
+
+    gloo = load_hardware("gloo_local")
+    even = {(c.model, c.strategy, c.world_size): c.predicted_s for c in recheck(rows, replace(gloo, crowded={}))}
+    moved = {
+        (c.model, c.strategy, c.world_size) for c in checks if c.predicted_s != even[c.model, c.strategy, c.world_size]
+    }
+    assert moved and {w for _, _, w in moved} == {4}
+
+
+def test_repeats_are_combined_into_the_median_and_its_band(tmp_path) -> None:
+    """--repeats: a row per configuration, every repeat's time kept, the median checked, the band
+    (min–max) shown; a repeat that timed nothing is left out; rows from before the repeats still load."""
+    from zero_lab.bench.check_model import combine, write_checks
+
+    def row(strategy: str, measured: float | None, world: int = 2) -> Check:
+        return Check("tiny", world, world, strategy, 0.25, measured, 100, 100, "broadcast")
+
+    repeats = [
+        [row("ddp", 0.30), row("zl_flat_bv_bc", 0.20), row("ddp", 0.1, world=4)],
+        [row("ddp", 0.10), row("zl_flat_bv_bc", None), row("ddp", 0.2, world=4)],
+        [row("ddp", 0.20), row("zl_flat_bv_bc", 0.40), row("ddp", 0.3, world=4)],
+    ]
+    ddp, flat, four = combine(repeats)
+    assert (ddp.measured_runs, ddp.measured_s, ddp.band) == ((0.30, 0.10, 0.20), 0.20, (0.10, 0.30))
+    assert (flat.measured_runs, flat.measured_s, flat.band) == ((0.20, 0.40), pytest.approx(0.30), (0.20, 0.40))
+    assert (four.world_size, four.measured_s) == (4, 0.2)
+    assert ddp.error(ddp.predicted_s, ddp.measured_s) == pytest.approx(0.25)  # against the median
+    assert combine([[row("ddp", None)]])[0].measured_s is None
+    table = format_checks([ddp])
+    assert "| tiny | 2 | 2 | ddp | broadcast | 250.0 | 200.0 | 100.0–300.0 | +25.0 % |" in table
+    # written and read back with the runs; a row written before the repeats has no band
+    write_checks(tmp_path / "c.json", [ddp], "header")
+    assert read_checks(tmp_path / "c.json")[1] == [ddp]
+    old = {k: v for k, v in ddp.as_dict().items() if k != "measured_runs"}
+    assert Check.from_dict(old).band is None and "| 200.0 | — |" in format_checks([Check.from_dict(old)])
+    with pytest.raises(ValueError, match=r"missing \['exchange'\], unknown \['runs'\]"):
+        Check.from_dict({k: v for k, v in old.items() if k != "exchange"} | {"runs": []})
+
+
+def test_calibrate_needs_a_directory_and_no_other_profile(capsys) -> None:
+    for argv in (["--calibrate"], ["--calibrate", "--out", "d", "--hardware", "h100_ib"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "--repeats 0: give at least 1" in capsys.readouterr().err

@@ -11,10 +11,11 @@ sizes and world sizes; then fits, per collective, by least squares over every (W
 
 with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`.
 **Crowded worlds** (more ranks than the host's cores, e.g. W = 4 on 2): each op is also fitted on
-that world's points alone, and every rank of it times the matmul and the Adam step below at once,
-in wall time (the cores' sharing is the point): the slowest rank's median block gives the
-world's per-rank rates. They go to the profile's ``crowded`` section, which the step model
-prices such a world with (:meth:`~zero_lab.collective_cost.Hardware.on_host`).
+that world's points alone, and every rank of it times the matmul and the Adam step below at once
+(:func:`crowded_rates`: CPU time, the slowest rank's median block, times ``cores / W`` for the
+rank's turns on the cores) — the world's per-rank rates. They go to the profile's ``crowded``
+section, which the step model prices such a world with
+(:meth:`~zero_lab.collective_cost.Hardware.on_host`).
 One thread's matmul rate (``(B × k) @ (k × k)``, forward and backward shapes) gives
 ``matmul_flops``; ``torch.optim.Adam`` steps on the parameters of the benchmark's models (their
 shapes, :data:`ADAM_MODELS`) give ``memory_bandwidth`` (``ADAM_TOUCHES × 4`` bytes per element
@@ -126,16 +127,18 @@ def measure_collectives(sizes: Sequence[int], repeats: int, blocks: int = 0) -> 
 
 
 def crowded_rates(blocks: int) -> dict[str, float]:
-    """One rank's matmul FLOP/s and Adam bytes/s while every rank of the world computes at once:
-    each rank times ``blocks`` blocks in wall time (``perf_counter``: the turns it waits for a core
-    count), and the world takes the slowest rank's median block (a step waits for the slowest)."""
+    """One rank's matmul FLOP/s and Adam bytes/s in a world of more ranks than cores, every rank
+    computing at once: each rank's CPU-time rate over ``blocks`` blocks (what the ranks' contention
+    for the caches and the memory bus leaves it; other jobs' turns on the cores are not counted, as
+    for the rates alone), the slowest rank's median block (a step waits for the slowest), times
+    ``cores / W``: the rank's turns on the cores."""
+    world, cores = dist.get_world_size(), os.cpu_count() or 1
     out = {}
     for key, rate in (("matmul_flops", matmul_rate), ("memory_bandwidth", adam_rate)):
         dist.barrier()  # every rank starts at once
-        timed = rate(blocks=blocks, clock=time.perf_counter)
-        median = torch.tensor([timed.spread[1]], dtype=torch.float64)
+        median = torch.tensor([rate(blocks=blocks).spread[1]], dtype=torch.float64)
         dist.all_reduce(median, op=dist.ReduceOp.MIN)
-        out[key] = float(median)
+        out[key] = float(median) * cores / world
     return out
 
 
@@ -167,26 +170,19 @@ class Rate:
         return f"{high:.3g} {name} (blocks: min {low:.3g}, median {middle:.3g}, max {high:.3g})"
 
 
-def _blocks(
-    run: Callable[[], None], blocks: int, per_block: int, clock: Callable[[], float] = time.process_time
-) -> tuple[float, ...]:
-    """Seconds on ``clock`` (CPU time by default) of ``blocks`` blocks of ``per_block`` calls, after a warm-up call."""
+def _blocks(run: Callable[[], None], blocks: int, per_block: int) -> tuple[float, ...]:
+    """CPU seconds (``time.process_time``) of ``blocks`` blocks of ``per_block`` calls, after one warm-up call."""
     run()
     times = []
     for _ in range(blocks):
-        start = clock()
+        start = time.process_time()
         for _ in range(per_block):
             run()
-        times.append(clock() - start)
+        times.append(time.process_time() - start)
     return tuple(times)
 
 
-def adam_rate(
-    models: Sequence[str] = ADAM_MODELS,
-    blocks: int = 7,
-    per_block: int = 3,
-    clock: Callable[[], float] = time.process_time,
-) -> Rate:
+def adam_rate(models: Sequence[str] = ADAM_MODELS, blocks: int = 7, per_block: int = 3) -> Rate:
     """An Adam step's bytes per CPU second on the parameters of the benchmark ``models`` (their
     shapes: per-tensor overheads included, as a benchmark step pays them): ``ADAM_TOUCHES × 4``
     bytes per element of every model's parameters over the summed time of one step of each, per block."""
@@ -202,23 +198,17 @@ def adam_rate(
         for step in steppers:
             step()
 
-    return Rate(ADAM_TOUCHES * 4 * elements * per_block, _blocks(step_each, blocks, per_block, clock))
+    return Rate(ADAM_TOUCHES * 4 * elements * per_block, _blocks(step_each, blocks, per_block))
 
 
-def matmul_rate(
-    blocks: int = 7,
-    per_block: int = 5,
-    batch: int = 32,
-    width: int = 1024,
-    clock: Callable[[], float] = time.process_time,
-) -> Rate:
+def matmul_rate(blocks: int = 7, per_block: int = 5, batch: int = 32, width: int = 1024) -> Rate:
     """FLOP per CPU second of ``(batch × width) @ (width × width)`` in its forward and two backward shapes."""
     x, w, dy = torch.randn(batch, width), torch.randn(width, width), torch.randn(batch, width)
 
     def shapes() -> None:
         x @ w, dy @ w.T, dy.T @ x
 
-    return Rate(3 * 2 * batch * width * width * per_block, _blocks(shapes, blocks, per_block, clock))
+    return Rate(3 * 2 * batch * width * width * per_block, _blocks(shapes, blocks, per_block))
 
 
 def measure_compute(blocks: int = 7, models: Sequence[str] = ADAM_MODELS) -> dict[str, Rate]:
@@ -352,8 +342,8 @@ def profile_from(
             "overlap": "0: on a 2-core host the ranks' computation and Gloo's threads share the cores",
             "crowded": (
                 f"worlds of more ranks than the {cores} cores: each op fitted on that world's medians alone; "
-                "matmul and Adam rates per rank in wall time with every rank computing at once (the slowest "
-                f"rank's median of {compute_blocks} blocks), {origin}"
+                "matmul and Adam rates per rank: CPU time with every rank computing at once (the slowest "
+                f"rank's median of {compute_blocks} blocks) x cores / W, {origin}"
             ),
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],

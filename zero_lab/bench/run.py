@@ -1,7 +1,8 @@
 """Run the benchmark: per world size, a memory world, then timing rounds planned from it.
 
 :func:`run_world_size` starts two worlds of ``world_size`` ranks (one process and one
-thread per rank, Gloo): the memory phase for every model, then the timing rounds,
+thread per rank, Gloo; :func:`plan_world_size` and :func:`time_world_size` each): the memory
+phase for every model, then the timing rounds,
 whose composition follows the *measured* peaks of the memory phase (rounds hold all
 strategies when their peaks fit in ``memory_budget`` of the machine's available
 memory, else as many as fit, always with each strategy's reference). With more ranks
@@ -30,7 +31,16 @@ from zero_lab.bench.summary import merge_ranks, planned_state, summarize
 from zero_lab.bench.workloads import MODELS
 from zero_lab.runtime.spawn import run_world
 
-__all__ = ["Settings", "check_collectives", "machine", "run_world_size", "summarize_run"]
+__all__ = [
+    "Planned",
+    "Settings",
+    "check_collectives",
+    "machine",
+    "plan_world_size",
+    "run_world_size",
+    "summarize_run",
+    "time_world_size",
+]
 
 Plan = tuple[list[list[str]], dict[str, int], str]
 
@@ -106,26 +116,58 @@ def schedule(settings: Settings, world_size: int, measured: dict[str, list[dict[
     return rounds, need, "; ".join(n for n in notes if not n.endswith("[]"))
 
 
-def run_world_size(settings: Settings, world_size: int) -> list[dict[str, Any]]:
-    """Two worlds for ``world_size``: memory (every model), then timing rounds planned from it."""
-    world = {"timeout_s": settings.timeout, "deadline_s": settings.timeout + 30, "start_method": settings.start_method}
+@dataclass(frozen=True)
+class Planned:
+    """One world size's memory world: every rank's records and, per model, its timing plan."""
+
+    world_size: int
+    memory: list[dict[str, Any]]
+    plans: dict[str, Plan]
+    seconds: float
+
+
+def _world(settings: Settings) -> dict[str, Any]:
+    return {"timeout_s": settings.timeout, "deadline_s": settings.timeout + 30, "start_method": settings.start_method}
+
+
+def _memory_job(settings: Settings, world_size: int) -> RankJob:
     need = {m: _planned_need(m, world_size, settings.strategies) for m in settings.models}
-    job = RankJob("memory", settings.models, settings.strategies, settings.warmup, settings.steps, need=need)
+    return RankJob("memory", settings.models, settings.strategies, settings.warmup, settings.steps, need=need)
+
+
+def plan_world_size(settings: Settings, world_size: int) -> Planned:
+    """The memory world of ``world_size`` ranks (every model) and the timing rounds planned from it."""
     started = time.perf_counter()
-    memory = run_world(bench_rank, world_size, (job,), **world)
+    memory = run_world(bench_rank, world_size, (_memory_job(settings, world_size),), **_world(settings))
     plans = {}
     for model_name in settings.models:
         measured = {n: [r[model_name][n] for r in memory] for n in settings.strategies}
         plans[model_name] = schedule(settings, world_size, measured)
+    return Planned(world_size, memory, plans, time.perf_counter() - started)
+
+
+def time_world_size(settings: Settings, planned: Planned) -> list[dict[str, Any]]:
+    """One timing world as ``planned`` says, each model's run summarised with the planned memory
+    records (a timing world can run again on the same plan: the check's repeats)."""
+    plans = planned.plans
     timing_job = replace(
-        job, phase="timing", rounds={m: p[0] for m, p in plans.items()}, need={m: p[1] for m, p in plans.items()}
+        _memory_job(settings, planned.world_size),
+        phase="timing",
+        rounds={m: p[0] for m, p in plans.items()},
+        need={m: p[1] for m, p in plans.items()},
     )
-    timing = run_world(bench_rank, world_size, (timing_job,), **world)
-    elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    timing = run_world(bench_rank, planned.world_size, (timing_job,), **_world(settings))
+    elapsed = planned.seconds + time.perf_counter() - started
     return [
-        summarize_run(model_name, world_size, memory, timing, plans[model_name], elapsed)
+        summarize_run(model_name, planned.world_size, planned.memory, timing, plans[model_name], elapsed)
         for model_name in settings.models
     ]
+
+
+def run_world_size(settings: Settings, world_size: int) -> list[dict[str, Any]]:
+    """Two worlds for ``world_size``: memory (every model), then timing rounds planned from it."""
+    return time_world_size(settings, plan_world_size(settings, world_size))
 
 
 def summarize_run(

@@ -10,7 +10,8 @@ nothing of the benchmark's classes:
   size S (``S=W`` solid), so each (strategy, S) is one line and the legend stays short.
 * :func:`plot_model_check` — the rows of ``scripts/check_model.py`` (``model``, ``world_size``,
   ``shard_size``, ``strategy``, ``predicted_s``, ``measured_s``, ``predicted_bytes``,
-  ``measured_bytes``): predicted against measured step time (left, log–log, the y = x line and
+  ``measured_bytes``; ``measured_runs``, the repeats, drawn as a horizontal bar from the fastest to
+  the slowest): predicted against measured step time (left, log–log, the y = x line and
   the ±20 % band, hierarchical rows — ``shard_size`` < W — drawn as red-edged stars) and the
   bytes error of every row (right, the ±2 % band, the value written beside each bar). Rows are
   numbered: the number beside a point is the row named ``n  model W [S] strategy`` on the right
@@ -199,6 +200,9 @@ def _time_panel(ax: plt.Axes, checks: Rows) -> None:
     for number, c in timed:
         x, y = 1e3 * c["measured_s"], 1e3 * c["predicted_s"]
         color = f"C{strategies.index(c['strategy']) % 10}"
+        runs = c.get("measured_runs") or ()
+        if len(runs) > 1:  # the repeats' band, min to max
+            ax.plot([1e3 * min(runs), 1e3 * max(runs)], [y, y], color=color, linewidth=1, alpha=0.7, zorder=2)
         if _hierarchical(c):
             ax.scatter(x, y, marker="*", s=220, color=color, edgecolors="red", linewidths=1.5, zorder=4)
         else:
@@ -223,7 +227,7 @@ def _time_panel(ax: plt.Axes, checks: Rows) -> None:
     _log_values(ax, "y")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
-    ax.set_xlabel("measured step time (ms, slowest rank's median)")
+    ax.set_xlabel("measured step time (ms, slowest rank's median; bars: the repeats' min–max)")
     ax.set_ylabel("predicted step time (ms)")
     untimed = len(checks) - len(timed)
     left_out = f"; {untimed} row(s) without a measured time left out" if untimed else ""
