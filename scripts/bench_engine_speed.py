@@ -15,6 +15,13 @@ faults its temporaries' pages back in. The engine runs with its default 4 MiB bu
 prefetched once more per ``--caps`` value: bucket size trades the gradient memory bound
 (Ψ/W + two buckets) for fewer collective waits per step.
 
+On CPU at W ≥ 2 the same runs over host-local shared memory (:mod:`zero_lab.host_shm`, opt-in):
+``engine_shm`` / ``engine_shm_prefetch`` (and per ``--caps`` value) are the engine with
+``grad_reduce=shm_reduce_scatter exchange=shm_all_gather``; ``ddp_shm`` is the control, DDP + Adam
+with its all-reduce as a comm hook through the same shared memory (``shm_all_reduce``): the gap
+between ``ddp`` and ``ddp_shm`` is the transport's, between ``ddp_shm`` and ``engine_shm*`` the
+sharding's. ``--no-shm`` leaves them out.
+
     python scripts/bench_engine_speed.py                          # 12 × Linear(768), batch 16, 30 rounds
     python scripts/bench_engine_speed.py --caps 8 14 28           # the prefetched engine at three more caps
     python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 6
@@ -26,7 +33,6 @@ kernels and the NCCL collectives finish).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -40,15 +46,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from zero_lab import ShardedDataParallel
 from zero_lab.bench.host import keep_freed_memory
+from zero_lab.bench.script_args import script_parser
 from zero_lab.runtime.spawn import run_world
 
 BASE_VARIANTS = ("ddp", "ddp_aa", "engine", "engine_prefetch", "engine_sorted_greedy")
+#: over host-local shared memory (zero_lab.host_shm): DDP + Adam with its all-reduce as a comm hook there
+#: (the control: the transport's share of the gain), and the engine with shm_reduce_scatter + shm_all_gather
+SHM_VARIANTS = ("ddp_shm", "engine_shm", "engine_shm_prefetch")
+SHM = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"}
 
 
-def variants(caps: list[float]) -> tuple[str, ...]:
-    """The base variants, then the prefetched engine once per extra bucket cap (``engine_prefetch_cap14``)."""
-    return BASE_VARIANTS + tuple(f"engine_prefetch_cap{cap:g}" for cap in caps)
+def variants(caps: list[float], shm: bool = True) -> tuple[str, ...]:
+    """The base variants (then the shared-memory ones), then the prefetched engine once per extra bucket
+    cap (``engine_prefetch_cap14``, and ``engine_shm_prefetch_cap14``)."""
+    names = BASE_VARIANTS + tuple(f"engine_prefetch_cap{cap:g}" for cap in caps)
+    if shm:
+        names += SHM_VARIANTS + tuple(f"engine_shm_prefetch_cap{cap:g}" for cap in caps)
+    return names
 
 
 def _model(layers: int, width: int) -> nn.Module:
@@ -57,15 +73,18 @@ def _model(layers: int, width: int) -> nn.Module:
 
 
 def _build(variant: str, layers: int, width: int, device: str) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    from zero_lab import ShardedDataParallel, SortedGreedy
+    from zero_lab import SortedGreedy, reduce_gradients
 
     model = _model(layers, width).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     if variant.startswith("ddp"):
-        return DDP(model, device_ids=[0] if device == "cuda" else None), optimizer, None
+        ddp = DDP(model, device_ids=[0] if device == "cuda" else None)
+        hook = reduce_gradients(ddp, optimizer, "shm_all_reduce") if variant == "ddp_shm" else None
+        return ddp, optimizer, hook
     partitioner = SortedGreedy() if variant.endswith("sorted_greedy") else None
-    cap = {"bucket_cap_mb": float(variant.rpartition("_cap")[2])} if "_cap" in variant else {}
-    engine = ShardedDataParallel(model, optimizer, prefetch="prefetch" in variant, partitioner=partitioner, **cap)
+    options: dict[str, Any] = {"bucket_cap_mb": float(variant.rpartition("_cap")[2])} if "_cap" in variant else {}
+    options.update(SHM if "_shm" in variant else {})
+    engine = ShardedDataParallel(model, optimizer, prefetch="prefetch" in variant, partitioner=partitioner, **options)
     return engine, optimizer, engine
 
 
@@ -108,9 +127,10 @@ def rank_program(
     device: str = "cpu",
     caps: tuple[float, ...] = (),
     block: int = 3,
+    shm: bool = True,
 ) -> dict[str, list[float]]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    names = variants(list(caps))
+    names = variants(list(caps), shm)
     keep_freed_memory()  # as the benchmark's timing phases: no page faults from one step to the next
     built = {v: _build(v, layers, width, device) for v in names}
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
@@ -126,19 +146,19 @@ def rank_program(
             for _ in range(block):  # steady state: each forward waits for the previous step's gathers
                 _step(wrapped, optimizer, x)
             elapsed = torch.tensor([stop() / block], device=device)
-            if engine is not None:  # the last step's gathers end here, untimed, before the next variant's turn
+            if isinstance(engine, ShardedDataParallel):  # the last step's gathers end here, untimed
                 engine.wait_for_params()
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
             if index >= warmup:
                 times[variant].append(float(elapsed))
     for _, _, engine in built.values():
         if engine is not None:
-            engine.close()
+            engine.close()  # the engine, or the control's comm hook (its mailboxes)
     return times if rank == 0 else {"world": [float(world)]}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--batch", type=int, default=16)
@@ -150,12 +170,16 @@ def main() -> None:
     parser.add_argument(
         "--caps", type=float, nargs="*", default=[14.0], help="extra bucket caps (MiB) for the prefetched engine"
     )
+    parser.add_argument(
+        "--no-shm", dest="shm", action="store_false", help="leave out the shared-memory variants (zero_lab.host_shm)"
+    )
     args = parser.parse_args()
     backend = "nccl" if args.device == "cuda" and args.world == 1 else "gloo"  # one GPU: NCCL takes one rank
+    shm = args.shm and args.device == "cpu" and args.world > 1  # shared memory moves host memory between ranks
     times = run_world(
         rank_program,
         args.world,
-        (args.layers, args.width, args.batch, args.rounds, args.warmup, args.device, tuple(args.caps), args.block),
+        (args.layers, args.width, args.batch, args.rounds, args.warmup, args.device, tuple(args.caps), args.block, shm),
         backend=backend,
         timeout_s=600,
     )[0]
@@ -165,10 +189,10 @@ def main() -> None:
         f"{args.layers} × Linear({args.width}), batch {args.batch}, W={args.world} ({where}), "
         f"{args.rounds} rounds of 1 + {args.block} steps per variant"
     )
-    print(f"{'variant':<22} {'median step (ms)':>17} {'÷ DDP + Adam (median of rounds)':>33}")
-    for variant in variants(args.caps):
+    print(f"{'variant':<26} {'median step (ms)':>17} {'÷ DDP + Adam (median of rounds)':>33}")
+    for variant in variants(args.caps, shm):
         ratios = [t / d for t, d in zip(times[variant], ddp)]
-        print(f"{variant:<22} {1e3 * statistics.median(times[variant]):>17.1f} {statistics.median(ratios):>33.3f}")
+        print(f"{variant:<26} {1e3 * statistics.median(times[variant]):>17.1f} {statistics.median(ratios):>33.3f}")
 
 
 if __name__ == "__main__":

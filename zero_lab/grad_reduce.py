@@ -69,8 +69,9 @@ hook inside it), ``find_unused_parameters``, bucket views, every partitioner, pr
 and ``overlap_with_ddp`` (:func:`reduce_gradients` with ``overlap_hook=`` one of
 :mod:`zero_lab.overlap`'s wrappers: it wraps :meth:`GradReduceHandle.hook`).
 ``Join`` is refused (a joined rank would have to shadow point-to-point sends it cannot
-know); a plain optimizer steps every parameter, so it takes ``all_reduce`` only (DDP's own
-traffic, metered: the baseline the bytes per phase are compared with).
+know); a plain optimizer steps every parameter, so it takes a strategy that does not scatter:
+``all_reduce`` (DDP's own traffic, metered: the baseline the bytes per phase are compared with) or
+``shm_all_reduce`` (the same through shared memory: a DDP comm hook of its own).
 
 A new strategy is one class (``name``, ``label``, ``scatters``, ``issue``, ``sent_bytes``)
 and its tests, registered with :func:`register_grad_reduce`; ``auto`` then times it too.
@@ -628,7 +629,7 @@ def reduce_gradients(
 
     Call once on every rank, after building ``optimizer`` (a
     :class:`~zero_lab.optimizer.ZeroRedundancyOptimizer` over ``ddp``'s parameters, whose
-    ``pipeline`` this phase joins; or a plain optimizer, ``all_reduce`` only) and before the
+    ``pipeline`` this phase joins; or a plain optimizer, ``all_reduce`` or ``shm_all_reduce``) and before the
     first backward. ``grad_reduce``: a registered strategy's name or ``"auto"``; ``release_grads``:
     release the gradients of parameters this rank does not own (and DDP's bucket storage) after
     backward — the peak during backward stays DDP's (ZeRO-2 at the peak: ``ShardedDataParallel``).
@@ -640,11 +641,12 @@ def reduce_gradients(
         grad_reduce_named(grad_reduce)
     pipeline = getattr(optimizer, "pipeline", None)
     if not isinstance(pipeline, StepPipeline):
-        if grad_reduce != "all_reduce" or release_grads:
+        if grad_reduce == "auto" or grad_reduce_named(grad_reduce).scatters or release_grads:
             raise TypeError(
                 f"reduce_gradients(grad_reduce={grad_reduce!r}) needs a zero_lab.ZeroRedundancyOptimizer, got "
                 f"{type(optimizer).__name__}: a plain optimizer steps every parameter, so it needs every gradient "
-                "(grad_reduce='all_reduce' meters DDP's own traffic for it)"
+                "(grad_reduce='all_reduce' meters DDP's own traffic for it; 'shm_all_reduce' moves it through shared "
+                "memory)"
             )
         return _install(ddp, None, optimizer, grad_reduce, False, None)
     if pipeline.overlap_with_ddp and overlap_hook is None:
