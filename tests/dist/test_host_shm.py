@@ -49,31 +49,40 @@ def _sent(grad_reduce: str, exchange: str) -> int:
     return engine.comm_stats.sent_bytes
 
 
-def _ddp_path(steps: int = 4) -> float:
-    """DDP + Adam against DDP with the shm reduce-scatter hook + the ZeRO optimizer's shm exchange."""
+def _ddp_path(zero: bool, steps: int = 4) -> float:
+    """DDP + Adam against DDP with the shm reduce-scatter hook + the ZeRO optimizer's shm exchange (``zero``),
+    or against DDP + Adam with its all-reduce as the shm_all_reduce hook (the benchmark's control)."""
     rank = dist.get_rank()
     reference, model = make_model(), make_model()
     ddp_ref, ddp = DDP(reference), DDP(model)
     plain = torch.optim.Adam(reference.parameters(), lr=1e-2)
-    opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, lr=1e-2, exchange="shm_all_gather")
-    handle = reduce_gradients(ddp, opt, "shm_reduce_scatter")
+    if zero:
+        opt: Any = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.Adam, lr=1e-2, exchange="shm_all_gather")
+        handle = reduce_gradients(ddp, opt, "shm_reduce_scatter")
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        handle = reduce_gradients(ddp, opt, "shm_all_reduce")
     for step in range(steps):
         for wrapped, optimizer in ((ddp_ref, plain), (ddp, opt)):
             optimizer.zero_grad()
             accumulated_backward(wrapped, step, rank)
             optimizer.step()
-    opt.wait_for_exchange()
+    if zero:
+        opt.wait_for_exchange()
     handle.close()
     return max((a - b).abs().max().item() for a, b in zip(reference.parameters(), model.parameters()))
 
 
 def _w2_program() -> dict[str, Any]:
     parity = [_train_pair(case, make_model) for case in W2_CASES]
+    sent_shm = _sent("shm_reduce_scatter", "shm_all_gather")
     return {
         "parity": parity,
-        "sent_shm": _sent("shm_reduce_scatter", "shm_all_gather"),
+        "sent_shm": sent_shm,
+        "open_after_close": len(host_shm._OPEN),  # every engine closed: its mailboxes unmapped
         "sent_p2p": _sent("reduce_scatter", "p2p_all_gather"),
-        "ddp_path": _ddp_path(),
+        "ddp_path": _ddp_path(zero=True),
+        "ddp_hook": _ddp_path(zero=False),
         "left": host_shm.leftover_files([os.getpid()]),
     }
 
@@ -83,8 +92,8 @@ def test_engine_and_ddp_path_bitwise_at_two_ranks(world):
         for case, result in zip(W2_CASES, rank_result["parity"]):
             assert result["diff"] == 0.0 and result["losses_equal"], (case, result)
             assert result["in_flight"] == 0 and 0 < result["peak"] <= result["bound"], (case, result)
-        assert rank_result["sent_shm"] == rank_result["sent_p2p"] > 0
-        assert rank_result["ddp_path"] == 0.0
+        assert rank_result["sent_shm"] == rank_result["sent_p2p"] > 0 and rank_result["open_after_close"] == 0
+        assert rank_result["ddp_path"] == 0.0 and rank_result["ddp_hook"] == 0.0
         assert rank_result["left"] == []
 
 
@@ -191,7 +200,7 @@ def test_a_silent_peer_times_out_in_one_line_naming_it(world):
 
 def _killed_peer(directory: str) -> str:
     """Every rank sets up, says its pid, then rank 1 is killed; rank 0 waits for it in vain."""
-    set_group_timeout(timedelta(seconds=2))
+    set_group_timeout(timedelta(seconds=1))
     comm = Communicator(dist.new_group([0, 1]))
     host_shm.attach(comm)
     with open(os.path.join(directory, f"pid{dist.get_rank()}"), "w") as f:
