@@ -305,7 +305,7 @@ class Mailboxes:
             views = []
             for peer, offset, numel, dtype in message.reads:
                 self._wait(peer, _POSTED, message.seq, "post its part", message.op, message.tag)
-                nbytes = numel * torch.empty((), dtype=dtype).element_size()
+                nbytes = numel * dtype.itemsize
                 views.append(self._slot(peer, message.seq)[offset : offset + nbytes].view(dtype))
             message.consume(views)
             self._counters[self.rank][_CONSUMED] = message.seq  # after the reads
