@@ -236,21 +236,34 @@ class Mailboxes:
             )
         problems = setup.all_gather_objects(problem)  # also the barrier: every file exists after it
         try:
-            if any(problems):
-                raise OSError(next(p for p in problems if p))
-            for path in paths:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    self._maps.append(mmap.mmap(fd, size))
-                finally:
-                    os.close(fd)
-            setup.barrier()  # every rank mapped every file
+            if not any(problems):
+                problem = self._map(paths, size, what, comm.global_rank(self.rank))
+                problems = setup.all_gather_objects(problem)  # every rank mapped every file (or none goes on)
         finally:
-            if problem is None:
+            if os.path.exists(paths[self.rank]):
                 os.unlink(paths[self.rank])
+        if any(problems):
+            self.close()
+            raise RuntimeError(next(p for p in problems if p))
         for mapped in self._maps:
             self._counters.append(memoryview(mapped)[:HEADER].cast("q"))
             self._data.append(torch.frombuffer(mapped, dtype=torch.uint8, offset=HEADER))
+
+    def _map(self, paths: Sequence[str], size: int, what: str, rank: int) -> str | None:
+        """Map every rank's file; the problem in one line, if one cannot be."""
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as error:
+                return (
+                    f"{what}: rank {rank} cannot open {path} ({error.strerror}): the ranks do not share {SHM_DIR} "
+                    "(separate containers?); use grad_reduce='reduce_scatter' and exchange='p2p_all_gather'"
+                )
+            try:
+                self._maps.append(mmap.mmap(fd, size))
+            finally:
+                os.close(fd)
+        return None
 
     def close(self) -> None:
         """Unmap the mailboxes (the files are gone already); idempotent."""

@@ -177,23 +177,38 @@ def test_shard_groups_of_two_in_a_world_of_four(world):
     assert all(diff <= 1e-6 for diff in world(_shard_groups_program, 4))
 
 
-def _silent_peer() -> str:
-    """Rank 1 never posts its part: rank 0's wait raises the timeout naming it."""
+def _refused_and_silent(directory: str) -> dict[str, str]:
+    """Ranks that do not share a /dev/shm are refused on every rank; then rank 1 never posts its
+    part, and rank 0's wait raises the timeout naming it."""
+    out = {}
     set_group_timeout(timedelta(seconds=1))
     comm = Communicator(dist.new_group([0, 1]))
-    host_shm.attach(comm)
-    if dist.get_rank() == 1:
-        return "silent"
-    segments = list(torch.ones(8).split(4))
+    shared = host_shm.SHM_DIR
+    host_shm.SHM_DIR = directory if dist.get_rank() == 1 else shared  # rank 1 in a /dev/shm of its own
     try:
-        host_shm.reduce_scatter(comm, segments, op="grad_shm_reduce_scatter", tag=7).wait()
-    except TimeoutError as error:
-        return str(error)
-    return "no error"
+        host_shm.attach(comm)
+    except RuntimeError as error:
+        out["apart"] = str(error)
+    host_shm.SHM_DIR = shared
+    dist.barrier()  # rank 1 has unlinked its file
+    out["left_apart"] = str(os.listdir(directory))
+    host_shm.attach(comm)
+    if dist.get_rank() == 0:
+        try:
+            host_shm.reduce_scatter(comm, list(torch.ones(8).split(4)), op="grad_shm_reduce_scatter", tag=7).wait()
+        except TimeoutError as error:
+            out["silent"] = str(error)
+    return out
 
 
-def test_a_silent_peer_times_out_in_one_line_naming_it(world):
-    message = world(_silent_peer, 2)[0]
+def test_refusals_and_a_silent_peer_in_one_line_naming_it(world, tmp_path):
+    results = world(_refused_and_silent, 2, str(tmp_path))
+    # each rank misses the other's file: every rank raises the first rank's line, nothing is left behind
+    apart = results[0]["apart"]
+    assert apart == results[1]["apart"] and apart.startswith("host_shm: rank 0 cannot open /dev/shm/zero_lab-shm-")
+    assert "the ranks do not share /dev/shm" in apart and "\n" not in apart
+    assert [r["left_apart"] for r in results] == ["[]", "[]"]
+    message = results[0]["silent"]
     assert message.startswith("host_shm: rank 1 did not post its part within 1 s (grad_shm_reduce_scatter, tag 7")
     assert "\n" not in message and "dist.timeout_s" in message
 
