@@ -52,9 +52,10 @@ default) with one line naming the peer rank, the collective, its tag and what to
 **Set-up and release** (collective, on the communicator's group, at its first use or at
 :func:`attach`): the ranks exchange host names and machine types (refused by name unless all
 are one x86-64 host), each creates its file (sparse: memory is taken as slots are first written;
-a ``/dev/shm`` without room for it is refused here, in one line), every rank maps every file, and
-after a barrier each rank unlinks its own: from then on nothing is left in ``/dev/shm`` even if
-the job is killed (the mappings hold the memory until the processes end). Files of dead
+a ``/dev/shm`` without room for it is refused here, in one line), every rank maps every file
+(ranks that cannot open each other's, without a shared ``/dev/shm``, are refused on every rank),
+and once all have, each rank unlinks its own: from then on nothing is left in ``/dev/shm`` even
+if the job is killed (the mappings hold the memory until the processes end). Files of dead
 processes left by a job killed during set-up are swept at the next set-up. :func:`release`
 (the engine's ``close()``) and interpreter exit unmap. Memory: ``slots × slot_bytes`` per rank,
 touched pages counted in the resident memory of the writer and of each reader.
