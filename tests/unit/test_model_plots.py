@@ -97,8 +97,15 @@ def test_model_check_figure_points_band_and_bytes(tmp_path: Path) -> None:
     key = [t.get_text() for t in bytes_ax.get_yticklabels()]
     assert key[2] == "3  linear768 W=4 S=2 zl_gr_rs_bc_s2" and key[3] == "4  tiny W=1 zl_gr_rs_bc"
     assert "%" in bytes_ax.get_xlabel() and fig.texts[0].get_text() == "W = 1-4, under load (load 9.0)"
+    assert len(time_ax.lines) == 1  # the y = x line: no repeats, no band bars
     plt.close(fig)
     assert plot_model_check(rows, tmp_path / "model_check.png", "t").read_bytes().startswith(PNG)
+    # with repeats, a bar from the fastest to the slowest run at the predicted time
+    rows[0]["measured_runs"] = [0.100, 0.110, 0.130]
+    fig = model_check_figure(rows, "repeats")
+    bars = [line.get_data() for line in fig.axes[0].lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] == 100]
+    assert [(list(x), list(y)) for x, y in bars] == [([100.0, 130.0], [100.0, 100.0])]
+    plt.close(fig)
 
 
 def test_checks_json_round_trips(tmp_path: Path) -> None:

@@ -106,10 +106,17 @@ def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None
     return ops
 
 
-def measure_collectives(sizes: Sequence[int], repeats: int, blocks: int = 0) -> list[dict[str, Any]]:
+def measure_collectives(
+    sizes: Sequence[int],
+    repeats: int,
+    blocks: int = 0,
+    cores: int | None = None,
+    models: Sequence[str] = (),
+) -> list[dict[str, Any]]:
     """On every rank of a world: the median seconds of each op at each size S (bytes, nccl-tests' S);
-    then, if ``blocks`` and the world has more ranks than the host has cores, its per-rank
-    compute rates (:func:`crowded_rates`) as rows ``{"op": "matmul_flops" | "memory_bandwidth",
+    then, if ``blocks`` and the world has more ranks than the host's ``cores`` (default: this
+    host's), its per-rank compute rates (:func:`crowded_rates`, Adam on ``models``' parameters,
+    default :data:`ADAM_MODELS`) as rows ``{"op": "matmul_flops" | "memory_bandwidth",
     "world_size", "rate"}``."""
     torch.set_num_threads(1)
     keep_freed_memory()  # as the benchmark's timing phase runs
@@ -121,22 +128,25 @@ def measure_collectives(sizes: Sequence[int], repeats: int, blocks: int = 0) -> 
             rows.append(
                 {"op": op, "world_size": comm.world_size, "nbytes": size, "seconds": _slowest_median(run, repeats)}
             )
-    if blocks and comm.world_size > (os.cpu_count() or 1):
-        rows += [{"op": k, "world_size": comm.world_size, "rate": v} for k, v in crowded_rates(blocks).items()]
+    cores = cores or os.cpu_count() or 1
+    if blocks and comm.world_size > cores:
+        rates = crowded_rates(blocks, cores, tuple(models) or ADAM_MODELS)
+        rows += [{"op": k, "world_size": comm.world_size, "rate": v} for k, v in rates.items()]
     return rows
 
 
-def crowded_rates(blocks: int) -> dict[str, float]:
+def crowded_rates(blocks: int, cores: int, models: Sequence[str]) -> dict[str, float]:
     """One rank's matmul FLOP/s and Adam bytes/s in a world of more ranks than cores, every rank
     computing at once: each rank's CPU-time rate over ``blocks`` blocks (what the ranks' contention
     for the caches and the memory bus leaves it; other jobs' turns on the cores are not counted, as
     for the rates alone), the slowest rank's median block (a step waits for the slowest), times
-    ``cores / W``: the rank's turns on the cores."""
-    world, cores = dist.get_world_size(), os.cpu_count() or 1
+    ``cores / W``: the rank's turns on the cores. Adam steps the parameters of ``models``."""
+    world = dist.get_world_size()
     out = {}
-    for key, rate in (("matmul_flops", matmul_rate), ("memory_bandwidth", adam_rate)):
+    timers = (("matmul_flops", lambda: matmul_rate(blocks)), ("memory_bandwidth", lambda: adam_rate(models, blocks)))
+    for key, rate in timers:
         dist.barrier()  # every rank starts at once
-        median = torch.tensor([rate(blocks=blocks).spread[1]], dtype=torch.float64)
+        median = torch.tensor([rate().spread[1]], dtype=torch.float64)
         dist.all_reduce(median, op=dist.ReduceOp.MIN)
         out[key] = float(median) * cores / world
     return out
@@ -383,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sizes = [int(mib * 2**20) for mib in args.sizes_mib]
     rows = []
     for world in args.world_sizes:
-        world_args = (sizes, args.repeats, args.blocks)
+        world_args = (sizes, args.repeats, args.blocks, os.cpu_count() or 1)
         limits = {"timeout_s": args.timeout, "deadline_s": args.timeout, "start_method": "forkserver"}
         ranks = run_world(measure_collectives, world, world_args, **limits)
         rows += ranks[0]  # every rank holds the same rows: each time is the slowest rank's
