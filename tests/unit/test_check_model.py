@@ -71,11 +71,13 @@ def test_the_hierarchical_row_is_priced_over_its_groups() -> None:
 
 
 def test_a_stored_check_is_repriced_without_running(tmp_path) -> None:
-    """--from: the stored rows' measured figures kept, their predictions the model's now; the
-    p2p rows of the idle check are priced with gloo_local's one-thread copies (duplex: false)."""
-    stored = Path(__file__).parents[2] / "docs" / "data" / "model-check-2026-11-27-idle.json"
+    """--from: the stored rows' measured figures kept, their predictions the model's now on the
+    calibration that run was checked with (kept beside its rows, so gloo_local may be refitted);
+    the p2p rows are priced with its one-thread copies (duplex: false)."""
+    data = Path(__file__).parents[2] / "docs" / "data"
+    stored, fitted = data / "model-check-2026-11-27-idle.json", data / "gloo_local-2026-11-27-1821.yaml"
     _, rows = read_checks(stored)
-    checks = main(["--from", str(stored), "--out", str(tmp_path)])
+    checks = main(["--from", str(stored), "--hardware", str(fitted), "--out", str(tmp_path)])
     assert [(c.model, c.world_size, c.strategy, c.measured_s) for c in checks] == [
         (r.model, r.world_size, r.strategy, r.measured_s) for r in rows
     ]
@@ -87,7 +89,7 @@ def test_a_stored_check_is_repriced_without_running(tmp_path) -> None:
 
     from zero_lab.bench.check_model import recheck
 
-    gloo = load_hardware("gloo_local")
+    gloo = load_hardware(fitted)
     even = {(c.model, c.strategy, c.world_size): c.predicted_s for c in recheck(rows, replace(gloo, crowded={}))}
     moved = {
         (c.model, c.strategy, c.world_size) for c in checks if c.predicted_s != even[c.model, c.strategy, c.world_size]

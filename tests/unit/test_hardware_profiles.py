@@ -117,13 +117,14 @@ def test_a_crowded_world_is_fitted_on_its_own_points() -> None:
 
 
 def test_the_shipped_gloo_profile_prices_four_ranks_from_its_four_rank_points() -> None:
-    """gloo_local's crowded W = 4 fits come from its own measured W = 4 rows (18:21), nothing else."""
+    """gloo_local's crowded W = 4 fits come from its own measured W = 4 rows, nothing else."""
     gloo = load_hardware("gloo_local")
     data = yaml.safe_load((PROFILE_DIR / "gloo_local.yaml").read_text())
-    four = [r for r in data["measured"] if r["world_size"] == 4 and r["op"] == "broadcast"]
-    fit = fit_link([(Collective("broadcast", r["nbytes"], 4), r["seconds"]) for r in four])
-    assert gloo.crowded[4].collectives["broadcast"].bus_bandwidth == pytest.approx(fit.bus_bandwidth, rel=1e-3)
-    assert gloo.crowded[4].matmul_flops is None  # not measured in that calibration: the cores shared evenly
+    for op in ("broadcast", "all_reduce"):
+        four = [r for r in data["measured"] if r["world_size"] == 4 and r["op"] == op]
+        fit = fit_link([(Collective(op, r["nbytes"], 4), r["seconds"]) for r in four])
+        assert gloo.crowded[4].collectives[op].bus_bandwidth == pytest.approx(fit.bus_bandwidth, rel=1e-3)
+        assert gloo.crowded[4].collectives[op].alpha_s == pytest.approx(fit.alpha_s, rel=1e-3, abs=1e-9)
 
 
 def test_a_rate_is_its_fastest_block_with_the_spread() -> None:
