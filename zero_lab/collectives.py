@@ -115,7 +115,8 @@ class Collective(Protocol):
     ``bounds`` are empty but for the owner's; a collective that sends each range from its
     owner, like a broadcast); ``False``: the shards are staged in one rank-major buffer
     per (device, dtype), one unit each. Only collectives with ``in_place_shards`` (they fill
-    any unit in place, staging nothing) are ``exchange="auto"``'s candidates.
+    any unit in place, staging nothing) are ``exchange="auto"``'s candidates, and not those whose
+    class says ``auto_candidate = False`` (opt-in, as :class:`ShmAllGather`).
     """
 
     name: str

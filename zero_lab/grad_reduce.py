@@ -143,6 +143,7 @@ class GradReduce(Protocol):
     ``name``: the value of ``grad_reduce=``. ``label``: the Communicator op
     (``zero_lab::<label>`` in the profiler). ``scatters``: ``False`` when every rank ends
     with the whole reduced bucket (then ``issue`` gets the bucket as it is, one segment).
+    Optional: ``auto_candidate = False`` keeps a registered strategy out of ``auto``'s trials (opt-in).
     """
 
     name: str
