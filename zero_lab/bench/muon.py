@@ -31,7 +31,10 @@ does all Newton–Schulz work.
   Newton–Schulz cost: each matrix's gradient reaches its owner in the engine's buckets, the owner
   steps it whole, the buckets' parameters are gathered inside ``step()`` (``prefetch=False``: a
   prefetched gather would run behind the other strategies' turns in this interleaved benchmark,
-  not behind its own forward, and look free).
+  not behind its own forward, and look free);
+* ``zl_engine_shm`` — the same over host shared memory (:mod:`zero_lab.host_shm`:
+  ``shm_reduce_scatter`` + ``shm_all_gather``), with its control ``ddp_muon_shm``: DDP + Muon whose
+  all-reduce is the ``shm_all_reduce`` comm hook, so the transport's share of the gain shows.
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
@@ -86,7 +89,19 @@ MODEL: dict[str, Any] = {
 MUON = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.1}
 ADAMW = {"lr": 3e-3, "weight_decay": 0.1}
 BATCH = 8  # sequences per rank per step
-STRATEGIES = ("ddp_muon", "torch_zero", "zl_numel", "zl_cost", "zl_time", "zl_cost_rs", "zl_engine")
+STRATEGIES = (
+    "ddp_muon",
+    "ddp_muon_shm",
+    "torch_zero",
+    "zl_numel",
+    "zl_cost",
+    "zl_time",
+    "zl_cost_rs",
+    "zl_engine",
+    "zl_engine_shm",
+)
+#: the engine's modes over host shared memory (:mod:`zero_lab.host_shm`) instead of Gloo's point to point
+SHM_MODES = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"}
 
 
 def cpu_step_ns(spec: ParamSpec) -> float:
@@ -134,14 +149,19 @@ def _ordered(matrices: dict[str, Any], rest: dict[str, Any], order: str) -> list
 def _build(name: str, template: nn.Module, order: str) -> _Row:
     model = copy.deepcopy(template)
     matrices, rest = muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False)
-    if name == "zl_engine":
+    if name in ("zl_engine", "zl_engine_shm"):
         chained = ChainedOptimizer(_ordered(matrices, rest, order), torch.optim.AdamW)
-        engine = ShardedDataParallel(model, chained, partitioner=SortedGreedy(cost="newton_schulz"), prefetch=False)
+        modes = SHM_MODES if name == "zl_engine_shm" else {}
+        engine = ShardedDataParallel(
+            model, chained, partitioner=SortedGreedy(cost="newton_schulz"), prefetch=False, **modes
+        )
         return _Row(model, engine, [chained], lambda: engine.local_step_seconds)  # the owners' step, no gather
     ddp = DDP(model)
-    if name == "ddp_muon":
+    if name in ("ddp_muon", "ddp_muon_shm"):
         muon = torch.optim.Muon(matrices["params"], **MUON)
         adamw = torch.optim.AdamW(rest["params"], **ADAMW)
+        if name == "ddp_muon_shm":  # the control: DDP's all-reduce over the same shared memory
+            reduce_gradients(ddp, muon, "shm_all_reduce")
         clocks = [_timed_hooks(muon), _timed_hooks(adamw)]
         return _Row(model, ddp, [muon, adamw], lambda: sum(c() for c in clocks))
     if name == "torch_zero":
@@ -252,6 +272,8 @@ LABELS = {
     "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
     "zl_cost_rs": "zero_lab, cost-balanced, grad_reduce=reduce_scatter",
     "zl_engine": "zero_lab's engine (ShardedDataParallel), cost-balanced",
+    "ddp_muon_shm": "DDP + Muon/AdamW, its all-reduce over host shared memory (control)",
+    "zl_engine_shm": "zero_lab's engine, cost-balanced, over host shared memory",
 }
 
 
