@@ -80,8 +80,9 @@ class Link:
 @dataclass(frozen=True)
 class Crowded:
     """A world of more ranks than cores as the calibration measured it: every op fitted on that
-    world's points alone, and one rank's matmul FLOP/s and memory bytes/s (wall time, every rank
-    computing at once: the cores' sharing included); a rate ``None`` was not measured."""
+    world's points alone, and one rank's matmul FLOP/s and memory bytes/s with every rank computing
+    at once, its share of the cores included (``zero_lab.bench.calibrate.crowded_rates``); a rate
+    ``None`` was not measured."""
 
     collectives: Mapping[str, Link] = field(default_factory=dict)
     matmul_flops: float | None = None
