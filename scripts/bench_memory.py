@@ -63,6 +63,7 @@ VARIANTS = (
     "zero_lab_ddp",
     "zero_lab_ddp_broadcast",
     "engine",
+    "engine_shm",
     "fsdp2",
     "deepspeed_zero1",
     "deepspeed_zero2",
@@ -109,11 +110,13 @@ def _build(variant: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optim
         exchange = "broadcast" if variant.endswith("broadcast") else "auto"
         wrapped = DDP(model)
         return wrapped, ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, exchange=exchange, lr=1e-3), None
-    if variant == "engine":
+    if variant in ("engine", "engine_shm"):
         from zero_lab import ShardedDataParallel
 
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        engine = ShardedDataParallel(model, optimizer)
+        # engine_shm: over host shared memory, whose mailboxes (a slot per bucket and two more) count in RSS
+        shm = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"} if variant == "engine_shm" else {}
+        engine = ShardedDataParallel(model, optimizer, **shm)
         return engine, optimizer, engine
     if variant == "fsdp2":
         from torch.distributed.fsdp import fully_shard
