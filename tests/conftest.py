@@ -7,8 +7,11 @@
 ``make test`` runs the suite on three pytest-xdist workers (``-n 3``; ``make check`` the unit
 layer on two) with this folder's scheduler (:func:`pytest_xdist_make_scheduler`): each test of the
 dist, e2e and Slurm layers belongs to a group (:func:`xdist_group_of`) that one worker runs whole,
-so a module's or a shared session fixture is made once, never by two workers; unit tests are
-spread one by one. (xdist's own ``--dist loadgroup`` reads ``xdist_group`` markers into node ids
+so a module's fixtures are made once, never by two workers; unit tests are spread one by one. The
+e2e runs several modules read (``default_run``, ``sweep``, ...: tests/e2e/conftest.py) are made once
+per session by whichever worker asks first, under a lock the others wait on
+(:func:`tests.e2e.runs.runs_once`), so those modules need no common group: each is its own, and
+the workers share them out. (xdist's own ``--dist loadgroup`` reads ``xdist_group`` markers into node ids
 that pytest 9 no longer uses, so here the groups come from each test's path instead.) Groups are
 handed out longest first (:data:`LAYER_ORDER`: the Slurm layer, which mostly waits for slurmctld
 and its jobs, then the e2e runs of ``train.py``, then the Gloo worlds), the many short unit tests
@@ -22,11 +25,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-
-#: e2e modules that read the session's shared runs (``default_run``, ``sweep`` in tests/e2e/conftest.py):
-#: one group, so those runs are made once.
-SHARED_E2E_RUNS = {"test_app", "test_config_cli", "test_default_job", "test_metrics", "test_optuna", "test_report"}
-
 
 #: Unit tests that build a ``transformers`` model (their node ids hold one of these): one group, so
 #: one worker pays transformers' first model import (about 5 s of CPU: torch._dynamo, sympy, DTensor),
@@ -45,16 +43,13 @@ UNIT_MODULES_WHOLE = {"test_facts_once", "test_layers"}
 
 def xdist_group_of(nodeid: str) -> str:
     """The group the test ``nodeid`` runs in: the Slurm layer as one (one cluster per session, its
-    jobs queued one after another), the e2e modules of :data:`SHARED_E2E_RUNS` as one, every other
-    dist or e2e module its own, and each unit test alone (no shared fixture worth a group) but those
-    that build a transformers model (:data:`BUILDS_TRANSFORMERS`) and the modules of
-    :data:`UNIT_MODULES_WHOLE`."""
+    jobs queued one after another), every dist or e2e module its own, and each unit test alone (no
+    shared fixture worth a group) but those that build a transformers model
+    (:data:`BUILDS_TRANSFORMERS`) and the modules of :data:`UNIT_MODULES_WHOLE`."""
     path = PurePosixPath(nodeid.split("::", 1)[0])
     layer = path.parent.name
     if layer == "slurm":
         return "slurm"
-    if layer == "e2e" and path.stem in SHARED_E2E_RUNS:
-        return "e2e-shared-runs"
     if layer == "unit":
         if any(mark in nodeid for mark in BUILDS_TRANSFORMERS):
             return "unit/transformers"
@@ -66,9 +61,30 @@ def xdist_group_of(nodeid: str) -> str:
 LAYER_ORDER = {"slurm": 0, "e2e": 1, "dist": 2, "unit": 3}
 
 
-def schedule_key(item: pytest.Item) -> int:
-    """Where ``item``'s layer comes in :data:`LAYER_ORDER` (unknown folders just before unit)."""
-    return LAYER_ORDER.get(Path(str(item.path)).parent.name, len(LAYER_ORDER) - 1)
+#: Within their layer, the modules that make the most ``train.py`` runs go first, longest first (their
+#: setup and call times in the clean-clone runs of ``make test``, 2026-11-27): one of them handed out
+#: last would bound the wall time alone while the other workers idle.
+HEAVY_FIRST = (
+    "test_app",
+    "test_faults",
+    "test_app_faults",
+    "test_loop_features",
+    "test_engine_resume",
+    "test_core_doc",
+    "test_own_docs",
+    "test_hierarchy_app",
+    "test_report",
+    "test_two_nodes_link",
+    "test_optuna",
+)
+
+
+def schedule_key(item: pytest.Item) -> tuple[int, int]:
+    """Where ``item``'s layer comes in :data:`LAYER_ORDER` (unknown folders just before unit), then
+    its module in :data:`HEAVY_FIRST` (the rest after those, in collection order)."""
+    path = Path(str(item.path))
+    layer = LAYER_ORDER.get(path.parent.name, len(LAYER_ORDER) - 1)
+    return layer, HEAVY_FIRST.index(path.stem) if path.stem in HEAVY_FIRST else len(HEAVY_FIRST)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -151,6 +151,11 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def jobs(sweep_dir: Path) -> list[Path]:
+    """A sweep's job dirs in job order."""
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: int(p.name))
+
+
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -15,7 +15,7 @@ STEPS = ("steps=4", "logger=none")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("engine")
-    engine, ddp, sweep, default = train_together(
+    engine, sweep, default = train_together(
         (
             *STEPS,
             "optim=zero_adam",
@@ -24,19 +24,18 @@ def runs(tmp_path_factory):
             "prefetch=true",
             f"hydra.run.dir={base / 'engine'}",
         ),
-        (*STEPS, "optim=adam", "dp=ddp", f"hydra.run.dir={base / 'ddp'}"),
         ("-m", *STEPS, "optim=zero_adam", "dp=ddp,zero_lab", f"hydra.sweep.dir={base / 'sweep'}"),
         (*STEPS, f"hydra.run.dir={base / 'default'}"),  # the embedded default: nothing else set
     )
-    for result in (engine, ddp, sweep, default):
+    for result in (engine, sweep, default):
         assert result.returncode == 0, result.stderr[-3000:]
     (base / "default.out").write_text(default.stdout)
     return base, engine.stdout + engine.stderr
 
 
-def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs):
+def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs, adam_ddp_run):
     base, _ = runs
-    ours, theirs = summary(base / "engine"), summary(base / "ddp")
+    ours, theirs = summary(base / "engine"), summary(adam_ddp_run)
     assert ours["losses"] == theirs["losses"] and ours["final_loss"] == theirs["final_loss"]
     assert ours["param_checksum"] == theirs["param_checksum"]
     assert ours["dp"] == "zero_lab" and theirs["dp"] == "ddp" and theirs["engine"] is None
@@ -59,9 +58,9 @@ def test_a_sweep_over_dp_runs_both_engines_to_one_loss(runs):
     assert ddp["param_checksum"] == engine["param_checksum"] and ddp["losses"] == engine["losses"]
 
 
-def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs):
+def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs, adam_ddp_run):
     base, _ = runs
-    default, ddp = summary(base / "default"), summary(base / "ddp")
+    default, ddp = summary(base / "default"), summary(adam_ddp_run)
     assert default["choices"]["optim"] == "zero_adam" and default["dp"] == "zero_lab" and default["engine"]
     reason = "dp=auto: a sharded Adam and no key only DDP takes; bitwise DDP + Adam's parameters at W=2"
     assert default["dp_choice"] == {"dp": "zero_lab", "requested": "auto", "reason": reason}
