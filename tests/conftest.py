@@ -70,6 +70,7 @@ HEAVY_FIRST = (
     "test_app_faults",
     "test_loop_features",
     "test_engine_resume",
+    "test_app_precision",
     "test_core_doc",
     "test_own_docs",
     "test_hierarchy_app",

@@ -39,6 +39,17 @@ T = TypeVar("T")
 SUMMARY_KEYS = {"final_loss", "losses", "world_size", "steps", "param_checksum"}
 
 
+#: DDP + Adam runs that several modules compare with, by name: each module asks for the one it needs in
+#: its own :func:`runs_once` call with :func:`session_base` (so it is made together with the module's
+#: runs, two at a time, by the first module that asks, and read by the others).
+REFERENCES: dict[str, tuple[tuple[str, ...], bool]] = {
+    # the engine (test_engine_app.py) and ZeRO-Adam split along DDP's buckets (test_ddp_bucket_app.py)
+    "adam-ddp": (("steps=4", "logger=none", "optim=adam", "dp=ddp"), False),
+    # clipped on every step: the engine (test_engine_resume.py), flat ZeRO-Adam on DDP (test_app_precision.py)
+    "adam-clipped": (("steps=6", "logger=none", "optim=adam", "optim.max_grad_norm=0.05"), False),
+}
+
+
 def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "RANK", "WORLD_SIZE")}
     env[MARKER] = "1"

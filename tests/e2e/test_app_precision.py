@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs import assert_close, jobs, metrics, runs_once, summary
+from tests.e2e.runs import REFERENCES, assert_close, jobs, metrics, runs_once, session_base, summary
 
 #: The fixture's six runs, and the session's default run it may wait for: a few minutes under load.
 pytestmark = pytest.mark.timeout(600)
@@ -19,27 +19,29 @@ pytestmark = pytest.mark.timeout(600)
 def runs(tmp_path_factory) -> dict[str, Path]:
     """This module's runs, made together, two at a time (:func:`~tests.e2e.runs.runs_once`):
 
-    - ``clip``: flat ZeRO-Adam (broadcast exchange) on DDP, clipped to ``max_grad_norm=0.05`` (plain Adam
-      clipped alike: the session's ``clipped_adam_run``);
+    - ``clip``: flat ZeRO-Adam (broadcast exchange) on DDP, clipped to ``max_grad_norm=0.05``;
+    - ``adam-clipped``: plain Adam clipped alike (the session's, :data:`~tests.e2e.runs.REFERENCES`);
     - ``bf16``: ``param_dtype=bfloat16`` x ``overlap=false,true`` x ``optim.master_weights=true,false`` on DDP.
     """
     quiet = ("logger=none",)
     made = {
-        "bf16": ((*quiet, "dp=ddp", "param_dtype=bfloat16", "overlap=false,true", "optim.master_weights=true,false"),
-                 True),
-        "clip": ((*quiet, "dp=ddp", "optim=zero_adam", "partitioner=flat", "exchange=broadcast",
-                  "optim.max_grad_norm=0.05", "steps=6"), False),
+        "adam-clipped": REFERENCES["adam-clipped"],
+        "precision-bf16": ((*quiet, "dp=ddp", "param_dtype=bfloat16", "overlap=false,true",
+                            "optim.master_weights=true,false"), True),
+        "precision-clip": ((*quiet, "dp=ddp", "optim=zero_adam", "partitioner=flat", "exchange=broadcast",
+                            "optim.max_grad_norm=0.05", "steps=6"), False),
     }  # fmt: skip
-    return runs_once(tmp_path_factory.getbasetemp() / "test_app_precision", made)
+    out = runs_once(session_base(tmp_path_factory), made)  # the session's dir: adam-clipped may be made already
+    return {"bf16": out["precision-bf16"], "clip": out["precision-clip"], "adam-clipped": out["adam-clipped"]}
 
 
-def test_max_grad_norm_clips_flat_zero_exactly_like_plain_adam(clipped_adam_run, runs):
-    adam, flat = summary(clipped_adam_run), summary(runs["clip"])
+def test_max_grad_norm_clips_flat_zero_exactly_like_plain_adam(runs):
+    adam, flat = summary(runs["adam-clipped"]), summary(runs["clip"])
     assert (adam["zero"], flat["zero"], flat["partition"]["imbalance"]) == (False, True, 1.0)
     assert_close(flat["losses"], adam["losses"], 1e-6)
     norms = {
         name: [row["train/grad_norm"] for row in metrics(run)]
-        for name, run in (("adam", clipped_adam_run), ("flat", runs["clip"]))
+        for name, run in (("adam", runs["adam-clipped"]), ("flat", runs["clip"]))
     }
     assert_close(norms["flat"], norms["adam"], 1e-6)  # the sharded norm is the full model's
     assert min(norms["adam"]) > 0.05  # every step was really clipped

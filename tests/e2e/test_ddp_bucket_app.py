@@ -4,16 +4,15 @@ Adam's losses and parameters bitwise."""
 
 from __future__ import annotations
 
-from tests.e2e.runs import summary, train
+from tests.e2e.runs import REFERENCES, runs_once, session_base, summary
 
 STEPS = ("steps=4", "logger=none")
 
 
-def test_ddp_bucket_without_overlap_trains_as_ddp_adam_bitwise(tmp_path, adam_ddp_run):
-    result = train(*STEPS, "optim=zero_adam", "dp=ddp", "partitioner=ddp_bucket", "partitioner.shard_buckets=true",
-                   f"hydra.run.dir={tmp_path / 'zero'}")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    zero, ddp = summary(tmp_path / "zero"), summary(adam_ddp_run)
+def test_ddp_bucket_without_overlap_trains_as_ddp_adam_bitwise(tmp_path_factory):
+    ours = (*STEPS, "optim=zero_adam", "dp=ddp", "partitioner=ddp_bucket", "partitioner.shard_buckets=true")
+    made = runs_once(session_base(tmp_path_factory), {"ddp-bucket": (ours, False), "adam-ddp": REFERENCES["adam-ddp"]})
+    zero, ddp = summary(made["ddp-bucket"]), summary(made["adam-ddp"])
     assert zero["losses"] == ddp["losses"] and zero["param_checksum"] == ddp["param_checksum"]
     assert zero["choices"]["partitioner"] == "ddp_bucket" and zero["overlap"] is False
     assert zero["partition"]["imbalance"] < 1.2  # every bucket split across both ranks

@@ -5,37 +5,31 @@ is the engine, bitwise equal to ``optim=adam dp=ddp``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.e2e.runs import summary, train_together
+from tests.e2e.runs import REFERENCES, runs_once, session_base, summary
 
 STEPS = ("steps=4", "logger=none")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("engine")
-    engine, sweep, default = train_together(
-        (
-            *STEPS,
-            "optim=zero_adam",
-            "dp=zero_lab",
-            "partitioner=flat",
-            "prefetch=true",
-            f"hydra.run.dir={base / 'engine'}",
-        ),
-        ("-m", *STEPS, "optim=zero_adam", "dp=ddp,zero_lab", f"hydra.sweep.dir={base / 'sweep'}"),
-        (*STEPS, f"hydra.run.dir={base / 'default'}"),  # the embedded default: nothing else set
-    )
-    for result in (engine, sweep, default):
-        assert result.returncode == 0, result.stderr[-3000:]
-    (base / "default.out").write_text(default.stdout)
-    return base, engine.stdout + engine.stderr
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Made together, two at a time, in the session's dir (:func:`~tests.e2e.runs.runs_once`): ``sweep``,
+    ``-m dp=ddp,zero_lab`` (job 1 the engine with flat buckets and prefetch, job 0 the same ZeRO-Adam on
+    DDP); ``default``, the embedded default (nothing else set); ``adam-ddp``, DDP + Adam (shared)."""
+    made = {
+        "engine-app-sweep": ((*STEPS, "optim=zero_adam", "dp=ddp,zero_lab", "partitioner=flat", "prefetch=true"), True),
+        "engine-app-default": (STEPS, False),
+        "adam-ddp": REFERENCES["adam-ddp"],
+    }  # fmt: skip
+    out = runs_once(session_base(tmp_path_factory), made)
+    return {"sweep": out["engine-app-sweep"], "default": out["engine-app-default"], "ddp": out["adam-ddp"]}
 
 
-def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs, adam_ddp_run):
-    base, _ = runs
-    ours, theirs = summary(base / "engine"), summary(adam_ddp_run)
+def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs):
+    ours, theirs = summary(runs["sweep"] / "1"), summary(runs["ddp"])
     assert ours["losses"] == theirs["losses"] and ours["final_loss"] == theirs["final_loss"]
     assert ours["param_checksum"] == theirs["param_checksum"]
     assert ours["dp"] == "zero_lab" and theirs["dp"] == "ddp" and theirs["engine"] is None
@@ -46,21 +40,19 @@ def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs, adam_ddp_run):
 
 
 def test_closing_lines_name_the_engine_and_its_modes(runs):
-    _, shown = runs
+    shown = (runs["sweep"] / ".done").read_text()  # the sweep's stdout
     assert "data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce=reduce_scatter, " in shown
     assert "exchange=p2p_all_gather, prefetch=true" in shown and "gradients held on rank 0:" in shown
 
 
 def test_a_sweep_over_dp_runs_both_engines_to_one_loss(runs):
-    base, _ = runs
-    ddp, engine = summary(base / "sweep" / "0"), summary(base / "sweep" / "1")
+    ddp, engine = summary(runs["sweep"] / "0"), summary(runs["sweep"] / "1")
     assert (ddp["dp"], engine["dp"]) == ("ddp", "zero_lab")
     assert ddp["param_checksum"] == engine["param_checksum"] and ddp["losses"] == engine["losses"]
 
 
-def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs, adam_ddp_run):
-    base, _ = runs
-    default, ddp = summary(base / "default"), summary(adam_ddp_run)
+def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs):
+    default, ddp = summary(runs["default"]), summary(runs["ddp"])
     assert default["choices"]["optim"] == "zero_adam" and default["dp"] == "zero_lab" and default["engine"]
     reason = "dp=auto: a sharded Adam and no key only DDP takes; bitwise DDP + Adam's parameters at W=2"
     assert default["dp_choice"] == {"dp": "zero_lab", "requested": "auto", "reason": reason}
@@ -69,6 +61,6 @@ def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs, adam_
     modes = default["engine"]  # the engine's own per-backend defaults: no trial at step 1 adds to the peak
     assert (modes["grad_reduce"], modes["exchange"]) == ("reduce_scatter", "p2p_all_gather")
     assert default["exchange"] is None  # no exchange=auto report: nothing timed candidates at step 1
-    shown = (base / "default.out").read_text()
+    shown = (runs["default"] / ".done").read_text()  # its stdout
     assert f"  data parallel: zero_lab.ShardedDataParallel ({reason}): grad_reduce=reduce_scatter, " in shown
     assert "  data parallel: torch's DDP" not in shown
