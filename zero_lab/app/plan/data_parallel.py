@@ -10,7 +10,7 @@
    low-precision ``param_dtype``, DDP's own ``dist.`` options, the ZeRO wrapper's own ``optim.``
    keys): ``ddp``, so that such a key keeps its meaning (and the closing lines name the key that chose);
 3. any other ``zero_*`` run: ``zero_lab``, the engine — the parameters of DDP + the same optimizer
-   (bitwise at W ≤ 2; at W ≥ 3 within 1e-6, not bitwise: no reduction order of the engine's is DDP's
+   (bitwise at W ≤ 2; at W ≥ 3 up to rounding, not bitwise: no reduction order of the engine's is DDP's
    ring order, and the reason says which of the two a job gets, :func:`parity_with_ddp`), a lower
    peak (ZeRO-2 on its own buffers) and a faster step (docs/benchmarks.md); no mode is chosen by a
    trial that would add to the peak.
@@ -81,14 +81,15 @@ def resolve_dp(cfg: DictConfig, optim: OptimPlan | None) -> DpChoice:
 
 def parity_with_ddp(world_size: int | None, name: str) -> str:
     """How close the engine's parameters are to DDP + ``name``'s at ``world_size`` ranks: bitwise up to two
-    (a sum of two is the same in any order), within 1e-6 from three (tests/dist/test_engine.py), where the
-    engine's reductions (reduce-scatter to owners, replicas after shard groups) add in another order than
-    DDP's ring all-reduce."""
+    (a sum of two is the same in any order); from three up to rounding, not bitwise, where the engine's
+    reductions (reduce-scatter to owners, replicas after shard groups) add in another order than DDP's
+    ring all-reduce (tested: parameters within 1e-6 at W=3, tests/dist/test_engine.py; losses within
+    1e-5 at W=4 in shard groups of 2, tests/e2e/test_hierarchy_app.py)."""
     if world_size is None:
-        return f"DDP + {name}'s parameters bitwise at W <= 2, within 1e-6 from W=3"
+        return f"DDP + {name}'s parameters bitwise at W <= 2, up to rounding from W=3"
     if int(world_size) <= 2:
         return f"bitwise DDP + {name}'s parameters at W={world_size}"
-    return f"DDP + {name}'s parameters within 1e-6 at W={world_size}, not bitwise (another summation order)"
+    return f"DDP + {name}'s parameters up to rounding at W={world_size}, not bitwise (another summation order)"
 
 
 def ddp_only_settings(cfg: DictConfig, optim: OptimPlan) -> list[str]:
