@@ -32,6 +32,8 @@ does all Newton–Schulz work.
   steps it whole, the buckets' parameters are gathered inside ``step()`` (``prefetch=False``: a
   prefetched gather would run behind the other strategies' turns in this interleaved benchmark,
   not behind its own forward, and look free);
+* ``ddp_muon_aa`` — ``ddp_muon`` again, the A/A control: its ratio to ``ddp_muon`` is the noise band
+  of every other ratio;
 * ``zl_engine_shm`` — the same over host shared memory (:mod:`zero_lab.host_shm`:
   ``shm_reduce_scatter`` + ``shm_all_gather``), with its control ``ddp_muon_shm``: DDP + Muon whose
   all-reduce is the ``shm_all_reduce`` comm hook, so the transport's share of the gain shows.
@@ -91,6 +93,7 @@ ADAMW = {"lr": 3e-3, "weight_decay": 0.1}
 BATCH = 8  # sequences per rank per step
 STRATEGIES = (
     "ddp_muon",
+    "ddp_muon_aa",
     "ddp_muon_shm",
     "torch_zero",
     "zl_numel",
@@ -157,7 +160,7 @@ def _build(name: str, template: nn.Module, order: str) -> _Row:
         )
         return _Row(model, engine, [chained], lambda: engine.local_step_seconds)  # the owners' step, no gather
     ddp = DDP(model)
-    if name in ("ddp_muon", "ddp_muon_shm"):
+    if name in ("ddp_muon", "ddp_muon_aa", "ddp_muon_shm"):
         muon = torch.optim.Muon(matrices["params"], **MUON)
         adamw = torch.optim.AdamW(rest["params"], **ADAMW)
         if name == "ddp_muon_shm":  # the control: DDP's all-reduce over the same shared memory
@@ -272,6 +275,7 @@ LABELS = {
     "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
     "zl_cost_rs": "zero_lab, cost-balanced, grad_reduce=reduce_scatter",
     "zl_engine": "zero_lab's engine (ShardedDataParallel), cost-balanced",
+    "ddp_muon_aa": "DDP + Muon/AdamW again (the A/A control: the noise band)",
     "ddp_muon_shm": "DDP + Muon/AdamW, its all-reduce over host shared memory (control)",
     "zl_engine_shm": "zero_lab's engine, cost-balanced, over host shared memory",
 }
