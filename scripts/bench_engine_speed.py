@@ -24,7 +24,7 @@ sharding's. ``--no-shm`` leaves them out.
 
     python scripts/bench_engine_speed.py                          # 12 × Linear(768), batch 16, 30 rounds
     python scripts/bench_engine_speed.py --caps 8 14 28           # the prefetched engine at three more caps
-    python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 6
+    python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 8 --caps --only engine engine_shm
     python scripts/bench_engine_speed.py --device cuda --world 1   # NCCL on one GPU (W=2: Gloo, one GPU)
 
 On CUDA each step is timed with CUDA events on the current stream (the host returns before the
@@ -58,12 +58,15 @@ SHM_VARIANTS = ("ddp_shm", "engine_shm", "engine_shm_prefetch")
 SHM = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"}
 
 
-def variants(caps: list[float], shm: bool = True) -> tuple[str, ...]:
+def variants(caps: list[float], shm: bool = True, only: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The base variants (then the shared-memory ones), then the prefetched engine once per extra bucket
-    cap (``engine_prefetch_cap14``, and ``engine_shm_prefetch_cap14``)."""
+    cap (``engine_prefetch_cap14``, and ``engine_shm_prefetch_cap14``); with ``only``, those of them and
+    the reference and its A/A control (``ddp``, ``ddp_aa``), which every ratio needs."""
     names = BASE_VARIANTS + tuple(f"engine_prefetch_cap{cap:g}" for cap in caps)
     if shm:
         names += SHM_VARIANTS + tuple(f"engine_shm_prefetch_cap{cap:g}" for cap in caps)
+    if only:
+        names = tuple(name for name in names if name in ("ddp", "ddp_aa") or name in only)
     return names
 
 
@@ -128,9 +131,10 @@ def rank_program(
     caps: tuple[float, ...] = (),
     block: int = 3,
     shm: bool = True,
+    only: tuple[str, ...] = (),
 ) -> dict[str, list[float]]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    names = variants(list(caps), shm)
+    names = variants(list(caps), shm, only)
     keep_freed_memory()  # as the benchmark's timing phases: no page faults from one step to the next
     built = {v: _build(v, layers, width, device) for v in names}
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
@@ -173,13 +177,35 @@ def main() -> None:
     parser.add_argument(
         "--no-shm", dest="shm", action="store_false", help="leave out the shared-memory variants (zero_lab.host_shm)"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        metavar="VARIANT",
+        help="run only these variants, beside ddp and ddp_aa (each variant holds its own model and optimizer: "
+        "the tutorial's model with every variant needs more memory than 24 GiB)",
+    )
     args = parser.parse_args()
+    unknown = sorted(set(args.only) - set(variants(args.caps, True)))
+    if unknown:
+        parser.error(f"--only: unknown variant(s) {', '.join(unknown)}; known: {', '.join(variants(args.caps, True))}")
     backend = "nccl" if args.device == "cuda" and args.world == 1 else "gloo"  # one GPU: NCCL takes one rank
     shm = args.shm and args.device == "cpu" and args.world > 1  # shared memory moves host memory between ranks
     times = run_world(
         rank_program,
         args.world,
-        (args.layers, args.width, args.batch, args.rounds, args.warmup, args.device, tuple(args.caps), args.block, shm),
+        (
+            args.layers,
+            args.width,
+            args.batch,
+            args.rounds,
+            args.warmup,
+            args.device,
+            tuple(args.caps),
+            args.block,
+            shm,
+            tuple(args.only),
+        ),
         backend=backend,
         timeout_s=600,
     )[0]
@@ -190,7 +216,7 @@ def main() -> None:
         f"{args.rounds} rounds of 1 + {args.block} steps per variant"
     )
     print(f"{'variant':<26} {'median step (ms)':>17} {'÷ DDP + Adam (median of rounds)':>33}")
-    for variant in variants(args.caps, shm):
+    for variant in variants(args.caps, shm, tuple(args.only)):
         ratios = [t / d for t, d in zip(times[variant], ddp)]
         print(f"{variant:<26} {1e3 * statistics.median(times[variant]):>17.1f} {statistics.median(ratios):>33.3f}")
 
