@@ -45,10 +45,10 @@ def test_every_snippet_of_the_core_manual_runs(tmp_path):
     routed = ("ChainedOptimizer ['Muon', 'AdamW']", "[['1.weight', '3.weight'], ['0.weight'")
     partitioner = ("[0, 1, 2, 3, 0] 2.571", "RoundRobin() [0, 0, 0, 0]")
     collective = (
-        "('broadcast', 'all_gather', 'p2p_all_gather', 'all_reduce')",
+        "('broadcast', 'all_gather', 'p2p_all_gather', 'shm_all_gather', 'all_reduce')",
         "True all_reduce",
         "all_reduce all_reduce\nexchange=ring: not a registered name "
-        "(auto, broadcast, all_gather, p2p_all_gather, all_reduce)\n",
+        "(auto, broadcast, all_gather, p2p_all_gather, shm_all_gather, all_reduce)\n",
     )
     family = (
         "False ['NormalizedMomentum', 'AdamW'] ChainedOptimizer",
