@@ -64,6 +64,7 @@ __all__ = [
     "InFlight",
     "P2PAllGather",
     "ShmAllGather",
+    "candidate_collectives",
     "collective_named",
     "register_collective",
     "registered_collectives",
@@ -205,8 +206,7 @@ class ShmAllGather:
     def issue(self, comm: Communicator, storage: torch.Tensor, bounds: Bounds, op: str) -> InFlight:
         return InFlight(host_shm.all_gather(comm, storage, bounds, op=op))
 
-    def nbytes(self, bounds: Bounds, itemsize: int) -> int:
-        return sum(b - a for a, b in bounds) * itemsize
+    nbytes = P2PAllGather.nbytes  # the same messages, through the mailboxes
 
 
 #: ``exchange=`` name -> collective, in registration order (``auto``'s preference among the in-place ones).
@@ -229,12 +229,17 @@ def registered_collectives() -> tuple[str, ...]:
     return _REGISTRY.names()
 
 
+def candidate_collectives() -> tuple[str, ...]:
+    """The registered collectives ``"auto"`` may choose (all but the opt-in ones, ``auto_candidate = False``)."""
+    return _REGISTRY.auto_names()
+
+
 def collective_named(name: str) -> Collective:
     """The collective registered as ``name``; a clear error listing the others if none is."""
     return _REGISTRY.named(name)
 
 
 #: The built-in collectives ``exchange="auto"`` may choose, in the order it tries them (ties go to the first).
-COLLECTIVES: tuple[str, ...] = _REGISTRY.auto_names()
+COLLECTIVES: tuple[str, ...] = candidate_collectives()
 #: Accepted values of ``exchange=`` without registering more (the opt-in ``shm_all_gather`` included).
 EXCHANGES: tuple[str, ...] = ("auto", *registered_collectives())

@@ -58,7 +58,15 @@ import torch.distributed as dist
 
 from zero_lab.auto import Decision, tune
 from zero_lab.bucket_views import standalone_view
-from zero_lab.collectives import COLLECTIVES, EXCHANGES, Collective, InFlight, collective_named, registered_collectives
+from zero_lab.collectives import (
+    COLLECTIVES,
+    EXCHANGES,
+    Collective,
+    InFlight,
+    candidate_collectives,
+    collective_named,
+    registered_collectives,
+)
 from zero_lab.comm import CommStats, Communicator
 from zero_lab.partition import Partition
 
@@ -78,11 +86,7 @@ def auto_collectives() -> tuple[str, ...]:
     """The collectives ``exchange="auto"`` chooses among, in its preference order: the registered
     ones that fill a unit in place (``in_place_shards``) and are not opt-in (``auto_candidate = False``),
     registration order."""
-    return tuple(
-        name
-        for name in registered_collectives()
-        if collective_named(name).in_place_shards and getattr(collective_named(name), "auto_candidate", True)
-    )
+    return tuple(name for name in candidate_collectives() if collective_named(name).in_place_shards)
 
 
 @dataclass(frozen=True)

@@ -258,8 +258,7 @@ class ShmReduceScatter:
         mine = segments[comm.rank]
         return Reduced(host_shm.reduce_scatter(comm, segments, op=self.label, tag=tag), lambda: mine)
 
-    def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
-        return sum(numels) * itemsize * (world_size - 1) // world_size
+    sent_bytes = P2PReduceScatter.sent_bytes  # the same messages, through the mailboxes
 
 
 class ShmAllReduce:
@@ -277,8 +276,7 @@ class ShmAllReduce:
         (whole,) = segments
         return Reduced(host_shm.all_reduce(comm, whole, op=self.label, tag=tag), lambda: whole)
 
-    def sent_bytes(self, numels: Sequence[int], itemsize: int, world_size: int) -> int:
-        return 2 * sum(numels) * itemsize * (world_size - 1) // world_size
+    sent_bytes = AllReduce.sent_bytes  # metered as DDP's all-reduce
 
 
 def _adjacent(segments: Sequence[torch.Tensor], length: int) -> torch.Tensor | None:
