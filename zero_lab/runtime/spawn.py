@@ -66,6 +66,7 @@ from zero_lab.comm import set_group_timeout
 from zero_lab.runtime import heartbeat
 from zero_lab.runtime.heartbeat import StallWatch, process_state
 from zero_lab.runtime.signals import STOP_SIGNALS, blocked_for_children, handling_stop_signals, signal_name
+from zero_lab.runtime.startup_output import held_stderr
 
 __all__ = [
     "Interrupted",
@@ -189,8 +190,9 @@ def _rank_main(
     code = 0
     try:
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        with held_stderr():  # Gloo's retries when a peer ends while the world starts: not the terminal's
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         set_group_timeout(timeout)
         payload = (rank, True, pickle.dumps(fn(*args)))
     except BaseException as error:
