@@ -15,16 +15,17 @@ faults its temporaries' pages back in. The engine runs with its default 4 MiB bu
 prefetched once more per ``--caps`` value: bucket size trades the gradient memory bound
 (Ψ/W + two buckets) for fewer collective waits per step.
 
-On CPU at W ≥ 2 the same runs over host-local shared memory (:mod:`zero_lab.host_shm`, opt-in):
-``engine_shm`` / ``engine_shm_prefetch`` (and per ``--caps`` value) are the engine with
-``grad_reduce=shm_reduce_scatter exchange=shm_all_gather``; ``ddp_shm`` is the control, DDP + Adam
-with its all-reduce as a comm hook through the same shared memory (``shm_all_reduce``): the gap
-between ``ddp`` and ``ddp_shm`` is the transport's, between ``ddp_shm`` and ``engine_shm*`` the
-sharding's. ``--no-shm`` leaves them out.
+The ``engine*`` variants run the engine's defaults: on CPU at W ≥ 2 on this one x86-64 host, its
+collectives go through host shared memory (:mod:`zero_lab.host_shm`: ``shm_reduce_scatter`` +
+``shm_all_gather``). There two more variants show where the gain comes from: ``engine_gloo`` /
+``engine_gloo_prefetch`` name the point-to-point modes over Gloo (``reduce_scatter`` +
+``p2p_all_gather``), and ``ddp_shm`` is the control, DDP + Adam with its all-reduce as a comm hook
+through the same shared memory (``shm_all_reduce``): the gap between ``ddp`` and ``ddp_shm`` is the
+transport's, between ``ddp_shm`` and ``engine*`` the sharding's. ``--no-shm`` leaves them out.
 
     python scripts/bench_engine_speed.py                          # 12 × Linear(768), batch 16, 30 rounds
     python scripts/bench_engine_speed.py --caps 8 14 28           # the prefetched engine at three more caps
-    python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 8 --caps --only engine engine_shm
+    python scripts/bench_engine_speed.py --layers 20 --width 2000 --batch 20 --rounds 8 --caps --only engine engine_gloo
     python scripts/bench_engine_speed.py --device cuda --world 1   # NCCL on one GPU (W=2: Gloo, one GPU)
 
 On CUDA each step is timed with CUDA events on the current stream (the host returns before the
@@ -52,19 +53,20 @@ from zero_lab.bench.script_args import script_parser
 from zero_lab.runtime.spawn import run_world
 
 BASE_VARIANTS = ("ddp", "ddp_aa", "engine", "engine_prefetch", "engine_sorted_greedy")
-#: over host-local shared memory (zero_lab.host_shm): DDP + Adam with its all-reduce as a comm hook there
-#: (the control: the transport's share of the gain), and the engine with shm_reduce_scatter + shm_all_gather
-SHM_VARIANTS = ("ddp_shm", "engine_shm", "engine_shm_prefetch")
-SHM = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"}
+#: where the engine's defaults go through host shared memory (zero_lab.host_shm): the engine over Gloo
+#: (its point-to-point modes, named) and DDP + Adam with its all-reduce as a comm hook through shared
+#: memory (the control: the transport's share of the gain)
+SHM_VARIANTS = ("engine_gloo", "engine_gloo_prefetch", "ddp_shm")
+GLOO = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather"}
 
 
 def variants(caps: list[float], shm: bool = True, only: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The base variants (then the shared-memory ones), then the prefetched engine once per extra bucket
-    cap (``engine_prefetch_cap14``, and ``engine_shm_prefetch_cap14``); with ``only``, those of them and
-    the reference and its A/A control (``ddp``, ``ddp_aa``), which every ratio needs."""
+    """The base variants, the prefetched engine once per extra bucket cap (``engine_prefetch_cap14``), then
+    (``shm``: the engine's defaults go through shared memory) the Gloo ones and the control; with ``only``,
+    those of them and the reference and its A/A control (``ddp``, ``ddp_aa``), which every ratio needs."""
     names = BASE_VARIANTS + tuple(f"engine_prefetch_cap{cap:g}" for cap in caps)
     if shm:
-        names += SHM_VARIANTS + tuple(f"engine_shm_prefetch_cap{cap:g}" for cap in caps)
+        names += SHM_VARIANTS
     if only:
         names = tuple(name for name in names if name in ("ddp", "ddp_aa") or name in only)
     return names
@@ -86,7 +88,7 @@ def _build(variant: str, layers: int, width: int, device: str) -> tuple[nn.Modul
         return ddp, optimizer, hook
     partitioner = SortedGreedy() if variant.endswith("sorted_greedy") else None
     options: dict[str, Any] = {"bucket_cap_mb": float(variant.rpartition("_cap")[2])} if "_cap" in variant else {}
-    options.update(SHM if "_shm" in variant else {})
+    options.update(GLOO if "_gloo" in variant else {})
     engine = ShardedDataParallel(model, optimizer, prefetch="prefetch" in variant, partitioner=partitioner, **options)
     return engine, optimizer, engine
 
@@ -175,7 +177,7 @@ def main() -> None:
         "--caps", type=float, nargs="*", default=[14.0], help="extra bucket caps (MiB) for the prefetched engine"
     )
     parser.add_argument(
-        "--no-shm", dest="shm", action="store_false", help="leave out the shared-memory variants (zero_lab.host_shm)"
+        "--no-shm", dest="shm", action="store_false", help="leave out engine_gloo* and the ddp_shm control"
     )
     parser.add_argument(
         "--only",

@@ -21,13 +21,14 @@ no plan of the tensors can predict. ``--no-warm-up`` measures from a cold proces
 
 Variants: DDP + Adam; DDP with ``gradient_as_bucket_view``; torch's ZeroRedundancyOptimizer on
 DDP; zero_lab's ZeroRedundancyOptimizer on DDP (defaults, and ``exchange=broadcast``); the engine
-(``zero_lab.ShardedDataParallel``, defaults); FSDP2 (``fully_shard`` per layer); DeepSpeed
+(``zero_lab.ShardedDataParallel``, defaults: on this one x86-64 host through shared memory; and
+``engine_gloo``, its point-to-point modes over Gloo); FSDP2 (``fully_shard`` per layer); DeepSpeed
 ZeRO-1/2 as ``zero_lab.bench`` builds them (client ``torch.optim.Adam``, CPU, Gloo), where installed
 (``make bench-deps``; skipped with the reason otherwise). The planner's column is
 :mod:`zero_lab.peak`'s plan per rank: :func:`zero_lab.planner.plan_memory`'s gradients + DDP buckets +
-optimizer state (the engine: its state plus its layout's gradient bound, owned + two buckets) plus
-the activations, the gradient being produced, the receive buffers and the optimizer's temporaries;
-the error column is (measured − planned) ÷ planned per rank.
+optimizer state (the engine: its state plus its layout's gradient bound, owned + two buckets, and
+the mailboxes' pages it touches) plus the activations, the gradient being produced, the receive
+buffers and the optimizer's temporaries; the error column is (measured − planned) ÷ planned per rank.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import gc
 import importlib.util
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,7 @@ VARIANTS = (
     "zero_lab_ddp",
     "zero_lab_ddp_broadcast",
     "engine",
-    "engine_shm",
+    "engine_gloo",
     "fsdp2",
     "deepspeed_zero1",
     "deepspeed_zero2",
@@ -110,13 +112,14 @@ def _build(variant: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optim
         exchange = "broadcast" if variant.endswith("broadcast") else "auto"
         wrapped = DDP(model)
         return wrapped, ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, exchange=exchange, lr=1e-3), None
-    if variant in ("engine", "engine_shm"):
+    if variant in ("engine", "engine_gloo"):
         from zero_lab import ShardedDataParallel
 
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        # engine_shm: over host shared memory, whose mailboxes (a slot per bucket and two more) count in RSS
-        shm = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"} if variant == "engine_shm" else {}
-        engine = ShardedDataParallel(model, optimizer, **shm)
+        # engine: its defaults (on one x86-64 host, through shared memory, whose mailboxes count in RSS);
+        # engine_gloo: the point-to-point modes over Gloo, named
+        gloo = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather"} if variant == "engine_gloo" else {}
+        engine = ShardedDataParallel(model, optimizer, **gloo)
         return engine, optimizer, engine
     if variant == "fsdp2":
         from torch.distributed.fsdp import fully_shard
@@ -207,9 +210,12 @@ def planned(variant: str, layers: int, width: int, batch: int, world: int) -> li
         plan = plan_memory(specs, world, None, gradient_as_bucket_view=variant == "ddp_bucket_view")
     elif variant in ("torch_zero", "zero_lab_ddp", "zero_lab_ddp_broadcast"):
         plan = plan_memory(specs, world, SortedGreedy())
-    elif variant == "engine":
+    elif variant in ("engine", "engine_gloo"):
         plan = plan_memory(specs, world, Flat())
-        return engine_peak(plan, specs, plan_buckets(specs, world, Flat(), BUCKET_CAP_MB), activations)
+        # the engine's default here goes through shared memory (x86-64, one host: the benchmark's ranks)
+        shm = variant == "engine" and platform.machine().lower() in ("x86_64", "amd64")
+        buckets = plan_buckets(specs, world, Flat(), BUCKET_CAP_MB)
+        return engine_peak(plan, specs, buckets, activations, "shm_reduce_scatter" if shm else "reduce_scatter")
     else:
         return None
     return peak_of_plan(plan, specs, activations)

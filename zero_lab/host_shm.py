@@ -93,14 +93,17 @@ __all__ = [
     "PREFIX",
     "SHM_DIR",
     "Mailboxes",
+    "Refused",
     "all_gather",
     "all_reduce",
     "attach",
     "check_machine",
     "check_one_host",
     "leftover_files",
+    "mailbox_bytes",
     "reduce_scatter",
     "release",
+    "slot_bytes_for",
     "uses_host_shm",
 ]
 
@@ -117,15 +120,25 @@ _X86 = ("x86_64", "amd64")
 _SPINS = 2000  # yields before the waits back off to sleeps
 
 
+class Refused(ValueError):
+    """The mailboxes cannot be set up here (other hosts, not x86-64, no room or no shared ``/dev/shm``):
+    raised on every rank of the group alike, so a caller may fall back to a transport over the network."""
+
+
 def _align(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def mailbox_bytes(slots: int, slot_bytes: int) -> int:
+    """The size of one rank's mailbox file: the counters' page and the slots."""
+    return HEADER + slots * _align(slot_bytes)
 
 
 def check_one_host(hostnames: Sequence[str], what: str) -> None:
     """Refuse unless every rank of the group runs on one host (``hostnames`` by rank)."""
     for rank, name in enumerate(hostnames):
         if name != hostnames[0]:
-            raise ValueError(
+            raise Refused(
                 f"{what}: ranks 0 and {rank} of the group are on different hosts ({hostnames[0]!r}, {name!r}); "
                 "shared memory joins the processes of one host: use grad_reduce='reduce_scatter' and "
                 "exchange='p2p_all_gather' (or shard_size='node', whose shard groups are one host each)"
@@ -136,7 +149,7 @@ def check_machine(machines: Sequence[str], what: str) -> None:
     """Refuse unless every rank runs on x86-64 (the protocol relies on its store ordering)."""
     for name in machines:
         if name.lower() not in _X86:
-            raise ValueError(
+            raise Refused(
                 f"{what}: this machine is {name}; the shared-memory protocol relies on x86-64's store ordering "
                 "(see zero_lab.host_shm): use grad_reduce='reduce_scatter' and exchange='p2p_all_gather'"
             )
@@ -217,7 +230,7 @@ class Mailboxes:
         check_machine([i[1] for i in info], what)
         token = info[0][3][:12]
         paths = [os.path.join(SHM_DIR, f"{PREFIX}{info[r][2]}-{token}-{r}") for r in range(self.world_size)]
-        size = HEADER + self.slots * self.slot_bytes
+        size = mailbox_bytes(self.slots, self.slot_bytes)
         _sweep()
         problem = None
         try:
@@ -245,7 +258,7 @@ class Mailboxes:
                 os.unlink(paths[self.rank])
         if any(problems):
             self.close()
-            raise RuntimeError(next(p for p in problems if p))
+            raise Refused(next(p for p in problems if p))
         for mapped in self._maps:
             self._counters.append(memoryview(mapped)[:HEADER].cast("q"))
             self._data.append(torch.frombuffer(mapped, dtype=torch.uint8, offset=HEADER))
@@ -406,8 +419,28 @@ def _pieces(length: int, count: int) -> list[tuple[int, int]]:
 
 def _count(nbytes: int, boxes: Mailboxes) -> int:
     """Messages for a collective whose largest write is ``nbytes`` (plus one alignment gap per rank)."""
-    room = boxes.slot_bytes - boxes.world_size * (ALIGN + 8)
+    room = boxes.slot_bytes - _gaps(boxes.world_size)
     return max(1, -(-nbytes // room))
+
+
+def _gaps(world_size: int) -> int:
+    """Room a slot keeps beyond a message's bytes for the alignment of its pieces once cut."""
+    return world_size * (ALIGN + 8)
+
+
+def _scattered(segment_bytes: Sequence[int]) -> int:
+    """The largest reduce-scatter write of any rank: the peers' segments, each aligned (the same on every rank)."""
+    aligned = [_align(n) for n in segment_bytes]
+    return sum(aligned) - min(aligned)
+
+
+def slot_bytes_for(segment_bytes: Sequence[Sequence[int]]) -> int:
+    """A slot that holds, in one message each, a reduce-scatter and an all-gather of every entry of
+    ``segment_bytes`` (each the bytes of every rank's segment, in rank order; the engine: a bucket's
+    owned ranges): what the engine sizes its mailbox by (:mod:`zero_lab.engine.wrapper`)."""
+    largest = max((max(_scattered(sizes), _align(max(sizes))) for sizes in segment_bytes if sizes), default=0)
+    world_size = max((len(sizes) for sizes in segment_bytes), default=1)
+    return largest + _gaps(world_size)
 
 
 def _sum_in_rank_order(mine: torch.Tensor, rank: int, peers: Sequence[int], views: Sequence[torch.Tensor]) -> None:
@@ -444,7 +477,7 @@ def reduce_scatter(comm: Communicator, segments: Sequence[torch.Tensor], op: str
     _check_cpu(mine, op)
     itemsize = mine.element_size()
     peers = [r for r in range(world) if r != me]
-    count = _count(sum(_align(s.numel() * itemsize) for s in segments), _mailboxes(comm)) if world > 1 else 1
+    count = _count(_scattered([s.numel() * itemsize for s in segments]), _mailboxes(comm)) if world > 1 else 1
     cuts = [_pieces(s.numel(), count) for s in segments]
 
     def offsets(writer: int, j: int) -> dict[int, int]:

@@ -15,7 +15,13 @@ the step; each term here is derived from the model, its layout and the batch, no
   reduce-scatter (:class:`zero_lab.grad_reduce.P2PReduceScatter`) receives each peer's copy of this
   rank's range of a bucket, for each of the (at most two) buckets in flight:
   ``2 · (W − 1) · largest owned range``. DDP's all-reduce and the ZeRO exchange's broadcasts run in
-  place (0).
+  place (0), and so does the engine over host shared memory, which adds the peers' slots in place;
+* ``mailboxes`` — the engine over host shared memory (:mod:`zero_lab.host_shm`) holds, for the whole
+  step, the pages of the mailboxes it touched: its own (written) and what it read of its peers'. At
+  W = 2 it reads all of the peer's slot (the peer's message is this rank's segment, or the peer's
+  range); from W = 3 a message holds one piece per reader, so each peer's slots are read in two
+  places (this rank's piece of a reduce-scatter, the peer's range of an all-gather):
+  ``(1 + min(W − 1, 2)) · mailbox``, counted with ``held`` in both phases;
 * ``step_workspace`` — the optimizer's temporaries during ``step()``: torch's single-tensor
   implementations step one tensor at a time, so ``workspace per byte`` (:func:`step_workspace_ratio`:
   the second step of the real class on a 4096-element tensor, under a ``TorchFunctionMode`` that
@@ -44,10 +50,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from zero_lab.engine.layout import Bucket, grad_hold_bound
+from zero_lab.engine.wrapper import mailbox_bytes
 from zero_lab.partition import ParamSpec
 from zero_lab.planner import MemoryPlan
 
 __all__ = [
+    "GRAD_REDUCTIONS",
     "PeakPlan",
     "engine_peak",
     "peak_of_plan",
@@ -55,6 +63,8 @@ __all__ = [
     "step_workspace_ratio",
 ]
 
+#: The engine's gradient reductions the plan prices (:func:`engine_peak`).
+GRAD_REDUCTIONS = ("shm_reduce_scatter", "reduce_scatter", "all_reduce")
 _PROBE_NUMEL = 4096
 
 
@@ -199,16 +209,21 @@ def engine_peak(
 ) -> list[PeakPlan]:
     """Per rank of :class:`zero_lab.ShardedDataParallel` with ``buckets``: its state (``plan``, whose
     partition must be the engine's), the gradient bound of its layout, and the transient terms.
-    ``grad_reduce``: ``reduce_scatter`` (point-to-point, Gloo's default) or ``all_reduce`` (in place)."""
-    if grad_reduce not in ("reduce_scatter", "all_reduce"):
-        raise ValueError(f"grad_reduce={grad_reduce!r}: the plan knows 'reduce_scatter' and 'all_reduce'")
+    ``grad_reduce``: ``shm_reduce_scatter`` (through host shared memory: the engine's default on one
+    x86-64 host), ``reduce_scatter`` (point-to-point over Gloo) or ``all_reduce`` (in place)."""
+    if grad_reduce not in GRAD_REDUCTIONS:
+        raise ValueError(f"grad_reduce={grad_reduce!r}: the plan knows {', '.join(map(repr, GRAD_REDUCTIONS))}")
     ratio = step_workspace_ratio(optimizer_class, **optimizer_defaults)
     produced = max((spec.nbytes for spec in specs if spec.trainable), default=0)
-    peers = plan.world_size - 1 if grad_reduce == "reduce_scatter" else 0
+    world = plan.world_size
+    peers = world - 1 if grad_reduce == "reduce_scatter" else 0
+    mailboxes = 0
+    if grad_reduce == "shm_reduce_scatter" and world > 1:
+        mailboxes = (1 + min(world - 1, 2)) * mailbox_bytes(buckets, world)
     out = []
     for rank in plan.ranks:
         ranges = [bucket.owned_numel(rank.rank) * bucket.itemsize for bucket in buckets]
         largest = max(ranges, default=0)
-        held = rank.state_bytes + grad_hold_bound(buckets, rank.rank)
+        held = rank.state_bytes + grad_hold_bound(buckets, rank.rank) + mailboxes
         out.append(PeakPlan(held, activations, produced, 2 * peers * largest, round(ratio * largest)))
     return out

@@ -84,6 +84,7 @@ def _train_pair(case: EngineCase, build: Any) -> dict[str, Any]:
         "psi": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
         "buckets": len(engine.buckets),
         "in_flight": engine.group.in_flight,
+        "modes": (engine.grad_reduce, engine.exchange, engine.transport_note),
         "collectives": engine.comm_stats.calls,
         "state_numel": sum(t.numel() for s in opt.state.values() for t in s.values() if t.dim()),
     }
@@ -93,15 +94,18 @@ def _parity_cases(cases: list[EngineCase]) -> list[dict[str, Any]]:
     return [_train_pair(case, make_model) for case in cases]
 
 
+#: Over Gloo, point-to-point, named (the defaults go through host shared memory on one x86-64 host:
+#: the same matrix for them is tests/dist/test_host_shm.py's).
+P2P = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather"}
 W2_CASES = [
-    EngineCase(partitioner, prefetch, accumulate, optimizer)
+    EngineCase(partitioner, prefetch, accumulate, optimizer, **P2P)
     for partitioner in ("flat", "sorted_greedy")
     for prefetch in (True, False)
     for accumulate in (1, 2)
     for optimizer in ("adam", "adamw", "sgd")
     if optimizer == "adam" or (prefetch and accumulate == 1)
 ] + [EngineCase(grad_reduce=name) for name in ("all_reduce", "reduce_scatter_native")]
-W2_CASES += [EngineCase("ddp_bucket"), EngineCase("manual", prefetch=False, accumulate=2)]
+W2_CASES += [EngineCase("ddp_bucket"), EngineCase("manual", prefetch=False, accumulate=2), EngineCase()]
 
 
 def test_parity_with_ddp_bitwise_at_two_ranks(world):
@@ -161,7 +165,7 @@ def test_shard_groups_of_one_only_all_reduce_across_the_replicas(world):
         assert result["reduced"] == 4 * result["buckets"] + result["tensors"], result
 
 
-W3_CASES = [EngineCase("flat"), EngineCase("sorted_greedy", prefetch=False, accumulate=2)]
+W3_CASES = [EngineCase("flat"), EngineCase("sorted_greedy", prefetch=False, accumulate=2, **P2P)]
 
 
 def test_parity_with_ddp_at_three_ranks(world):

@@ -5,7 +5,8 @@ is bitwise DDP + the same optimizer at W=2 (prefetch on and off, accumulate=2, t
 within 1e-6 at W=3 and with shard groups (``shard_size`` < W); it sends exactly the bytes of
 ``reduce_scatter`` + ``p2p_all_gather``; the DDP path (a comm hook and the ZeRO optimizer's exchange)
 is bitwise DDP + Adam; a peer that stops posting raises the one-line timeout naming it; and no
-mailbox file is left in ``/dev/shm`` once set up, nor after a rank is killed.
+mailbox file is left in ``/dev/shm`` once set up, nor after a rank is killed. They are the engine's
+default here; where the mailboxes are refused, the default goes over Gloo and says why.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def _refused_and_silent(directory: str) -> dict[str, str]:
     host_shm.SHM_DIR = directory if dist.get_rank() == 1 else shared  # rank 1 in a /dev/shm of its own
     try:
         host_shm.attach(comm)
-    except RuntimeError as error:
+    except host_shm.Refused as error:
         out["apart"] = str(error)
     host_shm.SHM_DIR = shared
     dist.barrier()  # rank 1 has unlinked its file
@@ -199,6 +200,30 @@ def _refused_and_silent(directory: str) -> dict[str, str]:
         except TimeoutError as error:
             out["silent"] = str(error)
     return out
+
+
+def _default_or_refused(directory: str) -> list[dict[str, Any]]:
+    """The engine with its default modes, first where the mailboxes can be set up, then where rank 1
+    has a /dev/shm of its own (refused on every rank: the engine goes over Gloo and says why)."""
+    here = _train_pair(EngineCase("flat"), make_model)
+    shared = host_shm.SHM_DIR
+    host_shm.SHM_DIR = directory if dist.get_rank() == 1 else shared
+    try:
+        apart = _train_pair(EngineCase("flat", accumulate=2), make_model)
+    finally:
+        host_shm.SHM_DIR = shared
+    return [here, apart]
+
+
+def test_the_default_goes_through_shared_memory_and_over_gloo_where_it_is_refused(world, tmp_path):
+    for here, apart in world(_default_or_refused, 2, str(tmp_path)):
+        assert here["modes"] == ("shm_reduce_scatter", "shm_all_gather", "")
+        grad_reduce, exchange, note = apart["modes"]
+        assert (grad_reduce, exchange) == ("reduce_scatter", "p2p_all_gather")
+        assert note.startswith("host shared memory refused, over Gloo: host_shm: rank 0 cannot open ")
+        assert "the ranks do not share /dev/shm" in note and "\n" not in note
+        for result in (here, apart):
+            assert result["diff"] == 0.0 and result["losses_equal"] and result["in_flight"] == 0, result
 
 
 def test_refusals_and_a_silent_peer_in_one_line_naming_it(world, tmp_path):

@@ -5,6 +5,7 @@ is the engine, bitwise equal to ``optim=adam dp=ddp``."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ import pytest
 from tests.e2e.runs import REFERENCES, runs_once, session_base, summary
 
 STEPS = ("steps=4", "logger=none")
+#: The engine's default modes here: every rank on this one host, through shared memory on x86-64
+#: (zero_lab.host_shm), else point-to-point over Gloo.
+DEFAULT_MODES = (
+    ("shm_reduce_scatter", "shm_all_gather")
+    if platform.machine().lower() in ("x86_64", "amd64")
+    else ("reduce_scatter", "p2p_all_gather")
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +42,16 @@ def test_engine_trains_to_ddps_loss_and_parameters_bitwise(runs):
     assert ours["param_checksum"] == theirs["param_checksum"]
     assert ours["dp"] == "zero_lab" and theirs["dp"] == "ddp" and theirs["engine"] is None
     modes = ours["engine"]
-    assert (modes["grad_reduce"], modes["exchange"], modes["prefetch"]) == ("reduce_scatter", "p2p_all_gather", True)
+    assert (modes["grad_reduce"], modes["exchange"], modes["prefetch"]) == (*DEFAULT_MODES, True)
     assert 0 < modes["peak_grad_bytes"] <= modes["grad_hold_bound"]
     assert max(ours["optim_state_bytes"]) == pytest.approx(theirs["optim_state_bytes"][0] / 2, rel=0.01)
 
 
 def test_closing_lines_name_the_engine_and_its_modes(runs):
     shown = (runs["sweep"] / ".done").read_text()  # the sweep's stdout
-    assert "data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce=reduce_scatter, " in shown
-    assert "exchange=p2p_all_gather, prefetch=true" in shown and "gradients held on rank 0:" in shown
+    grad_reduce, exchange = DEFAULT_MODES
+    assert f"data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce={grad_reduce}, " in shown
+    assert f"exchange={exchange}, prefetch=true" in shown and "gradients held on rank 0:" in shown
 
 
 def test_a_sweep_over_dp_runs_both_engines_to_one_loss(runs):
@@ -58,9 +67,9 @@ def test_the_default_job_is_the_engine_bitwise_equal_to_ddp_and_adam(runs):
     assert default["dp_choice"] == {"dp": "zero_lab", "requested": "auto", "reason": reason}
     assert ddp["dp_choice"] == {"dp": "ddp", "requested": "ddp", "reason": "dp=ddp, as set"}
     assert default["losses"] == ddp["losses"] and default["param_checksum"] == ddp["param_checksum"]
-    modes = default["engine"]  # the engine's own per-backend defaults: no trial at step 1 adds to the peak
-    assert (modes["grad_reduce"], modes["exchange"]) == ("reduce_scatter", "p2p_all_gather")
+    modes = default["engine"]  # the engine's own defaults for this placement: no trial at step 1 adds to the peak
+    assert (modes["grad_reduce"], modes["exchange"]) == DEFAULT_MODES and modes["transport_note"] == ""
     assert default["exchange"] is None  # no exchange=auto report: nothing timed candidates at step 1
     shown = (runs["default"] / ".done").read_text()  # its stdout
-    assert f"  data parallel: zero_lab.ShardedDataParallel ({reason}): grad_reduce=reduce_scatter, " in shown
+    assert f"  data parallel: zero_lab.ShardedDataParallel ({reason}): grad_reduce={DEFAULT_MODES[0]}, " in shown
     assert "  data parallel: torch's DDP" not in shown

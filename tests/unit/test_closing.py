@@ -85,6 +85,9 @@ def test_the_data_parallel_line_says_which_path_dp_auto_took_and_why():
     ]
     asked = lines(dp="zero_lab", engine=modes, dp_choice={**engine, "requested": "zero_lab"})
     assert asked[-3].startswith("  data parallel: zero_lab.ShardedDataParallel (dp=zero_lab): grad_reduce=")
+    refused = "host shared memory refused, over Gloo: host_shm: ranks 0 and 1 of the group are on different hosts"
+    fell_back = lines(dp="zero_lab", engine={**modes, "transport_note": refused}, dp_choice=engine)
+    assert fell_back[-3].endswith(f"partitioner Flat(); {refused}")
 
 
 def test_validation_resume_and_accumulation_are_said_when_they_ran():

@@ -76,6 +76,21 @@ def test_engine_peak_adds_the_receive_buffers_and_the_gradient_being_produced():
     assert control[0].receive == 0
 
 
+def test_engine_over_shared_memory_holds_its_mailbox_and_the_peers_slots_it_reads_but_no_receive_buffer():
+    model, _ = meta_model()
+    specs = specs_from_module(model)
+    buckets = plan_buckets(specs, W, Flat(), 4.0)
+    p2p = engine_peak(plan_memory(specs, W, Flat()), specs, buckets, ACTIVATIONS)
+    shm = engine_peak(plan_memory(specs, W, Flat()), specs, buckets, ACTIVATIONS, grad_reduce="shm_reduce_scatter")
+    # a slot holds half a layer (the peer's segment, or this rank's range: one message each), 64-byte aligned,
+    # with 72 bytes of room per rank for the pieces' alignment; four slots and the counters' 4 KiB page
+    slot = -(-(LAYER // W) // 64) * 64 + W * 72
+    mailbox = 4096 + 4 * -(-slot // 64) * 64
+    for old, new in zip(p2p, shm):
+        assert new.held == old.held + 2 * mailbox  # its own, and the peer's that it reads (W=2)
+        assert (new.receive, new.step_workspace) == (0, old.step_workspace)
+
+
 def test_engine_peak_refuses_a_reduction_it_does_not_know():
     model, _ = meta_model()
     specs = specs_from_module(model)

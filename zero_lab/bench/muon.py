@@ -34,9 +34,11 @@ does all Newton–Schulz work.
   not behind its own forward, and look free);
 * ``ddp_muon_aa`` — ``ddp_muon`` again, the A/A control: its ratio to ``ddp_muon`` is the noise band
   of every other ratio;
-* ``zl_engine_shm`` — the same over host shared memory (:mod:`zero_lab.host_shm`:
-  ``shm_reduce_scatter`` + ``shm_all_gather``), with its control ``ddp_muon_shm``: DDP + Muon whose
-  all-reduce is the ``shm_all_reduce`` comm hook, so the transport's share of the gain shows.
+* ``zl_engine`` runs the engine's default modes: on one x86-64 host with CPU tensors, through host
+  shared memory (:mod:`zero_lab.host_shm`: ``shm_reduce_scatter`` + ``shm_all_gather``);
+  ``zl_engine_gloo`` names the point-to-point modes over Gloo, and ``ddp_muon_shm`` is the control,
+  DDP + Muon whose all-reduce is the ``shm_all_reduce`` comm hook, so the transport's share of the gain
+  shows.
 
 Per strategy: each rank's local optimizer step (the step without the parameter exchange:
 Muon + AdamW for DDP; torch's inner ``optim.step`` + the replicated AdamW; zero_lab's
@@ -101,10 +103,10 @@ STRATEGIES = (
     "zl_time",
     "zl_cost_rs",
     "zl_engine",
-    "zl_engine_shm",
+    "zl_engine_gloo",
 )
-#: the engine's modes over host shared memory (:mod:`zero_lab.host_shm`) instead of Gloo's point to point
-SHM_MODES = {"grad_reduce": "shm_reduce_scatter", "exchange": "shm_all_gather"}
+#: the engine's point-to-point modes over Gloo, named (its defaults go through host shared memory here)
+GLOO_MODES = {"grad_reduce": "reduce_scatter", "exchange": "p2p_all_gather"}
 
 
 def cpu_step_ns(spec: ParamSpec) -> float:
@@ -152,9 +154,9 @@ def _ordered(matrices: dict[str, Any], rest: dict[str, Any], order: str) -> list
 def _build(name: str, template: nn.Module, order: str) -> _Row:
     model = copy.deepcopy(template)
     matrices, rest = muon_param_groups(model, muon=MUON, adamw=ADAMW, named=False)
-    if name in ("zl_engine", "zl_engine_shm"):
+    if name in ("zl_engine", "zl_engine_gloo"):
         chained = ChainedOptimizer(_ordered(matrices, rest, order), torch.optim.AdamW)
-        modes = SHM_MODES if name == "zl_engine_shm" else {}
+        modes = GLOO_MODES if name == "zl_engine_gloo" else {}
         engine = ShardedDataParallel(
             model, chained, partitioner=SortedGreedy(cost="newton_schulz"), prefetch=False, **modes
         )
@@ -274,10 +276,10 @@ LABELS = {
     "zl_cost": "zero_lab, cost-balanced (newton_schulz)",
     "zl_time": "zero_lab, cost=cpu_step_ns (measured time model)",
     "zl_cost_rs": "zero_lab, cost-balanced, grad_reduce=reduce_scatter",
-    "zl_engine": "zero_lab's engine (ShardedDataParallel), cost-balanced",
+    "zl_engine": "zero_lab's engine (ShardedDataParallel), cost-balanced, its default modes",
     "ddp_muon_aa": "DDP + Muon/AdamW again (the A/A control: the noise band)",
     "ddp_muon_shm": "DDP + Muon/AdamW, its all-reduce over host shared memory (control)",
-    "zl_engine_shm": "zero_lab's engine, cost-balanced, over host shared memory",
+    "zl_engine_gloo": "zero_lab's engine, cost-balanced, point-to-point over Gloo",
 }
 
 

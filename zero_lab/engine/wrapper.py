@@ -50,7 +50,7 @@ from __future__ import annotations
 import atexit
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -74,7 +74,15 @@ from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.hierarchy import hierarchy_of
 from zero_lab.partition import Flat, ParamSpec, Partitioner, SortedGreedy
 
-__all__ = ["BUCKET_CAP_MB", "ShardedDataParallel", "default_modes", "engine_of"]
+__all__ = [
+    "BUCKET_CAP_MB",
+    "MAILBOX_SLOTS",
+    "SHM_MODES",
+    "ShardedDataParallel",
+    "default_modes",
+    "engine_of",
+    "mailbox_bytes",
+]
 
 #: The engine's default bucket cap: about a layer of a mid-sized model (12 × Linear(768) is 2.25 MiB a
 #: layer), so the gradients held stay near Ψ/W (+ two buckets); DDP's 25 MiB would hold ten such layers.
@@ -95,7 +103,8 @@ def engine_of(optimizer: torch.optim.Optimizer) -> ShardedDataParallel | None:
 
 
 def default_modes(backend: str, device: str = "cpu") -> tuple[str, str]:
-    """``(grad_reduce, exchange)`` for a backend and the parameters' device type: point-to-point on
+    """``(grad_reduce, exchange)`` for a backend and the parameters' device type, where host shared memory
+    is not used (the engine tries it first on Gloo with CPU tensors: :data:`SHM_MODES`): point-to-point on
     Gloo with CPU tensors (FIELD-NOTES: Gloo's reduce-scatter and all-gather tensors are several
     times slower), the native collectives on NCCL, and Gloo's all-reduce and broadcasts for CUDA
     tensors over Gloo (its point-to-point sends take host memory only)."""
@@ -104,6 +113,16 @@ def default_modes(backend: str, device: str = "cpu") -> tuple[str, str]:
     if device != "cpu":
         return "all_reduce", "broadcast"
     return "reduce_scatter", "p2p_all_gather"
+
+
+#: The default modes when every rank of the shard group is on one x86-64 host with CPU tensors over Gloo:
+#: the point-to-point algorithms through shared-memory mailboxes (:mod:`zero_lab.host_shm`; bitwise the
+#: same sums, DDP's bytes), the engine's fastest mode on one host (docs/benchmarks.md).
+SHM_MODES = ("shm_reduce_scatter", "shm_all_gather")
+#: Slots of the engine's mailbox: a rank posting message ``s`` waits for its peers to have read ``s - 4``,
+#: so ranks run at most four bucket collectives apart; a few slots cost what one slot per bucket would
+#: save (measured: docs/benchmarks.md), and each slot is resident memory on every rank that maps it.
+MAILBOX_SLOTS = 4
 
 
 class ShardedDataParallel(nn.Module):
@@ -117,10 +136,13 @@ class ShardedDataParallel(nn.Module):
             every bucket evenly, a whole-parameter partitioner names each parameter's owner and
             the bucket is laid out owner by owner. Flat's own ``bucket_cap_mb`` is not used: the
             engine's is.
-        grad_reduce: a registered ``grad_reduce`` strategy; ``None``: point-to-point on Gloo,
+        grad_reduce: a registered ``grad_reduce`` strategy; ``None``: on Gloo with CPU tensors,
+            ``shm_reduce_scatter`` when every rank of the shard group is on one x86-64 host and its
+            mailboxes can be set up, else point-to-point (:attr:`transport_note` says why);
             ``reduce_scatter_native`` on NCCL (:func:`default_modes`). ``all_reduce`` is the control.
             Every buffer lives on the parameters' device.
-        exchange: a registered parameter collective; ``None``: as :func:`default_modes`.
+        exchange: a registered parameter collective; ``None``: ``shm_all_gather`` where ``grad_reduce``'s
+            default goes through shared memory, else as :func:`default_modes`.
         prefetch: gather parameters behind the next forward (``True``) or inside ``step()``.
         bucket_cap_mb: the bucket size cap (a module larger than it gets a bucket of its own).
         process_group: the data-parallel group (default: the world).
@@ -173,6 +195,22 @@ class ShardedDataParallel(nn.Module):
             for i, (n, p) in enumerate(zip(names, params))
         ]
         self.buckets: tuple[Bucket, ...] = plan_buckets(specs, self.comm.world_size, self.partitioner, bucket_cap_mb)
+        #: why a default mode does not go through host shared memory ("" where it does, or none is a default)
+        self.transport_note = ""
+        self._mailboxes = False
+        if backend == "gloo" and device == "cpu" and self.comm.world_size > 1 and None in (grad_reduce, exchange):
+            try:
+                _attach_host_shm(self.buckets, self.comm)
+            except host_shm.Refused as refused:  # on every rank alike: the checks are collective
+                self.transport_note = f"host shared memory refused, over Gloo: {refused}"
+            else:
+                self._mailboxes = True
+                self.grad_reduce = grad_reduce or SHM_MODES[0]
+                self.exchange = exchange or SHM_MODES[1]
+        named = (grad_reduce_named(self.grad_reduce), collective_named(self.exchange))
+        if not self._mailboxes and self.comm.world_size > 1 and any(map(host_shm.uses_host_shm, named)):
+            _attach_host_shm(self.buckets, self.comm)  # asked for by name: a refusal is the error
+            self._mailboxes = True
         self._all_params = tuple(module.parameters())
         self._trainable = [p.requires_grad for p in self._all_params]  # checked at every step
         self._sync_module_states(params)
@@ -185,7 +223,6 @@ class ShardedDataParallel(nn.Module):
             self.param_comm,
             replicas,
         )
-        self._mailboxes = _attach_host_shm(self.group, self.comm)
         #: each param group's parameters as given (checkpoints name the state by them: :mod:`~zero_lab.engine.state`)
         self.group_params = [list(group["params"]) for group in optimizer.param_groups]
         self._whole = owned_whole(self.buffer, self.comm.rank, whole)  # Muon's matrices this rank owns
@@ -342,6 +379,7 @@ class ShardedDataParallel(nn.Module):
             "peak_grad_bytes": self.peak_grad_bytes,
             "grad_hold_bound": self.grad_hold_bound(),
             "shard_size": self.hierarchy.shard_size,
+            "transport_note": self.transport_note,
         }
 
     def join_hook(self, **kwargs: Any) -> Any:
@@ -420,16 +458,20 @@ def _check_whole(whole: set[int], params: list[torch.Tensor], names: list[str], 
         )
 
 
-def _attach_host_shm(group: BucketGroup, comm: Communicator) -> bool:
-    """Set up the shard group's shared-memory mailboxes when a strategy moves data through them
-    (:mod:`zero_lab.host_shm`): a slot per bucket and two more, each the largest bucket, so every
-    parameter all-gather of a step and two reductions are in flight without waiting for a slot."""
-    if comm.world_size == 1 or not (host_shm.uses_host_shm(group.reduce) or host_shm.uses_host_shm(group.gather)):
-        return False
-    data = group.buffer.param_data
-    largest = max(t.numel() * t.element_size() for t in data)
-    host_shm.attach(comm, slots=len(data) + 2, slot_bytes=largest + 2 * host_shm.ALIGN * (comm.world_size + 1))
-    return True
+def _attach_host_shm(buckets: Sequence[Bucket], comm: Communicator) -> None:
+    """Set up the shard group's shared-memory mailboxes (:mod:`zero_lab.host_shm`, a collective):
+    :data:`MAILBOX_SLOTS` slots, each the largest message of a bucket's reduce-scatter or all-gather;
+    raises on every rank alike where they cannot be (other hosts, not x86-64, no room in /dev/shm)."""
+    host_shm.attach(comm, slots=MAILBOX_SLOTS, slot_bytes=_slot_bytes(buckets, comm.world_size))
+
+
+def _slot_bytes(buckets: Sequence[Bucket], world_size: int) -> int:
+    return host_shm.slot_bytes_for([[b.owned_numel(r) * b.itemsize for r in range(world_size)] for b in buckets])
+
+
+def mailbox_bytes(buckets: Sequence[Bucket], world_size: int) -> int:
+    """Bytes of one rank's mailbox as the engine sizes it (the memory plan's term, :mod:`zero_lab.peak`)."""
+    return host_shm.mailbox_bytes(MAILBOX_SLOTS, _slot_bytes(buckets, world_size))
 
 
 def _wait_hooks(module: nn.Module, buffer: ParamAndGradBuffer, group: BucketGroup) -> list[Any]:

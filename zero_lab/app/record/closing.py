@@ -68,7 +68,8 @@ def _data_parallel_lines(summary: RunSummary) -> list[str]:
     return [
         f"  data parallel: zero_lab.ShardedDataParallel ({why}): grad_reduce={modes['grad_reduce']}, "
         f"exchange={modes['exchange']}, prefetch={str(modes['prefetch']).lower()}, {modes['buckets']} bucket(s) "
-        f"of at most {modes['bucket_cap_mb']} MiB, partitioner {modes['partitioner']}",
+        f"of at most {modes['bucket_cap_mb']} MiB, partitioner {modes['partitioner']}"
+        + (f"; {modes['transport_note']}" if modes.get("transport_note") else ""),
         f"  gradients held on rank 0: {_size(modes['peak_grad_bytes'])} at most, measured "
         f"(bound: owned + two buckets = {_size(modes['grad_hold_bound'])})",
     ]
