@@ -204,7 +204,7 @@ class Mailboxes:
     """One communicator's mailboxes (see the module docstring); made by :func:`attach`."""
 
     def __init__(self, comm: Communicator, slots: int, slot_bytes: int):
-        if slots < 1 or slot_bytes < 4 * ALIGN * comm.world_size:
+        if slots < 1 or slot_bytes < _min_slot_bytes(comm.world_size):
             raise ValueError(f"host_shm: slots={slots}, slot_bytes={slot_bytes}: need >= 1 slot of >= 256·W bytes")
         self.rank, self.world_size = comm.rank, comm.world_size
         self.global_ranks = [comm.global_rank(r) for r in range(comm.world_size)]
@@ -440,7 +440,12 @@ def slot_bytes_for(segment_bytes: Sequence[Sequence[int]]) -> int:
     owned ranges): what the engine sizes its mailbox by (:mod:`zero_lab.engine.wrapper`)."""
     largest = max((max(_scattered(sizes), _align(max(sizes))) for sizes in segment_bytes if sizes), default=0)
     world_size = max((len(sizes) for sizes in segment_bytes), default=1)
-    return largest + _gaps(world_size)
+    return max(largest + _gaps(world_size), _min_slot_bytes(world_size))
+
+
+def _min_slot_bytes(world_size: int) -> int:
+    """The smallest slot a mailbox takes: room for one aligned piece per rank beyond the gaps."""
+    return 4 * ALIGN * world_size
 
 
 def _sum_in_rank_order(mine: torch.Tensor, rank: int, peers: Sequence[int], views: Sequence[torch.Tensor]) -> None:

@@ -202,27 +202,34 @@ def _refused_and_silent(directory: str) -> dict[str, str]:
     return out
 
 
+def _tiny() -> torch.nn.Module:
+    """26 parameters: every message is smaller than a mailbox's smallest slot."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 2))
+
+
 def _default_or_refused(directory: str) -> list[dict[str, Any]]:
     """The engine with its default modes, first where the mailboxes can be set up, then where rank 1
     has a /dev/shm of its own (refused on every rank: the engine goes over Gloo and says why)."""
     here = _train_pair(EngineCase("flat"), make_model)
+    tiny = _train_pair(EngineCase("flat"), _tiny)
     shared = host_shm.SHM_DIR
     host_shm.SHM_DIR = directory if dist.get_rank() == 1 else shared
     try:
         apart = _train_pair(EngineCase("flat", accumulate=2), make_model)
     finally:
         host_shm.SHM_DIR = shared
-    return [here, apart]
+    return [here, tiny, apart]
 
 
 def test_the_default_goes_through_shared_memory_and_over_gloo_where_it_is_refused(world, tmp_path):
-    for here, apart in world(_default_or_refused, 2, str(tmp_path)):
-        assert here["modes"] == ("shm_reduce_scatter", "shm_all_gather", "")
+    for here, tiny, apart in world(_default_or_refused, 2, str(tmp_path)):
+        assert here["modes"] == tiny["modes"] == ("shm_reduce_scatter", "shm_all_gather", "")
         grad_reduce, exchange, note = apart["modes"]
         assert (grad_reduce, exchange) == ("reduce_scatter", "p2p_all_gather")
         assert note.startswith("host shared memory refused, over Gloo: host_shm: rank 0 cannot open ")
         assert "the ranks do not share /dev/shm" in note and "\n" not in note
-        for result in (here, apart):
+        for result in (here, tiny, apart):
             assert result["diff"] == 0.0 and result["losses_equal"] and result["in_flight"] == 0, result
 
 
