@@ -7,6 +7,10 @@ nccl-tests' ``doc/PERFORMANCE.md`` (https://github.com/NVIDIA/nccl-tests/blob/ma
 
     all_reduce 2(n-1)/n    reduce_scatter (n-1)/n    all_gather (n-1)/n    broadcast 1    send_recv 1
 
+and zero_lab's own point-to-point reduce-scatter (``p2p_reduce_scatter``: ``S`` the bucket, cut in
+``n`` equal segments; a rank sends ``(n-1)/n · S`` to its peers and receives as much, then adds
+it: factor ``(n-1)/n``, ``n-1`` steps, one message to each peer).
+
 Its time is the α-β model ``steps(op, n) · α + factor · S / B``: ``B`` the link class's bus
 bandwidth (nccl-tests' busbw: what the hardware bottleneck moves per rank and second), ``α``
 the latency of one algorithm step; a ring takes ``2(n-1)`` steps for an all-reduce and ``n-1``
@@ -60,9 +64,12 @@ __all__ = [
     "seconds",
 ]
 
-#: The collectives priced here; ``send_recv`` is one point-to-point message.
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+#: The collectives priced here; ``send_recv`` is one point-to-point message, ``p2p_reduce_scatter``
+#: zero_lab's reduce-scatter made of them (``zero_lab.grad_reduce.P2PReduceScatter``).
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "p2p_reduce_scatter")
 ALGORITHMS = ("ring", "tree")
+#: The ops made of point-to-point messages, each to one peer (no ring: an average peer's link).
+POINT_TO_POINT = ("send_recv", "p2p_reduce_scatter")
 
 
 @dataclass(frozen=True)
@@ -185,7 +192,7 @@ def bus_factor(op: str, ranks: int) -> float:
         return 0.0
     if op == "all_reduce":
         return 2 * (ranks - 1) / ranks
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "p2p_reduce_scatter"):
         return (ranks - 1) / ranks
     return 1.0
 
@@ -219,7 +226,7 @@ def _link(hardware: Hardware, collective: Collective) -> Link:
         return hardware.collectives[collective.op]
     if collective.nodes <= 1:
         return hardware.intra
-    if collective.op == "send_recv":  # to an average peer: the remote share through this rank's NIC
+    if collective.op in POINT_TO_POINT:  # to an average peer: the remote share through this rank's NIC
         remote = _remote_share(collective)
         inverse = remote / hardware.inter.bus_bandwidth + (1 - remote) / hardware.intra.bus_bandwidth
         return Link(hardware.inter.alpha_s, 1 / inverse)
@@ -244,7 +251,7 @@ def bytes_by_link(collective: Collective) -> tuple[float, float]:
     total = bus_bytes(collective)
     if collective.nodes <= 1:
         return total, 0.0
-    if collective.op == "send_recv":
+    if collective.op in POINT_TO_POINT:
         inter = total * _remote_share(collective)
         return total - inter, inter
     inter = total * min(1.0, collective.nodes / collective.ranks)

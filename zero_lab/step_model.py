@@ -21,9 +21,11 @@ the trainable bytes):
 2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
    ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
    ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
-   its segment, an owner receives ``W-1`` contributions, all in flight at once; the busiest
-   rank's sends and receives set the time, :func:`p2p_busiest`: the larger of the two on a
-   ``duplex`` link, their mean at a swap's rate where one thread copies both, as Gloo here);
+   its segment, an owner receives ``W-1`` contributions, all in flight at once, and adds them;
+   the busiest rank's sends and receives set the time, :func:`p2p_busiest`: the larger of the
+   two on a ``duplex`` link, their mean at a swap's rate where one thread copies both, as Gloo
+   here; priced with the profile's ``p2p_reduce_scatter`` fit, the strategy itself timed by the
+   calibration with its receive buffers and adds, else as one ``send_recv`` of those bytes);
    ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
    longest: ``W × longest`` — a bucket owned by few ranks costs W times its size); ``owned``
    (an engine whose buffers are cut evenly among the owners: one reduce-scatter of the bucket).
@@ -95,6 +97,8 @@ MUON_TOUCHES = 5
 BUCKET_COPY_TOUCHES = {"all_reduce": 4, "reduce_scatter": 4, "reduce_scatter_native": 4, "owned": 2}
 #: Newton–Schulz iterations per step (``torch.optim.Muon``'s default ``ns_steps``).
 NS_STEPS = 5
+#: The calibrated op of ``grad_reduce=reduce_scatter`` (:func:`_p2p_reduce_scatter`).
+P2P_REDUCE_SCATTER = "p2p_reduce_scatter"
 GRAD_REDUCES = ("all_reduce", "reduce_scatter", "reduce_scatter_native", "owned")
 EXCHANGES = ("none", "broadcast", "all_gather")
 
@@ -291,8 +295,8 @@ def _grad_phase(
             elif strategy.grad_reduce == "reduce_scatter_native":
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
                 average = list(issued)
-            else:  # point to point, every message in flight at once: the busiest rank's sends and receives
-                issued = [layout.group("send_recv", p2p_busiest(segments, hardware.duplex))]
+            else:  # point to point, every message in flight at once: the busiest rank's sends, receives (and adds)
+                issued = [_p2p_reduce_scatter(layout, hardware, segments)]
                 average = [layout.group("send_recv", math.ceil(bucket * (shard - 1) / shard))]
             if world > shard:
                 issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
@@ -304,6 +308,21 @@ def _grad_phase(
     tail = sum(seconds(hardware, c) for c in last)
     hidden = min(total - tail, hardware.overlap * backward_s)
     return _phase("grad_reduce", hardware, collectives, hidden, sent)
+
+
+def _p2p_reduce_scatter(layout: _Layout, hardware: Hardware, segments: Sequence[int]) -> Collective:
+    """The collective that prices zero_lab's point-to-point reduce-scatter of one bucket.
+
+    With a calibrated ``p2p_reduce_scatter`` fit (the strategy timed as DDP's hook issues it: W-1
+    sends, W-1 receives into fresh buffers, the adds in rank order), that op on the *even bucket
+    equivalent* of the busiest rank's load, ``busiest × S/(S-1)`` (the bucket itself when the
+    segments are equal: the calibration's case). Without one (a profile measured before the op, or
+    a cluster's), one ``send_recv`` of the busiest rank's bytes (:func:`p2p_busiest`)."""
+    busiest = p2p_busiest(segments, hardware.duplex)
+    peers = len(segments) - 1
+    if P2P_REDUCE_SCATTER in hardware.collectives and peers:
+        return layout.group(P2P_REDUCE_SCATTER, math.ceil(busiest * (peers + 1) / peers))
+    return layout.group("send_recv", busiest)
 
 
 def p2p_busiest(segments: Sequence[int], duplex: bool) -> int:

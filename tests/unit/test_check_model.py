@@ -84,6 +84,8 @@ def test_a_stored_check_is_repriced_without_running(tmp_path) -> None:
     assert all(c.predicted_bytes == c.measured_bytes for c in checks)
     assert all(abs(Check.error(c.predicted_s, c.measured_s)) <= 0.20 for c in checks)
     assert read_checks(tmp_path / "model_check.json")[1] == checks
+    # a calibration older than the p2p_reduce_scatter op: its rows priced as before, and the header says so
+    assert "the profile has no p2p_reduce_scatter fit: not measured" in (tmp_path / "model_check.md").read_text()
     # the W = 4 rows (4 ranks on 2 cores) are priced on the profile's crowded W = 4 fits, the others not
     from dataclasses import replace
 

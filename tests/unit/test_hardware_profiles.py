@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from zero_lab.bench import plan
-from zero_lab.bench.calibrate import Rate, duplex_from, fit_link, profile_from, refit
+from zero_lab.bench.calibrate import Rate, duplex_from, fit_error, fit_link, profile_from, refit
 from zero_lab.bench.hardware import PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
 from zero_lab.collective_cost import Collective, Link, seconds
 
@@ -57,9 +57,29 @@ def test_the_fit_recovers_alpha_and_bandwidth() -> None:
     collectives = [Collective("all_reduce", n, w) for w in (2, 4) for n in (2**18, 2**21, 2**24)]
     fitted = fit_link([(c, seconds(truth, c)) for c in collectives])
     assert fitted.alpha_s == pytest.approx(2e-5, rel=1e-6) and fitted.bus_bandwidth == pytest.approx(3e9, rel=1e-6)
-    # a negative intercept is clamped to 0 and the bandwidth refitted through the origin
+    # a negative intercept is clamped to 0 and the bandwidth refitted through the origin, on the
+    # relative errors: B = Σ r² / Σ r with r = bytes / seconds of each point
     clamped = fit_link([(Collective("broadcast", 10**6, 2), 1e-4), (Collective("broadcast", 2 * 10**6, 2), 3e-4)])
-    assert clamped.alpha_s == 0.0 and clamped.bus_bandwidth == pytest.approx((1e12 + 4e12) / (1e2 + 6e2))
+    r = (10**6 / 1e-4, 2 * 10**6 / 3e-4)
+    assert clamped.alpha_s == 0.0 and clamped.bus_bandwidth == pytest.approx((r[0] ** 2 + r[1] ** 2) / sum(r))
+
+
+def test_the_fit_minimizes_the_relative_error_across_sizes() -> None:
+    """0.25 to 64 MiB, the largest slower per byte than the rest: the fit is the least-squares
+    optimum of the points' relative errors (moving α or B either way makes their sum of squares
+    worse), so the small points are not given up for the large one's milliseconds."""
+    sizes = [2**18, 2**21, 2**24, 2**26]
+    times = [4e-4, 1.5e-3, 9e-3, 7e-2]  # the 64 MiB point ~2x slower per byte than 16 MiB's
+    points = [(Collective("all_gather", n, 2), t) for n, t in zip(sizes, times)]
+    fit = fit_link(points)
+
+    def squares(link: Link) -> float:
+        return sum(fit_error(link, c, t) ** 2 for c, t in points)
+
+    best = squares(fit)
+    for alpha, bandwidth in ((1.01, 1), (0.99, 1), (1, 1.01), (1, 0.99)):
+        assert squares(Link(fit.alpha_s * alpha, fit.bus_bandwidth * bandwidth)) > best
+    assert max(abs(fit_error(fit, c, t)) for c, t in points) < 0.5
 
 
 def test_a_calibration_makes_a_profile_that_loads() -> None:

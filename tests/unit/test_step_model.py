@@ -203,6 +203,27 @@ def test_point_to_point_duplex_takes_the_larger_way_else_the_mean_of_both() -> N
     assert full.intra_bytes == shared.intra_bytes == pytest.approx(0.75 * mib16, rel=1e-6)
 
 
+def test_a_calibrated_point_to_point_reduce_scatter_prices_the_hooks_strategy() -> None:
+    """With a ``p2p_reduce_scatter`` fit (the strategy timed with its receive buffers and adds), the
+    hook's reduce-scatter is that op on the even bucket its busiest rank's load equals: 3 α plus
+    3/4 of it at the fit's bandwidth at W=4; without one, one send_recv of the busiest load."""
+    specs, mib16 = specs_of(4 * 2**20), 16 * 2**20  # one 16 MiB bucket
+    fit = {"send_recv": Link(1e-3, 100 * GB), "p2p_reduce_scatter": Link(2e-3, 1 * GB)}
+    calibrated = hardware(collectives=fit, duplex=False)
+    even = ModeledStrategy("p2p", "", Flat, grad_reduce="reduce_scatter")  # 4 MiB segments: 12 out, 12 in
+    phase = predict_step(specs, even, calibrated, 4, 1).phase("grad_reduce")
+    assert phase.seconds == pytest.approx(3 * 2e-3 + 0.75 * mib16 / GB)
+    assert phase.collectives == (Collective("p2p_reduce_scatter", mib16, 4),)
+    assert phase.intra_bytes == pytest.approx(0.75 * mib16, rel=1e-6)  # the bytes as before: an average rank's
+    # one owner of the whole bucket receives 3 × 16 MiB and sends nothing: (0 + 48) / 2 = 24 MiB, a 32 MiB bucket's load
+    one_owner = ModeledStrategy("p2p", "", SortedGreedy, grad_reduce="reduce_scatter")
+    busiest = predict_step(specs, one_owner, calibrated, 4, 1).phase("grad_reduce")
+    assert busiest.seconds == pytest.approx(3 * 2e-3 + 1.5 * mib16 / GB)
+    old = hardware(collectives={"send_recv": Link(1e-3, 100 * GB)}, duplex=False)  # a profile before the op
+    before = predict_step(specs, even, old, 4, 1).phase("grad_reduce")
+    assert before.seconds == pytest.approx(1e-3 + 0.75 * mib16 / 1e11)
+
+
 def test_muon_owner_step_is_newton_schulz_on_the_slowest_owner() -> None:
     assert newton_schulz_flops((100, 300)) == 5 * (4 * 100 * 100 * 300 + 2 * 100**3)
     specs = [

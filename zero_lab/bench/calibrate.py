@@ -2,14 +2,20 @@
 
 Times, through zero_lab's :class:`~zero_lab.comm.Communicator` (one thread per rank, a barrier
 before each repetition, the slowest rank's time), ``all_reduce``, ``reduce_scatter``,
-``all_gather``, ``broadcast`` and a point-to-point exchange (``send_recv``: every rank swaps a
+``all_gather``, ``broadcast``, a point-to-point exchange (``send_recv``: every rank swaps a
 buffer with its neighbour ``r ^ 1``; and ``send_one_way``, the same pairs one way only, which
-says whether a rank's sends and receives run at once: ``duplex``, :func:`duplex_from`) at several
-sizes and world sizes; then fits, per collective, by least squares over every (W, size) point::
+says whether a rank's sends and receives run at once: ``duplex``, :func:`duplex_from`) and
+zero_lab's point-to-point reduce-scatter as DDP's hook issues it (``p2p_reduce_scatter``:
+``grad_reduce=reduce_scatter``'s strategy on W equal segments of a bucket of the size, its
+receive buffers and adds included) at several sizes (default 0.25 to 64 MiB: the check's
+largest exchange is the tutorial's 61 MiB buffer) and world sizes; then fits, per collective,
+by least squares on the relative error over every (W, size) point (:func:`fit_link`)::
 
     t = α · steps(op, W) + busbytes(op, W, S) / B       (non-negative α and 1/B)
 
-with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`.
+with the step counts and nccl-tests' bus-byte factors of :mod:`zero_lab.collective_cost`; each
+measured row keeps its ``fit_error`` against the fit the step model uses for its world, and
+``sources.fit_errors`` names each op's largest (:func:`with_fit_errors`).
 **Crowded worlds** (more ranks than the host's cores, e.g. W = 4 on 2): each op is also fitted on
 that world's points alone, and every rank of it times the matmul and the Adam step below at once
 (:func:`crowded_rates`: CPU time, the slowest rank's median block, times ``cores / W`` for the
@@ -51,6 +57,7 @@ from zero_lab.bench.workloads import MODELS
 from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
+from zero_lab.grad_reduce import grad_reduce_named
 from zero_lab.runtime.spawn import run_world
 from zero_lab.step_model import ADAM_TOUCHES
 
@@ -60,15 +67,17 @@ __all__ = [
     "adam_rate",
     "crowded_rates",
     "duplex_from",
+    "fit_error",
     "fit_link",
     "main",
     "matmul_rate",
     "measure_collectives",
     "measure_compute",
     "refit",
+    "with_fit_errors",
 ]
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "p2p_reduce_scatter")
 #: ``send_recv``'s pairs sending one way only (even ranks send, odd ones receive): with the swap, says ``duplex``.
 ONE_WAY = "send_one_way"
 #: A one-way message slower than this share of a swap of the same size: the link is duplex.
@@ -103,6 +112,10 @@ def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None
         ops["send_recv"] = lambda: comm.issue_exchange([(full, peer)], [(swap, peer)]).wait()
         one_way = ([(full, peer)], []) if rank % 2 == 0 else ([], [(swap, peer)])
         ops[ONE_WAY] = lambda: comm.issue_exchange(*one_way).wait()
+    # as DDP's comm hook issues grad_reduce=reduce_scatter: W equal segments of the bucket, the adds included
+    segments = list(torch.zeros(n).chunk(world))
+    p2p = grad_reduce_named("reduce_scatter")
+    ops["p2p_reduce_scatter"] = lambda: p2p.issue(comm, segments, tag=0).wait()
     return ops
 
 
@@ -235,20 +248,29 @@ def measure_compute(blocks: int = 7, models: Sequence[str] = ADAM_MODELS) -> dic
 
 
 def fit_link(points: Sequence[tuple[Collective, float]]) -> Link:
-    """Least-squares ``(α, 1/B)`` of ``t = α·steps + busbytes/B`` over ``(collective, seconds)`` points
-    (ring steps); a negative α is clamped to 0 and ``B`` refitted alone."""
-    rows = [(latency_steps(c.op, c.ranks), bus_bytes(c), t) for c, t in points]
-    sxx = sum(a * a for a, _, _ in rows)
-    sxy = sum(a * b for a, b, _ in rows)
-    syy = sum(b * b for _, b, _ in rows)
-    sxt = sum(a * t for a, _, t in rows)
-    syt = sum(b * t for _, b, t in rows)
+    """``(α, 1/B)`` of ``t = α·steps + busbytes/B`` over ``(collective, seconds)`` points (ring steps),
+    by least squares on the *relative* error ``(fit - t) / t`` (each point weighted ``1/t²``): a
+    0.25 MiB point's 0.3 ms weighs as much as a 64 MiB point's 50 ms, so one fit holds across
+    sizes that differ 256-fold instead of the largest points setting it alone. A negative α is
+    clamped to 0 and ``B`` refitted alone."""
+    rows = [(latency_steps(c.op, c.ranks), bus_bytes(c), t, 1 / t**2) for c, t in points]
+    sxx = sum(w * a * a for a, _, _, w in rows)
+    sxy = sum(w * a * b for a, b, _, w in rows)
+    syy = sum(w * b * b for _, b, _, w in rows)
+    sxt = sum(w * a * t for a, _, t, w in rows)
+    syt = sum(w * b * t for _, b, t, w in rows)
     det = sxx * syy - sxy * sxy
     alpha, inverse = ((syy * sxt - sxy * syt) / det, (sxx * syt - sxy * sxt) / det) if det else (0.0, 0.0)
     if alpha < 0 or inverse <= 0:
         alpha = 0.0 if alpha < 0 or not sxx else alpha
         inverse = max((syt - alpha * sxy) / syy, 1e-30) if syy else 1e-30
     return Link(alpha, 1 / inverse)
+
+
+def fit_error(link: Link, collective: Collective, measured: float) -> float:
+    """The fit's relative error at one measured point: ``(α·steps + busbytes/B - t) / t``."""
+    fitted = link.alpha_s * latency_steps(collective.op, collective.ranks) + bus_bytes(collective) / link.bus_bandwidth
+    return (fitted - measured) / measured
 
 
 def duplex_from(rows: Sequence[dict[str, Any]]) -> tuple[bool, str]:
@@ -271,15 +293,41 @@ def duplex_from(rows: Sequence[dict[str, Any]]) -> tuple[bool, str]:
     )
 
 
+def _points(rows: Sequence[dict[str, Any]], op: str) -> list[tuple[Collective, float]]:
+    return [(Collective(op, r["nbytes"], r["world_size"]), r["seconds"]) for r in rows if r["op"] == op]
+
+
 def _fits(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per op, the α-β fit of its rows (profile YAML form, 4 significant digits)."""
     fits = {}
     for op in OPS:
-        points = [(Collective(op, r["nbytes"], r["world_size"]), r["seconds"]) for r in rows if r["op"] == op]
+        points = _points(rows, op)
         if points:
             link = fit_link(points)
             fits[op] = {"alpha_s": float(f"{link.alpha_s:.4g}"), "bus_bandwidth": float(f"{link.bus_bandwidth:.4g}")}
     return fits
+
+
+def with_fit_errors(profile: dict[str, Any]) -> dict[str, Any]:
+    """``profile`` with each measured time's ``fit_error`` (:func:`fit_error`, 3 digits) against the
+    fit the step model prices that world with (a crowded world's own, else ``collectives``), and
+    ``sources.fit_errors``: per op, its largest error and where."""
+    rows, worst = [], {}
+    for row in profile.get("measured") or []:
+        row = {k: v for k, v in row.items() if k != "fit_error"}
+        world = (profile.get("crowded") or {}).get(row["world_size"]) or {}
+        fit = (world.get("collectives") or {}).get(row["op"]) or (profile.get("collectives") or {}).get(row["op"])
+        if fit and "seconds" in row:
+            collective = Collective(row["op"], row["nbytes"], row["world_size"])
+            row["fit_error"] = round(fit_error(Link(**fit), collective, row["seconds"]), 3)
+            if abs(row["fit_error"]) > abs(worst.get(row["op"], (0.0, ""))[0]):
+                worst[row["op"]] = (row["fit_error"], f"W={row['world_size']}, {row['nbytes'] / 2**20:g} MiB")
+        rows.append(row)
+    summary = "; ".join(f"{op} {e * 100:+.0f} % ({where})" for op, (e, where) in worst.items())
+    sources = dict(profile.get("sources") or {})
+    if summary:
+        sources["fit_errors"] = f"largest relative error of each op's fit over its measured points: {summary}"
+    return dict(profile, sources=sources, measured=rows)
 
 
 def crowded_from(rows: Sequence[dict[str, Any]], cores: int) -> dict[int, dict[str, Any]]:
@@ -302,7 +350,7 @@ def refit(profile: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
         raise ValueError("--refit: the profile has no measured rows to fit; run scripts/calibrate.py to measure them")
     cores = cores or profile.get("cores") or 1
     out = dict(profile, collectives=_fits(rows), crowded=crowded_from(rows, cores))
-    return _ordered(out)
+    return _ordered(with_fit_errors(out))
 
 
 def _ordered(profile: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +372,7 @@ def profile_from(
     one = fits.get("all_reduce", {"alpha_s": 1e-4, "bus_bandwidth": 1e9})
     duplex, why = duplex_from(rows)
     matmul, adam = compute["matmul_flops"], compute["memory_bandwidth"]
-    return {
+    profile = {
         "name": "gloo_local",
         "description": f"this host's Gloo, {cores} cores, one thread per rank (fitted by scripts/calibrate.py)",
         "ranks_per_node": 1024,
@@ -358,12 +406,13 @@ def profile_from(
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],
     }
+    return with_fit_errors(profile)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = script_parser(__doc__)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0])
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0, 64.0])
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per op and size (after one warm-up)")
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks of the matmul and the Adam step")
     parser.add_argument("--out", required=True, help="the profile YAML to write (e.g. zero_lab/bench/profiles/...)")

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from zero_lab.bench import calibrate
-from zero_lab.bench.hardware import load_hardware, profile_names
+from zero_lab.bench.hardware import OLD_P2P_NOTE, load_hardware, profile_names
 from zero_lab.bench.render import error_percent, markdown_table
 from zero_lab.bench.run import Settings, plan_world_size, time_world_size
 from zero_lab.bench.script_args import command_line, script_parser
@@ -60,8 +60,8 @@ from zero_lab.files import write_atomic
 from zero_lab.partition import Flat, ParamSpec, SortedGreedy
 from zero_lab.planner import specs_from_module
 from zero_lab.report.model_plots import plot_model_check
+from zero_lab.step_model import P2P_REDUCE_SCATTER, ModeledStrategy, communicator_bytes, predict_step
 from zero_lab.step_model import STRATEGIES as AT_SCALE
-from zero_lab.step_model import ModeledStrategy, communicator_bytes, predict_step
 
 __all__ = [
     "CHECKED",
@@ -360,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> list[Check]:
         state, before = f"measured as in {args.stored.name}, re-priced", None
     else:
         checks, header, state, before = _measure(args, hardware, command, before)
+    if hardware.sources.get(P2P_REDUCE_SCATTER) == OLD_P2P_NOTE:
+        header += f"; the profile has no {P2P_REDUCE_SCATTER} fit: {OLD_P2P_NOTE}"
     text = header + "\n\n" + format_checks(checks) + "\n"
     print(text)
     if args.out:
