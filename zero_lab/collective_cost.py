@@ -29,7 +29,8 @@ leave the node, through the rank's own NIC (``inter``), the rest at ``intra``.
 
 A hardware profile may also carry per-collective fits (:attr:`Hardware.collectives`, the
 calibrated Gloo profile of one host): they replace the link's α and ``B`` for that op, with
-the same step counts and factors.
+the same step counts and factors; and fits for large messages (:attr:`Hardware.large_collectives`,
+from ``large_from_bytes`` of S on), which replace them there.
 
 **Crowded hosts.** On a CPU host with ``cores``, ``W > cores`` ranks (and their Gloo threads)
 take turns on the cores, and a collective's α-β scaling over ``n`` (fitted where every rank has
@@ -89,11 +90,13 @@ class Crowded:
     """A world of more ranks than cores as the calibration measured it: every op fitted on that
     world's points alone, and one rank's matmul FLOP/s and memory bytes/s with every rank computing
     at once, its share of the cores included (``zero_lab.bench.calibrate.crowded_rates``); a rate
-    ``None`` was not measured."""
+    ``None`` was not measured. ``large_collectives``: that world's fits of messages from the
+    profile's ``large_from_bytes`` on."""
 
     collectives: Mapping[str, Link] = field(default_factory=dict)
     matmul_flops: float | None = None
     memory_bandwidth: float | None = None
+    large_collectives: Mapping[str, Link] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,9 @@ class Hardware:
     ``duplex``: a rank's point-to-point sends and receives proceed at once, each at the link's
     rate (a NIC; ``False``: they share the rank's rate, as Gloo's copies on one host do).
     ``crowded``: per world size ``m > cores``, that world as measured (:class:`Crowded`, used by
-    :meth:`on_host`).
+    :meth:`on_host`). ``large_collectives``: per op, the fit of messages of ``large_from_bytes``
+    (nccl-tests' S) and more, where one α-β line does not hold from the smallest messages to the
+    largest (Gloo's all-gather here slows past 16 MiB); smaller ones take ``collectives``.
     ``sources``: where each figure comes from (profile YAMLs carry them).
     """
 
@@ -126,6 +131,8 @@ class Hardware:
     collectives: Mapping[str, Link] = field(default_factory=dict)
     crowded: Mapping[int, Crowded] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
+    large_from_bytes: int | None = None
+    large_collectives: Mapping[str, Link] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -137,15 +144,18 @@ class Hardware:
             problems.append(f"overlap={self.overlap} must be in [0, 1]")
         if self.algorithm not in ALGORITHMS:
             problems.append(f"algorithm={self.algorithm!r} must be one of {ALGORITHMS}")
-        unknown = sorted(set(self.collectives) - set(OPS))
-        if unknown:
-            problems.append(f"collectives {unknown} are not among {OPS}")
+        fits = {"collectives": self.collectives, "large_collectives": self.large_collectives}
         for size, world in self.crowded.items():
             if not self.cores or size <= self.cores:
                 problems.append(f"crowded world {size} needs cores < {size}, got cores={self.cores}")
-            unknown = sorted(set(world.collectives) - set(OPS))
+            fits |= {f"crowded.{size}.collectives": world.collectives}
+            fits |= {f"crowded.{size}.large_collectives": world.large_collectives}
+        for where, ops in fits.items():
+            unknown = sorted(set(ops) - set(OPS))
             if unknown:
-                problems.append(f"crowded.{size}.collectives {unknown} are not among {OPS}")
+                problems.append(f"{where} {unknown} are not among {OPS}")
+            if ops and where.endswith("large_collectives") and not self.large_from_bytes:
+                problems.append(f"{where} needs large_from_bytes > 0 (the size they hold from)")
         if problems:
             raise ValueError(f"hardware {self.name!r}: " + "; ".join(problems))
 
@@ -160,15 +170,24 @@ class Hardware:
             return self
         share = self.cores / world_size
         matmul, memory, collectives = self.matmul_flops * share, self.memory_bandwidth * share, self.collectives
+        large = self.large_collectives
         if self.crowded:
             below = [m for m in self.crowded if m <= world_size]
             m = max(below) if below else min(self.crowded)
             world = self.crowded[m]
             collectives = {**self.collectives, **world.collectives}
+            # an op the world fitted over every size has no large fit of the profile's left over it
+            large = {op: v for op, v in large.items() if op not in world.collectives} | dict(world.large_collectives)
             matmul = world.matmul_flops * m / world_size if world.matmul_flops else matmul
             memory = world.memory_bandwidth * m / world_size if world.memory_bandwidth else memory
         return replace(
-            self, matmul_flops=matmul, memory_bandwidth=memory, collectives=collectives, cores=None, crowded={}
+            self,
+            matmul_flops=matmul,
+            memory_bandwidth=memory,
+            collectives=collectives,
+            large_collectives=large,
+            cores=None,
+            crowded={},
         )
 
 
@@ -222,6 +241,9 @@ def _remote_share(collective: Collective) -> float:
 
 
 def _link(hardware: Hardware, collective: Collective) -> Link:
+    large = hardware.large_from_bytes is not None and collective.nbytes >= hardware.large_from_bytes
+    if large and collective.op in hardware.large_collectives:
+        return hardware.large_collectives[collective.op]
     if collective.op in hardware.collectives:
         return hardware.collectives[collective.op]
     if collective.nodes <= 1:

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
 
 from zero_lab.bench import plan
 from zero_lab.bench.calibrate import Rate, duplex_from, fit_error, fit_link, profile_from, refit
-from zero_lab.bench.hardware import PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
+from zero_lab.bench.hardware import OLD_P2P_NOTE, PROFILE_DIR, hardware_from_dict, load_hardware, profile_names
 from zero_lab.collective_cost import Collective, Link, seconds
 
 
@@ -26,13 +27,9 @@ def test_every_shipped_profile_loads_and_names_its_sources() -> None:
     h100 = load_hardware("h100_ib")
     assert (h100.intra.bus_bandwidth, h100.inter.bus_bandwidth, h100.ranks_per_node) == (450e9, 50e9, 8)
     gloo = load_hardware("gloo_local")
-    assert gloo.cores and set(gloo.collectives) == {
-        "all_reduce",
-        "reduce_scatter",
-        "all_gather",
-        "broadcast",
-        "send_recv",
-    }
+    ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "p2p_reduce_scatter"}
+    assert gloo.cores and set(gloo.collectives) == set(gloo.large_collectives) == ops
+    assert gloo.large_from_bytes == 32 * 2**20 and "largest relative error" in gloo.sources["fit_errors"]
 
 
 def test_a_bad_profile_names_every_problem_and_the_file(tmp_path) -> None:
@@ -137,14 +134,21 @@ def test_a_crowded_world_is_fitted_on_its_own_points() -> None:
 
 
 def test_the_shipped_gloo_profile_prices_four_ranks_from_its_four_rank_points() -> None:
-    """gloo_local's crowded W = 4 fits come from its own measured W = 4 rows, nothing else."""
+    """gloo_local's crowded W = 4 fits come from its own measured W = 4 rows, nothing else: below
+    32 MiB α and B, from 32 MiB on B alone at that α; each row's fit_error is against its own fit."""
     gloo = load_hardware("gloo_local")
     data = yaml.safe_load((PROFILE_DIR / "gloo_local.yaml").read_text())
-    for op in ("broadcast", "all_reduce"):
+    for op in ("broadcast", "all_reduce", "p2p_reduce_scatter"):
         four = [r for r in data["measured"] if r["world_size"] == 4 and r["op"] == op]
-        fit = fit_link([(Collective(op, r["nbytes"], 4), r["seconds"]) for r in four])
-        assert gloo.crowded[4].collectives[op].bus_bandwidth == pytest.approx(fit.bus_bandwidth, rel=1e-3)
-        assert gloo.crowded[4].collectives[op].alpha_s == pytest.approx(fit.alpha_s, rel=1e-3, abs=1e-9)
+        small = fit_link([(Collective(op, r["nbytes"], 4), r["seconds"]) for r in four if r["nbytes"] < 2**25])
+        large = [(Collective(op, r["nbytes"], 4), r["seconds"]) for r in four if r["nbytes"] >= 2**25]
+        large_fit = fit_link(large, alpha_s=small.alpha_s)
+        crowded = gloo.crowded[4]
+        assert crowded.collectives[op].bus_bandwidth == pytest.approx(small.bus_bandwidth, rel=1e-3)
+        assert crowded.collectives[op].alpha_s == pytest.approx(small.alpha_s, rel=1e-3, abs=1e-9)
+        assert crowded.large_collectives[op].bus_bandwidth == pytest.approx(large_fit.bus_bandwidth, rel=1e-3)
+        for row, (collective, t) in zip([r for r in four if r["nbytes"] >= 2**25], large):
+            assert row["fit_error"] == pytest.approx(fit_error(crowded.large_collectives[op], collective, t), abs=2e-3)
 
 
 def test_a_rate_is_its_fastest_block_with_the_spread() -> None:
@@ -183,3 +187,56 @@ def test_plan_with_hardware_prints_the_at_scale_table_and_crossings(capsys) -> N
     assert by[("zero1_sorted_greedy", 64, 64)]["imbalance"] == pytest.approx(64 / 20, rel=0.01)
     out = capsys.readouterr().out
     assert "| W | S | strategy |" in out and "sorted_greedy's imbalance (3.20)" in out
+
+
+def test_large_messages_are_fitted_apart_and_priced_by_their_size() -> None:
+    """An all-gather that moves 2 GB/s of bus bytes below 32 MiB and 1 GB/s from there on (as
+    Gloo's here slows past 16 MiB): the calibration fits each range (the large one's B at the
+    small one's α), every point lands on its fit, and the model prices a message by its size."""
+    mib = 2**20
+    small, large = Link(1e-4, 2e9), Link(1e-4, 1e9)
+
+    def all_gather(n: int, w: int) -> float:  # ring: W-1 steps, (W-1)/W of S through each rank
+        link = large if n >= 32 * mib else small
+        return (w - 1) * link.alpha_s + (w - 1) / w * n / link.bus_bandwidth
+
+    sizes = [mib // 4, 2 * mib, 16 * mib, 32 * mib, 64 * mib]
+    rows = [{"op": "all_gather", "world_size": 2, "nbytes": n, "seconds": all_gather(n, 2)} for n in sizes]
+    compute = {"matmul_flops": Rate(8e10, (1.0,)), "memory_bandwidth": Rate(1.6e10, (1.0,))}
+    profile = yaml.safe_load(yaml.safe_dump(profile_from(rows, compute, "python scripts/calibrate.py", 2)))
+    hardware = hardware_from_dict(profile)
+    assert hardware.large_from_bytes == 32 * mib
+    with pytest.raises(ValueError, match="large_collectives needs large_from_bytes > 0"):
+        hardware_from_dict(dict(profile, large_from_bytes=None), "p.yaml")
+    for fitted, truth in (
+        (hardware.collectives["all_gather"], small),
+        (hardware.large_collectives["all_gather"], large),
+    ):
+        assert (fitted.alpha_s, fitted.bus_bandwidth) == pytest.approx((truth.alpha_s, truth.bus_bandwidth), rel=1e-3)
+    assert all(r["fit_error"] == pytest.approx(0.0, abs=2e-3) for r in profile["measured"])
+    for n in (16 * mib, 61 * mib):  # the tutorial's 61 MiB exchange at the large messages' rate
+        assert seconds(hardware, Collective("all_gather", n, 2)) == pytest.approx(all_gather(n, 2), rel=1e-3)
+    # one fit over every size (--large-from-mib 0) misses some point by far more: the reason for two
+    single = refit(profile, large_from=None)
+    assert "large_collectives" not in single and "large_from_bytes" not in single
+    assert max(abs(r["fit_error"]) for r in single["measured"]) > 0.2
+    assert "all_gather" in single["sources"]["fit_errors"]
+
+
+def test_a_calibration_older_than_the_p2p_op_loads_refits_and_says_so() -> None:
+    """The idle calibration of 2026-11-27 23:30 (sizes up to 16 MiB, no p2p_reduce_scatter): it
+    loads with a note on the missing op, and --refit keeps it one range (no size reaches 32 MiB)."""
+    path = Path(__file__).parents[2] / "docs" / "data" / "gloo_local-2026-11-27-2330-idle.yaml"
+    hardware = load_hardware(path)
+    assert "p2p_reduce_scatter" not in hardware.collectives
+    assert hardware.sources["p2p_reduce_scatter"] == OLD_P2P_NOTE
+    again = refit(yaml.safe_load(path.read_text()))
+    assert "large_collectives" not in again and again["crowded"][4]["matmul_flops"] == 35490000000.0
+    assert {r["op"] for r in again["measured"] if "fit_error" in r} == {
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "send_recv",
+    }
+    assert hardware_from_dict(again).collectives.keys() == hardware.collectives.keys()

@@ -69,6 +69,7 @@ __all__ = [
     "duplex_from",
     "fit_error",
     "fit_link",
+    "fitted_sections",
     "main",
     "matmul_rate",
     "measure_collectives",
@@ -82,6 +83,10 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "
 ONE_WAY = "send_one_way"
 #: A one-way message slower than this share of a swap of the same size: the link is duplex.
 DUPLEX_SHARE = 0.75
+#: Messages (nccl-tests' S) from this size on are fitted apart: Gloo's all-gather here moves
+#: ~1.1 GB/s of bus bytes up to 16 MiB and ~0.5 GB/s at 32 and 64 MiB (calibrations of
+#: 2026-11-28, W=2), while the check's 27 MiB all-gather (linear768) still runs at the small rate.
+LARGE_FROM = 32 * 2**20
 
 
 def _slowest_median(run: Callable[[], None], repeats: int) -> float:
@@ -247,12 +252,12 @@ def measure_compute(blocks: int = 7, models: Sequence[str] = ADAM_MODELS) -> dic
     return {"matmul_flops": matmul_rate(blocks), "memory_bandwidth": adam_rate(models, blocks)}
 
 
-def fit_link(points: Sequence[tuple[Collective, float]]) -> Link:
+def fit_link(points: Sequence[tuple[Collective, float]], alpha_s: float | None = None) -> Link:
     """``(α, 1/B)`` of ``t = α·steps + busbytes/B`` over ``(collective, seconds)`` points (ring steps),
     by least squares on the *relative* error ``(fit - t) / t`` (each point weighted ``1/t²``): a
     0.25 MiB point's 0.3 ms weighs as much as a 64 MiB point's 50 ms, so one fit holds across
     sizes that differ 256-fold instead of the largest points setting it alone. A negative α is
-    clamped to 0 and ``B`` refitted alone."""
+    clamped to 0 and ``B`` refitted alone; with ``alpha_s`` given, only ``B`` is fitted."""
     rows = [(latency_steps(c.op, c.ranks), bus_bytes(c), t, 1 / t**2) for c, t in points]
     sxx = sum(w * a * a for a, _, _, w in rows)
     sxy = sum(w * a * b for a, b, _, w in rows)
@@ -261,6 +266,8 @@ def fit_link(points: Sequence[tuple[Collective, float]]) -> Link:
     syt = sum(w * b * t for _, b, t, w in rows)
     det = sxx * syy - sxy * sxy
     alpha, inverse = ((syy * sxt - sxy * syt) / det, (sxx * syt - sxy * sxt) / det) if det else (0.0, 0.0)
+    if alpha_s is not None:
+        alpha, inverse = alpha_s, 0.0
     if alpha < 0 or inverse <= 0:
         alpha = 0.0 if alpha < 0 or not sxx else alpha
         inverse = max((syt - alpha * sxy) / syy, 1e-30) if syy else 1e-30
@@ -297,27 +304,64 @@ def _points(rows: Sequence[dict[str, Any]], op: str) -> list[tuple[Collective, f
     return [(Collective(op, r["nbytes"], r["world_size"]), r["seconds"]) for r in rows if r["op"] == op]
 
 
-def _fits(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per op, the α-β fit of its rows (profile YAML form, 4 significant digits)."""
-    fits = {}
+def _yaml_link(link: Link) -> dict[str, float]:
+    return {"alpha_s": float(f"{link.alpha_s:.4g}"), "bus_bandwidth": float(f"{link.bus_bandwidth:.4g}")}
+
+
+def _fits(rows: Sequence[dict[str, Any]], large_from: int | None) -> dict[str, dict[str, dict[str, float]]]:
+    """Per op, the α-β fit of its rows (profile YAML form, 4 significant digits): ``collectives``
+    on the messages smaller than ``large_from`` bytes, ``large_collectives`` on the others: their
+    own bandwidth at the small messages' α (two sizes of a bandwidth-bound range leave α
+    ill-determined; every size in ``collectives`` when all are on one side, or ``large_from`` is ``None``)."""
+    small, large = {}, {}
     for op in OPS:
         points = _points(rows, op)
-        if points:
-            link = fit_link(points)
-            fits[op] = {"alpha_s": float(f"{link.alpha_s:.4g}"), "bus_bandwidth": float(f"{link.bus_bandwidth:.4g}")}
-    return fits
+        below = [p for p in points if large_from is None or p[0].nbytes < large_from]
+        above = [p for p in points if p not in below]
+        if below and above:  # the same per-step latency; the large messages' own bandwidth
+            fit = fit_link(below)
+            small[op], large[op] = _yaml_link(fit), _yaml_link(fit_link(above, alpha_s=fit.alpha_s))
+        elif points:
+            small[op] = _yaml_link(fit_link(points))
+    return {"collectives": small, "large_collectives": large} if large else {"collectives": small}
+
+
+def fitted_sections(rows: Sequence[dict[str, Any]], cores: int, large_from: int | None) -> dict[str, Any]:
+    """The profile's fitted sections from its measured ``rows``: ``collectives`` (and
+    ``large_from_bytes``, ``large_collectives`` where a size reaches ``large_from``) on every
+    world's rows, and ``crowded``: each world of more ranks than ``cores`` fitted on its rows
+    alone, with its per-rank compute rates where measured."""
+    out: dict[str, Any] = _fits(rows, large_from)
+    crowded: dict[int, dict[str, Any]] = {}
+    for world in sorted({r["world_size"] for r in rows if r["world_size"] > cores}):
+        mine = [r for r in rows if r["world_size"] == world]
+        crowded[world] = _fits(mine, large_from) | {r["op"]: float(f"{r['rate']:.4g}") for r in mine if "rate" in r}
+    if any("large_collectives" in section for section in [out, *crowded.values()]):
+        out = {"collectives": out["collectives"], "large_from_bytes": large_from, **out}
+    return {**out, "crowded": crowded}
+
+
+def _fit_of(profile: dict[str, Any], row: dict[str, Any]) -> dict[str, float] | None:
+    """The fit the step model prices a measured row's op, size and world with."""
+    world = (profile.get("crowded") or {}).get(row["world_size"]) or profile
+    large = profile.get("large_from_bytes") and row["nbytes"] >= profile["large_from_bytes"]
+    for section in [world, profile] if world is not profile else [profile]:
+        fit = large and (section.get("large_collectives") or {}).get(row["op"])
+        fit = fit or (section.get("collectives") or {}).get(row["op"])
+        if fit:
+            return fit
+    return None
 
 
 def with_fit_errors(profile: dict[str, Any]) -> dict[str, Any]:
     """``profile`` with each measured time's ``fit_error`` (:func:`fit_error`, 3 digits) against the
-    fit the step model prices that world with (a crowded world's own, else ``collectives``), and
+    fit the step model prices it with (its world's, crowded or not, and its size's), and
     ``sources.fit_errors``: per op, its largest error and where."""
     rows, worst = [], {}
     for row in profile.get("measured") or []:
         row = {k: v for k, v in row.items() if k != "fit_error"}
-        world = (profile.get("crowded") or {}).get(row["world_size"]) or {}
-        fit = (world.get("collectives") or {}).get(row["op"]) or (profile.get("collectives") or {}).get(row["op"])
-        if fit and "seconds" in row:
+        fit = _fit_of(profile, row) if "seconds" in row else None
+        if fit:
             collective = Collective(row["op"], row["nbytes"], row["world_size"])
             row["fit_error"] = round(fit_error(Link(**fit), collective, row["seconds"]), 3)
             if abs(row["fit_error"]) > abs(worst.get(row["op"], (0.0, ""))[0]):
@@ -330,42 +374,41 @@ def with_fit_errors(profile: dict[str, Any]) -> dict[str, Any]:
     return dict(profile, sources=sources, measured=rows)
 
 
-def crowded_from(rows: Sequence[dict[str, Any]], cores: int) -> dict[int, dict[str, Any]]:
-    """The profile's ``crowded`` section: for every measured world of more ranks than ``cores``,
-    each op fitted on that world's rows alone, and its per-rank compute rates where measured."""
-    out: dict[int, dict[str, Any]] = {}
-    for world in sorted({r["world_size"] for r in rows if r["world_size"] > cores}):
-        mine = [r for r in rows if r["world_size"] == world]
-        section: dict[str, Any] = {"collectives": _fits(mine)}
-        section |= {r["op"]: float(f"{r['rate']:.4g}") for r in mine if "rate" in r}
-        out[world] = section
-    return out
-
-
-def refit(profile: dict[str, Any], cores: int | None = None) -> dict[str, Any]:
-    """``profile`` with its ``collectives`` and ``crowded`` fitted again from its ``measured`` rows
-    (the compute rates kept): what a change to the fitting does to a stored calibration, run nothing."""
+def refit(profile: dict[str, Any], cores: int | None = None, large_from: int | None = LARGE_FROM) -> dict[str, Any]:
+    """``profile`` with its fitted sections (:func:`fitted_sections`) fitted again from its
+    ``measured`` rows (the compute rates kept), messages from ``large_from`` bytes on apart
+    (``None``: one fit over every size): what a change to the fitting does to a stored
+    calibration, run nothing."""
     rows = profile.get("measured") or []
     if not rows:
         raise ValueError("--refit: the profile has no measured rows to fit; run scripts/calibrate.py to measure them")
     cores = cores or profile.get("cores") or 1
-    out = dict(profile, collectives=_fits(rows), crowded=crowded_from(rows, cores))
+    kept = {k: v for k, v in profile.items() if k not in ("large_from_bytes", "large_collectives")}
+    out = kept | fitted_sections(rows, cores, large_from)
     return _ordered(with_fit_errors(out))
 
 
 def _ordered(profile: dict[str, Any]) -> dict[str, Any]:
     """The profile's keys in the YAML's reading order (``crowded`` after ``collectives``, ``measured`` last)."""
-    first = [k for k in profile if k not in ("crowded", "sources", "measured")]
+    after = ("large_from_bytes", "large_collectives", "crowded")
+    first = [k for k in profile if k not in (*after, "sources", "measured")]
     at = first.index("collectives") + 1 if "collectives" in first else len(first)
-    keys = [*first[:at], "crowded", *first[at:], "sources", "measured"]
+    keys = [*first[:at], *after, *first[at:], "sources", "measured"]
     return {k: profile[k] for k in keys if k in profile}
 
 
 def profile_from(
-    rows: list[dict[str, Any]], compute: dict[str, Rate], command: str, cores: int, compute_blocks: int = 7
+    rows: list[dict[str, Any]],
+    compute: dict[str, Rate],
+    command: str,
+    cores: int,
+    compute_blocks: int = 7,
+    large_from: int | None = LARGE_FROM,
 ) -> dict[str, Any]:
-    """The profile mapping (see :mod:`zero_lab.bench.hardware`) from measured rows and compute rates."""
-    fits = _fits(rows)
+    """The profile mapping (see :mod:`zero_lab.bench.hardware`) from measured rows and compute rates;
+    messages of ``large_from`` bytes and more fitted apart (:func:`fitted_sections`)."""
+    sections = fitted_sections(rows, cores, large_from)
+    fits = sections["collectives"]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = os.getloadavg()[0]
     origin = f"`{command}` on {when}, load average {load:.1f} at the end (over {cores} cores: under load if > {cores})"
@@ -383,10 +426,12 @@ def profile_from(
         "matmul_flops": float(f"{matmul.value:.4g}"),
         "memory_bandwidth": float(f"{adam.value:.4g}"),
         "links": {"intra": dict(one), "inter": dict(one)},  # one host: both classes are its all-reduce's
-        "collectives": {op: dict(fit) for op, fit in fits.items()},
-        "crowded": crowded_from(rows, cores),
+        **sections,
         "sources": {
-            "collectives": f"least-squares alpha-beta fits of measured medians, {origin}",
+            "collectives": (
+                "alpha-beta fits of measured medians, least squares on the relative error, over every world; "
+                f"messages from large_from_bytes on fitted apart (large_collectives), {origin}"
+            ),
             "duplex": f"{why}, {origin}",
             "matmul_flops": (
                 f"one thread's CPU time, (32 x 1024) @ (1024 x 1024) fwd and bwd shapes, fastest of "
@@ -406,13 +451,19 @@ def profile_from(
         },
         "measured": [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows],
     }
-    return with_fit_errors(profile)
+    return _ordered(with_fit_errors(profile))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = script_parser(__doc__)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0, 64.0])
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25, 2.0, 16.0, 32.0, 64.0])
+    parser.add_argument(
+        "--large-from-mib",
+        type=float,
+        default=LARGE_FROM / 2**20,
+        help="messages from this size on are fitted apart (large_collectives); 0: one fit over every size",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per op and size (after one warm-up)")
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks of the matmul and the Adam step")
     parser.add_argument("--out", required=True, help="the profile YAML to write (e.g. zero_lab/bench/profiles/...)")
@@ -433,9 +484,10 @@ def _write(profile: dict[str, Any], out: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    large_from = int(args.large_from_mib * 2**20) or None
     if args.refit:
         with open(args.refit) as f:
-            profile = refit(yaml.safe_load(f))
+            profile = refit(yaml.safe_load(f), large_from=large_from)
         _write(profile, args.out)
         print(f"profile: {args.out} (refitted from the measured rows of {args.refit})")
         return profile
@@ -449,10 +501,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"W={world}: measured {len(sizes)} sizes of {len(OPS)} collectives", flush=True)
     command = command_line("scripts/calibrate.py", argv)
     compute = measure_compute(args.blocks)
-    profile = profile_from(rows, compute, command, os.cpu_count() or 1, args.blocks)
+    profile = profile_from(rows, compute, command, os.cpu_count() or 1, args.blocks, large_from)
     _write(profile, args.out)
+    large = profile.get("large_collectives") or {}
     for op, fit in profile["collectives"].items():
-        print(f"  {op:<15} alpha {fit['alpha_s'] * 1e6:9.1f} us   busbw {fit['bus_bandwidth'] / 1e9:7.3f} GB/s")
+        line = f"  {op:<18} alpha {fit['alpha_s'] * 1e6:7.1f} us  busbw {fit['bus_bandwidth'] / 1e9:6.3f} GB/s"
+        if op in large:
+            line += f"  (>= {args.large_from_mib:g} MiB: {large[op]['alpha_s'] * 1e6:.1f} us, "
+            line += f"{large[op]['bus_bandwidth'] / 1e9:.3f} GB/s)"
+        print(line)
+    print(f"  {profile['sources'].get('fit_errors', '')}")
     print(f"  matmul {compute['matmul_flops'].describe(1e9, 'GFLOP/s')}")
     print(f"  Adam   {compute['memory_bandwidth'].describe(1e9, 'GB/s')}")
     print(f"  duplex {profile['duplex']}: {profile['sources']['duplex'].split(', `')[0]}")

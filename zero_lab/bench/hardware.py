@@ -11,8 +11,9 @@ it). The shipped ones: ``h100_ib`` and ``a100_hdr`` (published bandwidths), ``gl
 Keys: ``name``, ``ranks_per_node``, ``matmul_flops``, ``memory_bandwidth``,
 ``links: {intra: {alpha_s, bus_bandwidth}, inter: {...}}``, ``sources`` (required); optional
 ``overlap``, ``algorithm``, ``cores``, ``duplex``, ``collectives: {op: {alpha_s, bus_bandwidth}}``,
-``crowded: {W: {collectives: {op: ...}, matmul_flops, memory_bandwidth}}`` (worlds of more ranks
-than ``cores`` as measured, :class:`~zero_lab.collective_cost.Crowded`; each key optional),
+``large_from_bytes`` and ``large_collectives: {op: ...}`` (the fits of messages from that size on),
+``crowded: {W: {collectives: {op: ...}, large_collectives, matmul_flops, memory_bandwidth}}`` (worlds
+of more ranks than ``cores`` as measured, :class:`~zero_lab.collective_cost.Crowded`; each key optional),
 ``description``, ``measured`` (the calibration's raw figures).
 """
 
@@ -30,8 +31,19 @@ __all__ = ["OLD_P2P_NOTE", "PROFILE_DIR", "hardware_from_dict", "load_hardware",
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 _REQUIRED = ("name", "ranks_per_node", "matmul_flops", "memory_bandwidth", "links", "sources")
-_OPTIONAL = ("overlap", "algorithm", "cores", "duplex", "collectives", "crowded", "description", "measured")
-_CROWDED = ("collectives", "matmul_flops", "memory_bandwidth")
+_OPTIONAL = (
+    "overlap",
+    "algorithm",
+    "cores",
+    "duplex",
+    "collectives",
+    "large_from_bytes",
+    "large_collectives",
+    "crowded",
+    "description",
+    "measured",
+)
+_CROWDED = ("collectives", "large_collectives", "matmul_flops", "memory_bandwidth")
 #: ``sources.p2p_reduce_scatter`` of a calibrated profile measured before that op was.
 OLD_P2P_NOTE = (
     "not measured (a calibration older than the op): grad_reduce=reduce_scatter is priced as one send_recv "
@@ -50,6 +62,11 @@ def _link(where: str, data: Any) -> Link:
     return Link(float(data["alpha_s"]), float(data["bus_bandwidth"]))
 
 
+def _fits(where: str, data: Any) -> dict[str, Link]:
+    """A mapping of op to its fit (``collectives``, ``large_collectives``); absent is empty."""
+    return {op: _link(f"{where}.{op}", v) for op, v in (data or {}).items()}
+
+
 def _crowded(where: str, data: Any) -> dict[int, Crowded]:
     """``crowded``'s mapping of world size to :class:`Crowded`; a ``ValueError`` naming the key."""
     if not isinstance(data, dict):
@@ -58,9 +75,10 @@ def _crowded(where: str, data: Any) -> dict[int, Crowded]:
     for size, world in data.items():
         if not isinstance(world, dict) or set(world) - set(_CROWDED):
             raise ValueError(f"{where}.{size} must be a mapping of some of {_CROWDED}, got {world!r}")
-        fits = {op: _link(f"{where}.{size}.collectives.{op}", v) for op, v in (world.get("collectives") or {}).items()}
+        fits = _fits(f"{where}.{size}.collectives", world.get("collectives"))
+        large = _fits(f"{where}.{size}.large_collectives", world.get("large_collectives"))
         rates = {key: float(world[key]) for key in ("matmul_flops", "memory_bandwidth") if world.get(key) is not None}
-        out[int(size)] = Crowded(fits, **rates)
+        out[int(size)] = Crowded(fits, large_collectives=large, **rates)
     return out
 
 
@@ -79,7 +97,7 @@ def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware
         problems.append(f"duplex must be true or false, got {data['duplex']!r}")
     if problems:
         raise ValueError(f"{where}: " + "; ".join(problems))
-    collectives = {op: _link(f"{where}: collectives.{op}", v) for op, v in (data.get("collectives") or {}).items()}
+    collectives = _fits(f"{where}: collectives", data.get("collectives"))
     sources = {str(k): str(v) for k, v in data["sources"].items()}
     if "send_recv" in collectives and P2P_REDUCE_SCATTER not in collectives:
         sources.setdefault(P2P_REDUCE_SCATTER, OLD_P2P_NOTE)
@@ -96,6 +114,8 @@ def hardware_from_dict(data: dict[str, Any], where: str = "profile") -> Hardware
         duplex=data.get("duplex", True),
         collectives=collectives,
         crowded=_crowded(f"{where}: crowded", data.get("crowded") or {}),
+        large_from_bytes=int(data["large_from_bytes"]) if data.get("large_from_bytes") else None,
+        large_collectives=_fits(f"{where}: large_collectives", data.get("large_collectives")),
         sources=sources,
     )
 
