@@ -16,7 +16,8 @@ a :class:`Collective` makes the whole of ``storage`` up to date on every rank:
   ``storage`` (``irecv``; no staging, no padding; on Gloo, one host, 38 MiB at W=2: 16.5 ms against
   19.8 ms for one broadcast per rank and 77 ms for ``all_gather_into_tensor``, FIELD-NOTES);
 * :class:`ShmAllGather` (``"shm_all_gather"``) — the same through host-local shared memory
-  (:mod:`zero_lab.host_shm`): ranks of one host only, opt-in (never ``"auto"``'s candidate).
+  (:mod:`zero_lab.host_shm`): ranks of one host only, never ``"auto"``'s candidate (the engine's
+  default on one x86-64 host).
 
 Each collective goes through :class:`~zero_lab.comm.Communicator`, so it is labelled
 ``zero_lab::<label>`` in the profiler, and its bytes, calls and seconds are metered. The
@@ -194,8 +195,8 @@ class P2PAllGather:
 class ShmAllGather:
     """The point-to-point all-gather through host-local shared memory (:mod:`zero_lab.host_shm`), in
     place: each rank writes its range into its mailbox once, each copies the peers' ranges into place.
-    Ranks of one x86-64 host, CPU tensors; opt-in (never ``exchange="auto"``'s); metered as
-    :class:`P2PAllGather`."""
+    Ranks of one x86-64 host, CPU tensors; never ``exchange="auto"``'s (the engine's default there);
+    metered as :class:`P2PAllGather`."""
 
     name = "shm_all_gather"
     label = "exchange_shm_all_gather"

@@ -28,7 +28,7 @@ bucket's gradients are ready, so the reduction overlaps the rest of backward):
    ``reduce_scatter_tensor`` of the owner-major layout, segments zero-padded to the
    longest (what wins on NCCL); ``shm_reduce_scatter`` and ``shm_all_reduce`` the point-to-point
    reduce-scatter and an all-reduce through host-local shared memory (:mod:`zero_lab.host_shm`:
-   ranks of one host, opt-in, never ``auto``'s). ``auto`` chooses with the tuner every phase shares
+   ranks of one host, never ``auto``'s; the engine's default there). ``auto`` chooses with the tuner every phase shares
    (:mod:`zero_lab.auto`), once, at :func:`reduce_gradients`: each trial reduces a scratch
    bucket the size of DDP's largest (the figure that predicts a step: every bucket is at most
    that size), capped at a third of the model's gradient bytes, and the strategies are
@@ -245,8 +245,9 @@ class ReduceScatterNative:
 class ShmReduceScatter:
     """:class:`P2PReduceScatter` through host-local shared memory (:mod:`zero_lab.host_shm`): each rank
     writes its peers' segments into its mailbox once, each adds the peers' contributions to its own
-    segment in rank order (the same sum, bitwise). Ranks of one x86-64 host, CPU tensors; opt-in
-    (not a candidate of ``auto``); the bytes are metered as the point-to-point reduce-scatter's."""
+    segment in rank order (the same sum, bitwise). Ranks of one x86-64 host, CPU tensors; never a
+    candidate of ``auto``, the engine's default there (:mod:`zero_lab.engine.wrapper`); the bytes are
+    metered as the point-to-point reduce-scatter's."""
 
     name = "shm_reduce_scatter"
     label = "grad_shm_reduce_scatter"
@@ -264,7 +265,7 @@ class ShmReduceScatter:
 class ShmAllReduce:
     """The all-reduce through host-local shared memory (:mod:`zero_lab.host_shm`): each rank writes its
     whole bucket once and sums all W contributions in rank order (every rank the same sum). The control
-    of :class:`ShmReduceScatter`, and usable as DDP's comm hook; opt-in; metered as an all-reduce."""
+    of :class:`ShmReduceScatter`, and usable as DDP's comm hook; by name only; metered as an all-reduce."""
 
     name = "shm_all_reduce"
     label = "grad_shm_all_reduce"

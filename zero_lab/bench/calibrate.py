@@ -51,10 +51,11 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from zero_lab.bench.hardware import hardware_from_dict
 from zero_lab.bench.host import keep_freed_memory
 from zero_lab.bench.script_args import command_line, script_parser
 from zero_lab.bench.workloads import MODELS
-from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps
+from zero_lab.collective_cost import Collective, Link, bus_bytes, latency_steps, seconds
 from zero_lab.comm import Communicator
 from zero_lab.files import write_atomic
 from zero_lab.grad_reduce import grad_reduce_named
@@ -266,8 +267,8 @@ def fit_link(points: Sequence[tuple[Collective, float]], alpha_s: float | None =
     syt = sum(w * b * t for _, b, t, w in rows)
     det = sxx * syy - sxy * sxy
     alpha, inverse = ((syy * sxt - sxy * syt) / det, (sxx * syt - sxy * sxt) / det) if det else (0.0, 0.0)
-    if alpha_s is not None:
-        alpha, inverse = alpha_s, 0.0
+    if alpha_s is not None:  # only B, at the given α
+        return Link(alpha_s, 1 / max((syt - alpha_s * sxy) / syy, 1e-30) if syy else 1e30)
     if alpha < 0 or inverse <= 0:
         alpha = 0.0 if alpha < 0 or not sxx else alpha
         inverse = max((syt - alpha * sxy) / syy, 1e-30) if syy else 1e-30
@@ -341,29 +342,19 @@ def fitted_sections(rows: Sequence[dict[str, Any]], cores: int, large_from: int 
     return {**out, "crowded": crowded}
 
 
-def _fit_of(profile: dict[str, Any], row: dict[str, Any]) -> dict[str, float] | None:
-    """The fit the step model prices a measured row's op, size and world with."""
-    world = (profile.get("crowded") or {}).get(row["world_size"]) or profile
-    large = profile.get("large_from_bytes") and row["nbytes"] >= profile["large_from_bytes"]
-    for section in [world, profile] if world is not profile else [profile]:
-        fit = large and (section.get("large_collectives") or {}).get(row["op"])
-        fit = fit or (section.get("collectives") or {}).get(row["op"])
-        if fit:
-            return fit
-    return None
-
-
 def with_fit_errors(profile: dict[str, Any]) -> dict[str, Any]:
-    """``profile`` with each measured time's ``fit_error`` (:func:`fit_error`, 3 digits) against the
-    fit the step model prices it with (its world's, crowded or not, and its size's), and
+    """``profile`` with each measured time's relative error (3 digits) against the time the step
+    model prices it at (:func:`~zero_lab.collective_cost.seconds` on the profile as one of that
+    world's ranks sees it: its world's fits, crowded or not, and its size's), and
     ``sources.fit_errors``: per op, its largest error and where."""
+    hardware = hardware_from_dict(profile)
     rows, worst = [], {}
     for row in profile.get("measured") or []:
         row = {k: v for k, v in row.items() if k != "fit_error"}
-        fit = _fit_of(profile, row) if "seconds" in row else None
-        if fit:
+        if "seconds" in row and row["op"] in hardware.collectives:
             collective = Collective(row["op"], row["nbytes"], row["world_size"])
-            row["fit_error"] = round(fit_error(Link(**fit), collective, row["seconds"]), 3)
+            priced = seconds(hardware.on_host(row["world_size"]), collective)  # as the step model prices it
+            row["fit_error"] = round((priced - row["seconds"]) / row["seconds"], 3)
             if abs(row["fit_error"]) > abs(worst.get(row["op"], (0.0, ""))[0]):
                 worst[row["op"]] = (row["fit_error"], f"W={row['world_size']}, {row['nbytes'] / 2**20:g} MiB")
         rows.append(row)
