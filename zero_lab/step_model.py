@@ -12,20 +12,39 @@ owners' imbalance is the one a run would have, and every collective is priced wi
 **Phases of a step** (``W`` ranks, sharded over groups of ``S`` = ``shard_size`` ranks, ``Ψ``
 the trainable bytes):
 
-1. *compute* — forward ``2·F`` and backward ``4·F`` FLOPs, ``F`` = trainable parameters ×
-   samples (tokens) per rank (6 FLOPs per parameter per token; attention scores left out), at
-   the hardware's ``matmul_flops`` — on a CPU host with fewer cores than ranks, the rate one of
-   ``W`` ranks gets (:meth:`~zero_lab.collective_cost.Hardware.on_host`: as the calibration
-   measured a crowded world, else the cores shared evenly, ``cores / W``; so are the memory
-   rate and every collective's fit: see *Crowded hosts* below).
+1. *compute* (:func:`compute_seconds`) — forward ``2·F`` and backward ``4·F`` FLOPs, ``F`` =
+   trainable parameters × samples (tokens) per rank (6 FLOPs per parameter per token; attention
+   scores left out), at the hardware's ``matmul_flops``, **plus** one read of every parameter
+   per pass (the forward's and the backward's matmuls each stream the weights: ``Ψ_all`` bytes
+   each) at ``memory_bandwidth``. Added, not overlapped: at a data-parallel rank's batch sizes a
+   CPU thread does not hide its weight loads behind its arithmetic. Measured here
+   (``scripts/time_passes.py``: forward + backward under ``no_sync``, W=1): 12.1–12.9 ms for
+   linear768 and 28.0–29.1 ms for tutorial-quick; on the committed profile FLOPs alone price them
+   8.0 and 22.5 ms, FLOPs and one read per pass 11.0 and 29.4 ms. The backward's gradient
+   writes are left out (counted, they over-price both backwards by 10–20 %: the stores do not
+   stall the arithmetic as the loads do). On an H100
+   (``h100_ib``) GPT-2 1.5 B at 8,192 tokens per rank adds 3.7 ms to 155 ms of FLOPs; the
+   tutorial MLP at 20 rows per rank is weight-bound there (0.19 ms of weights, 0.02 of FLOPs).
+   On a CPU host with fewer cores than ranks, a rank's forward and backward run at its even
+   share of the profile's single-rank rates (``cores / W``), not at the crowded world's rates:
+   those are timed with every rank doing one kind of work at once, and their Adam rate is the
+   least stable figure of a calibration (6.4 and 8.7 GB/s per rank in two idle calibrations two
+   hours apart, the single-rank rates within 2 %). Measured here, forward + backward at W=4 on 2
+   cores took 2.17–2.26 × (linear768) and 2.17–2.20 × (tutorial-quick) their W=1 time; the even
+   share prices 2 ×, those two calibrations' crowded rates 2.25 and 2.5 ×. The owner's step and every
+   collective take the crowded world as measured (see *Crowded hosts* below).
 2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
    ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
    ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
    its segment, an owner receives ``W-1`` contributions, all in flight at once, and adds them;
    the busiest rank's sends and receives set the time, :func:`p2p_busiest`: the larger of the
    two on a ``duplex`` link, their mean at a swap's rate where one thread copies both, as Gloo
-   here; priced with the profile's ``p2p_reduce_scatter`` fit, the strategy itself timed by the
-   calibration with its receive buffers and adds, else as one ``send_recv`` of those bytes);
+   here — except on a crowded host (ranks > cores), where the ranks take turns on the cores and
+   the bucket's total copies set the time, as if its segments were equal (measured here at W=4
+   on 2 cores: the tutorial's buckets, each owned by one or two ranks, reduce in about the time
+   of equal segments, not in twice it, as their busiest rank's load would say); priced with the
+   profile's ``p2p_reduce_scatter`` fit, the strategy itself timed by the calibration with its
+   receive buffers and adds, else as one ``send_recv`` of those bytes);
    ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
    longest: ``W × longest`` — a bucket owned by few ranks costs W times its size); ``owned``
    (an engine whose buffers are cut evenly among the owners: one reduce-scatter of the bucket).
@@ -52,10 +71,11 @@ the forward, up to ``overlap × forward``.
 **Crowded hosts.** Ranks that outnumber a host's cores (4 on this machine's 2) take turns on
 them with their Gloo threads: a collective measured alone in a world of 4 is not the ring of a
 2-rank fit scaled by step counts and bus factors, and a rank computes at its share of the cores.
-Every phase is priced on ``hardware.on_host(W)``: the calibration's own fits and rates for a
-world of that size (``crowded`` in the profile, measured with every rank busy at once), the cores
-shared evenly where it measured none. A profile without ``cores`` (a cluster: one device per
-rank) is unchanged by it.
+The collectives and the owner's step are priced on ``hardware.on_host(W)``: the calibration's
+own fits and rates for a world of that size (``crowded`` in the profile, measured with every rank
+busy at once), the cores shared evenly where it measured none; the forward and backward on the
+even share (*compute* above), and a point-to-point reduce-scatter on its bucket's total (*gradient
+reduction*). A profile without ``cores`` (a cluster: one device per rank) is unchanged by it.
 
 **Bytes.** Each phase reports its bus bytes per rank on each link class (intra-node,
 inter-node) — an average rank's (a point-to-point reduce-scatter's time is its busiest rank's,
@@ -82,6 +102,7 @@ __all__ = [
     "Phase",
     "StepPrediction",
     "communicator_bytes",
+    "compute_seconds",
     "newton_schulz_flops",
     "p2p_busiest",
     "predict_step",
@@ -203,6 +224,19 @@ class StepPrediction:
         return sum(p.inter_bytes for p in self.phases)
 
 
+def compute_seconds(
+    specs: Sequence[ParamSpec], samples_per_rank: int, hardware: Hardware, world_size: int
+) -> tuple[float, float]:
+    """One rank's forward and backward seconds (see *compute* in the module docstring): ``2·F`` and
+    ``4·F`` FLOPs at ``matmul_flops``, each plus one read of every parameter at
+    ``memory_bandwidth``; on a host of ``cores`` with more ranks, both rates × ``cores / W``."""
+    share = min(1.0, hardware.cores / world_size) if hardware.cores else 1.0
+    flops, bandwidth = hardware.matmul_flops * share, hardware.memory_bandwidth * share
+    forward = 2 * sum(s.numel for s in specs if s.trainable) * samples_per_rank
+    weights = sum(s.nbytes for s in specs)
+    return forward / flops + weights / bandwidth, 2 * forward / flops + weights / bandwidth
+
+
 def newton_schulz_flops(shape: Sequence[int], ns_steps: int = NS_STEPS) -> float:
     """FLOPs of Newton–Schulz on one matrix: per iteration ``A = X Xᵀ`` (2a²b), ``A·A`` (2a³), ``B·X`` (2a²b)."""
     a, b = sorted(shape)
@@ -278,6 +312,7 @@ def _grad_phase(
     layout: _Layout,
     buckets: list[list[int]],
     backward_s: float,
+    crowded: bool,
 ) -> Phase:
     world, shard = layout.world_size, layout.shard_size
     collectives: list[Collective] = []
@@ -296,7 +331,8 @@ def _grad_phase(
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
                 average = list(issued)
             else:  # point to point, every message in flight at once: the busiest rank's sends, receives (and adds)
-                issued = [_p2p_reduce_scatter(layout, hardware, segments)]
+                even = [bucket // shard] * shard  # a crowded host: the bucket's total copies set the time
+                issued = [_p2p_reduce_scatter(layout, hardware, even if crowded else segments)]
                 average = [layout.group("send_recv", math.ceil(bucket * (shard - 1) / shard))]
             if world > shard:
                 issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
@@ -416,20 +452,19 @@ def predict_step(
     ``S``, the group the optimizer state is partitioned over (default ``W``; it must divide ``W``).
     The partitioner runs at ``S``; O(parameters + shards + W). Priced on ``hardware.on_host(W)``.
     """
+    crowded = bool(hardware.cores) and world_size > hardware.cores
+    forward_s, backward_s = compute_seconds(specs, samples_per_rank, hardware, world_size)
     hardware = hardware.on_host(world_size)
     shard = world_size if shard_size is None else min(shard_size, world_size)
     if world_size < 1 or shard < 1 or world_size % shard:
         raise ValueError(f"shard_size={shard_size} must be a positive divisor of world_size={world_size}")
     specs = list(specs)
     partition = strategy.partitioner()(specs, shard) if strategy.partitioner else None
-    flops = 2 * sum(s.numel for s in specs if s.trainable) * samples_per_rank
-    forward_s = flops / hardware.matmul_flops
-    backward_s = 2 * forward_s
     layout = _Layout(world_size, shard, hardware.ranks_per_node)
     buckets = _bucket_segments(specs, partition, shard)
     grads = Phase("grad_reduce", 0, 0)
     if world_size > 1:
-        grads = _grad_phase(strategy, hardware, layout, buckets, backward_s)
+        grads = _grad_phase(strategy, hardware, layout, buckets, backward_s, crowded)
     grad_bytes = sum(s.numel * s.itemsize for s in specs if s.trainable and s.gets_grad)
     copies = grad_bytes * BUCKET_COPY_TOUCHES[strategy.grad_reduce] / hardware.memory_bandwidth
     phases = (

@@ -25,6 +25,7 @@ from zero_lab.step_model import (
     STRATEGIES,
     ModeledStrategy,
     communicator_bytes,
+    compute_seconds,
     newton_schulz_flops,
     p2p_busiest,
     predict_step,
@@ -113,8 +114,9 @@ def test_ddp_phases_by_hand() -> None:
     """4 parameters of 1 M floats (16 MB), W = 8 on one node, 10 samples per rank."""
     specs = specs_of(*[10**6] * 4)
     p = predict_step(specs, STRATEGIES["ddp"], hardware(), 8, samples_per_rank=10)
-    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12)
-    assert p.phase("backward").seconds == pytest.approx(2 * p.phase("forward").seconds)
+    # the FLOPs at matmul_flops plus one read of the 16 MB of weights per pass at memory_bandwidth
+    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12 + 16e6 / 1e11)
+    assert p.phase("backward").seconds == pytest.approx(4 * 4e6 * 10 / 1e12 + 16e6 / 1e11)
     assert p.phase("grad_reduce").seconds == pytest.approx(1.75 * 16e6 / 100e9)
     assert p.phase("grad_reduce").intra_bytes == pytest.approx(1.75 * 16e6)
     assert p.phase("step").seconds == pytest.approx(16e6 * ADAM_TOUCHES / 1e11)
@@ -219,6 +221,11 @@ def test_a_calibrated_point_to_point_reduce_scatter_prices_the_hooks_strategy() 
     one_owner = ModeledStrategy("p2p", "", SortedGreedy, grad_reduce="reduce_scatter")
     busiest = predict_step(specs, one_owner, calibrated, 4, 1).phase("grad_reduce")
     assert busiest.seconds == pytest.approx(3 * 2e-3 + 1.5 * mib16 / GB)
+    # 4 ranks on 2 cores take turns: the bucket's total copies set the time, the even bucket's price
+    crowded = predict_step(specs, one_owner, replace(calibrated, cores=2), 4, 1).phase("grad_reduce")
+    assert crowded.seconds == pytest.approx(3 * 2e-3 + 0.75 * mib16 / GB)
+    assert crowded.intra_bytes == busiest.intra_bytes  # the bytes do not change, only who waits
+    assert predict_step(specs, one_owner, replace(calibrated, cores=4), 4, 1).phase("grad_reduce") == busiest
     old = hardware(collectives={"send_recv": Link(1e-3, 100 * GB)}, duplex=False)  # a profile before the op
     before = predict_step(specs, even, old, 4, 1).phase("grad_reduce")
     assert before.seconds == pytest.approx(1e-3 + 0.75 * mib16 / 1e11)
@@ -242,6 +249,19 @@ def test_shared_cores_slow_compute() -> None:
     assert four == pytest.approx(2 * one)
 
 
+def test_compute_is_the_flops_plus_a_read_of_the_weights_per_pass() -> None:
+    """Forward 2·F FLOPs + every parameter read once (frozen ones too: the forward still streams
+    them); backward 4·F FLOPs (trainable only) + another read. A crowded host shares the profile's
+    own rates evenly, whatever its crowded world measured (that prices the step and the collectives)."""
+    specs = [ParamSpec(numel=10**6, name="a.weight"), ParamSpec(numel=10**6, name="b.weight", trainable=False)]
+    forward, backward = compute_seconds(specs, 10, hardware(), 1)
+    assert forward == pytest.approx(2 * 1e6 * 10 / 1e12 + 8e6 / 1e11)
+    assert backward == pytest.approx(4 * 1e6 * 10 / 1e12 + 8e6 / 1e11)
+    crowded = hardware(cores=2, crowded={4: Crowded({}, matmul_flops=1e9, memory_bandwidth=1e9)})
+    assert compute_seconds(specs, 10, crowded, 4) == pytest.approx((2 * forward, 2 * backward))
+    assert compute_seconds(specs, 10, crowded, 2) == pytest.approx((forward, backward))
+
+
 def test_a_crowded_world_is_priced_as_the_calibration_measured_it() -> None:
     """W > cores: the measured world's own fits and per-rank rates (the sharing measured, not
     assumed); beyond it the rates shared further (× m / W); W <= cores, or no cores (a cluster):
@@ -261,14 +281,15 @@ def test_a_crowded_world_is_priced_as_the_calibration_measured_it() -> None:
     assert (partial.matmul_flops, partial.memory_bandwidth) == (3e11, 0.5e11)
     # DDP at W=4 by hand on the measured world: 16 MB in one bucket, 10 samples per rank
     p = predict_step(specs_of(4 * 10**6), STRATEGIES["ddp"], h, 4, samples_per_rank=10)
-    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 4e11)
+    # the forward and backward at the profile's own rates shared evenly (cores / W = 1/2), not the crowded ones
+    assert p.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 0.5e12 + 16e6 / 0.5e11)
     assert p.phase("grad_reduce").seconds == pytest.approx(6 * 1e-3 + 1.5 * 16e6 / 1e9)
     assert p.phase("step").seconds == pytest.approx(16e6 * ADAM_TOUCHES / 2e10)
     assert p.phase("grad_copies").seconds == pytest.approx(4 * 16e6 / 2e10)
     # at W = 2 (one core each) the profile's own fit and rates
     two = predict_step(specs_of(4 * 10**6), STRATEGIES["ddp"], h, 2, samples_per_rank=10)
     assert two.phase("grad_reduce").seconds == pytest.approx(16e6 / 10e9)
-    assert two.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12)
+    assert two.phase("forward").seconds == pytest.approx(2 * 4e6 * 10 / 1e12 + 16e6 / 1e11)
     with pytest.raises(ValueError, match=r"crowded world 2 needs cores < 2, got cores=2.*crowded\.4\.collectives"):
         hardware(cores=2, crowded={2: Crowded(), 4: Crowded({"gather": Link(0, 1)})})
 

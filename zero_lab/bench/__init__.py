@@ -19,7 +19,8 @@ modules, each with one job:
 * :mod:`~zero_lab.bench.hardware` (profiles in ``profiles/*.yaml``), :mod:`~zero_lab.bench.at_scale`
   — the step model's machines and its at-scale table (``scripts/plan.py --hardware``);
   :mod:`~zero_lab.bench.calibrate` (``scripts/calibrate.py``: this machine's Gloo fitted into a
-  profile), :mod:`~zero_lab.bench.check_model` (``scripts/check_model.py``: predictions beside runs).
+  profile), :mod:`~zero_lab.bench.check_model` (``scripts/check_model.py``: predictions beside runs),
+  :mod:`~zero_lab.bench.passes` (``scripts/time_passes.py``: the compute phase beside the passes timed).
 
 It needs the ``[bench]`` extra (it builds the app's models); the core never imports it.
 """
