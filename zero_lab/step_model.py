@@ -28,11 +28,12 @@ the trainable bytes):
    On a CPU host with fewer cores than ranks, a rank's forward and backward run at its even
    share of the profile's single-rank rates (``cores / W``), not at the crowded world's rates:
    those are timed with every rank doing one kind of work at once, and their Adam rate is the
-   least stable figure of a calibration (6.4 and 8.7 GB/s per rank in two idle calibrations two
-   hours apart, the single-rank rates within 2 %). Measured here, forward + backward at W=4 on 2
-   cores took 2.17–2.26 × (linear768) and 2.17–2.20 × (tutorial-quick) their W=1 time; the even
-   share prices 2 ×, those two calibrations' crowded rates 2.25 and 2.5 ×. The owner's step and every
-   collective take the crowded world as measured (see *Crowded hosts* below).
+   least stable figure of a calibration (6.4, 8.7 and 6.0 GB/s per rank in three idle
+   calibrations within two and a half hours, the single-rank rates within 4 %). Measured here,
+   forward + backward at W=4 on 2 cores took 2.17–2.26 × (linear768) and 2.17–2.20 ×
+   (tutorial-quick) their W=1 time; the even share prices 2 ×, those calibrations' crowded rates
+   2.25–2.65 ×. The owner's step and every collective take the crowded world as measured (see
+   *Crowded hosts* below).
 2. *gradient reduction*, per DDP bucket (:class:`~zero_lab.ddp_buckets.DdpBuckets`, 25 MiB):
    ``all_reduce`` (DDP: every rank gets every sum); ``reduce_scatter`` (zero_lab's
    ``grad_reduce=reduce_scatter`` on DDP's buckets, point to point: each rank sends every owner
