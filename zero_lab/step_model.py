@@ -332,8 +332,9 @@ def _grad_phase(
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
                 average = list(issued)
             else:  # point to point, every message in flight at once: the busiest rank's sends, receives (and adds)
-                even = [bucket // shard] * shard  # a crowded host: the bucket's total copies set the time
-                issued = [_p2p_reduce_scatter(layout, hardware, even if crowded else segments)]
+                if crowded:  # ranks taking turns on the cores: the bucket's total copies set the time
+                    segments = [bucket // shard] * shard
+                issued = [_p2p_reduce_scatter(layout, hardware, segments)]
                 average = [layout.group("send_recv", math.ceil(bucket * (shard - 1) / shard))]
             if world > shard:
                 issued.append(layout.across("all_reduce", math.ceil(bucket / shard)))
@@ -451,15 +452,16 @@ def predict_step(
 
     ``samples_per_rank``: tokens (or rows) each rank's forward sees per step; ``shard_size``:
     ``S``, the group the optimizer state is partitioned over (default ``W``; it must divide ``W``).
-    The partitioner runs at ``S``; O(parameters + shards + W). Priced on ``hardware.on_host(W)``.
+    The partitioner runs at ``S``; O(parameters + shards + W). Priced on ``hardware.on_host(W)``,
+    the forward and backward on the even share of the cores (:func:`compute_seconds`).
     """
-    crowded = bool(hardware.cores) and world_size > hardware.cores
-    forward_s, backward_s = compute_seconds(specs, samples_per_rank, hardware, world_size)
-    hardware = hardware.on_host(world_size)
     shard = world_size if shard_size is None else min(shard_size, world_size)
     if world_size < 1 or shard < 1 or world_size % shard:
         raise ValueError(f"shard_size={shard_size} must be a positive divisor of world_size={world_size}")
     specs = list(specs)
+    crowded = bool(hardware.cores) and world_size > hardware.cores
+    forward_s, backward_s = compute_seconds(specs, samples_per_rank, hardware, world_size)
+    hardware = hardware.on_host(world_size)
     partition = strategy.partitioner()(specs, shard) if strategy.partitioner else None
     layout = _Layout(world_size, shard, hardware.ranks_per_node)
     buckets = _bucket_segments(specs, partition, shard)
