@@ -124,6 +124,7 @@ def test_ddp_phases_by_hand() -> None:
     # DDP copies each gradient into its bucket and back: a read and a write each, 4 touches of 16 MB
     assert p.phase("grad_copies").seconds == pytest.approx(4 * 16e6 / 1e11)
     assert p.seconds == pytest.approx(sum(ph.seconds for ph in p.phases))  # overlap 0: nothing hides
+    assert predict_step(iter(specs), STRATEGIES["ddp"], hardware(), 8, samples_per_rank=10) == p  # any iterable
     engine = predict_step(specs, STRATEGIES["zero2_engine"], hardware(), 8, samples_per_rank=10)
     assert engine.phase("grad_copies").seconds == pytest.approx(2 * 16e6 / 1e11)  # written once into its buffer
 
