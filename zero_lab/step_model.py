@@ -40,10 +40,12 @@ the trainable bytes):
    its segment, an owner receives ``W-1`` contributions, all in flight at once, and adds them;
    the busiest rank's sends and receives set the time, :func:`p2p_busiest`: the larger of the
    two on a ``duplex`` link, their mean at a swap's rate where one thread copies both, as Gloo
-   here — except on a crowded host (ranks > cores), where the ranks take turns on the cores and
-   the bucket's total copies set the time, as if its segments were equal (measured here at W=4
-   on 2 cores: the tutorial's buckets, each owned by one or two ranks, reduce in about the time
-   of equal segments, not in twice it, as their busiest rank's load would say); priced with the
+   here — except inside one crowded host (ranks > cores, the group on one node), where the ranks
+   take turns on the cores and the bucket's total copies set the time, as if its segments were
+   equal (measured here at W=4 on 2 cores: the tutorial's buckets, each owned by one or two
+   ranks, reduce in about the time of equal segments, not in twice it, as their busiest rank's
+   load would say; a group spanning nodes keeps the busiest rank, whose link carries its bytes
+   whatever the cores do); priced with the
    profile's ``p2p_reduce_scatter`` fit, the strategy itself timed by the calibration with its
    receive buffers and adds, else as one ``send_recv`` of those bytes);
    ``reduce_scatter_native`` (one ``reduce_scatter_tensor`` per bucket, segments padded to the
@@ -271,9 +273,14 @@ class _Layout:
     def __init__(self, world_size: int, shard_size: int, ranks_per_node: int):
         self.world_size, self.shard_size, self.per_node = world_size, shard_size, ranks_per_node
 
+    @property
+    def group_nodes(self) -> int:
+        """The nodes one group spans (rank 0's: every group spans as many)."""
+        return nodes_spanned(range(self.shard_size), self.per_node)
+
     def group(self, op: str, nbytes: int) -> Collective:
-        """``op`` inside one group (rank 0's: every group spans as many nodes)."""
-        return Collective(op, nbytes, self.shard_size, nodes_spanned(range(self.shard_size), self.per_node))
+        """``op`` inside one group."""
+        return Collective(op, nbytes, self.shard_size, self.group_nodes)
 
     def across(self, op: str, nbytes: int) -> Collective:
         """``op`` across groups, among the ranks that own the same shard (rank 0's peers)."""
@@ -332,8 +339,8 @@ def _grad_phase(
                 issued = [layout.group("reduce_scatter", max(segments) * shard)]
                 average = list(issued)
             else:  # point to point, every message in flight at once: the busiest rank's sends, receives (and adds)
-                if crowded:  # ranks taking turns on the cores: the bucket's total copies set the time
-                    segments = [bucket // shard] * shard
+                if crowded and layout.group_nodes == 1:  # the cores, not a link, are the limit
+                    segments = [bucket // shard] * shard  # ranks take turns: the bucket's total copies set the time
                 issued = [_p2p_reduce_scatter(layout, hardware, segments)]
                 average = [layout.group("send_recv", math.ceil(bucket * (shard - 1) / shard))]
             if world > shard:

@@ -227,6 +227,10 @@ def test_a_calibrated_point_to_point_reduce_scatter_prices_the_hooks_strategy() 
     assert crowded.seconds == pytest.approx(3 * 2e-3 + 0.75 * mib16 / GB)
     assert crowded.intra_bytes == busiest.intra_bytes  # the bytes do not change, only who waits
     assert predict_step(specs, one_owner, replace(calibrated, cores=4), 4, 1).phase("grad_reduce") == busiest
+    # a group spanning nodes (2 of 2 ranks here) keeps its busiest rank, crowded or not: its link carries those bytes
+    two_nodes = replace(calibrated, ranks_per_node=2)
+    spanning = predict_step(specs, one_owner, replace(two_nodes, cores=2), 4, 1).phase("grad_reduce")
+    assert spanning == predict_step(specs, one_owner, two_nodes, 4, 1).phase("grad_reduce") != crowded
     old = hardware(collectives={"send_recv": Link(1e-3, 100 * GB)}, duplex=False)  # a profile before the op
     before = predict_step(specs, even, old, 4, 1).phase("grad_reduce")
     assert before.seconds == pytest.approx(1e-3 + 0.75 * mib16 / 1e11)

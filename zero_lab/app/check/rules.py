@@ -293,14 +293,17 @@ def _check_loop_features(cfg: DictConfig, choices: Mapping[str, Any], plan: RunP
 
 
 def _check_grad_reduce(cfg: DictConfig, choices: Mapping[str, Any], plan: RunPlan) -> list[str]:
-    """``grad_reduce`` reduces each gradient to the rank that steps it (:mod:`zero_lab.grad_reduce`), so it
-    needs a ZeRO optimizer, except ``all_reduce`` (DDP's traffic, metered: the baseline for the bytes per
-    phase). ``release_grads`` releases unowned gradients after backward: a ZeRO optimizer and a ``grad_reduce`` hook.
-    ``autocast=fp16`` is refused with a hook: the GradScaler would look for infs in this rank's owned
-    gradients only, and ranks that disagree on skipping a step would issue different exchanges."""
+    """``grad_reduce`` reduces each gradient to the rank that steps it (:mod:`zero_lab.grad_reduce`), so
+    on the DDP path it needs a ZeRO optimizer (the engine shards any), except ``all_reduce`` (DDP's
+    traffic, metered: the baseline for the bytes per phase). ``release_grads`` releases unowned
+    gradients after backward: a ZeRO optimizer and a ``grad_reduce`` hook. ``autocast=fp16`` is
+    refused with a hook: the GradScaler would look for infs in this rank's owned gradients only, and
+    ranks that disagree on skipping a step would issue different exchanges."""
     name = enum_str(cfg.grad_reduce) if cfg.get("grad_reduce") is not None else None
     release = bool(cfg.get("release_grads", False))
-    steps_every_parameter = plan.strategy is not None and not plan.strategy.shards_state  # None: reported elsewhere
+    # the engine (dp=zero_lab) shards whatever class steps: grad_reduce is its mode with optim=adam too
+    engine = plan.dp.dp == "zero_lab"
+    steps_every_parameter = not engine and plan.strategy is not None and not plan.strategy.shards_state
     optim = choices.get("optim") or "this optimizer"
     out = []
     if name is not None and name != "all_reduce" and steps_every_parameter:
