@@ -41,3 +41,17 @@ def test_the_table_says_what_is_unmetered_and_the_ratios() -> None:
     assert "| engine | 2 | 250.0 | 200.0 | +25.0 % | 6.000 | 6.060 | -1.0 % | — (not metered) |" in text
     assert "| engine | 4 | 500.0 | 500.0 | +0.0 % | 12.000 | 12.000 | +0.0 % | 20.000 |" in text
     assert "| engine | 2.00 × | 2.50 × | 2.00 × | 1.98 × |" in text
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_config_names_modes_that_cross_the_link(config: str) -> None:
+    """The namespaced "nodes" are one host: a mode through host shared memory (the engine's default
+    there) would go around the slowed veth this benchmark measures. Each config names its gradient
+    reduction and its exchange, and neither is a host_shm strategy."""
+    from zero_lab.collectives import collective_named
+    from zero_lab.grad_reduce import grad_reduce_named
+
+    named = dict(o.split("=", 1) for o in CONFIGS[config].overrides)
+    assert {"grad_reduce", "exchange"} <= set(named)
+    assert not getattr(grad_reduce_named(named["grad_reduce"]), "host_shm", False)
+    assert not getattr(collective_named(named["exchange"]), "host_shm", False)
