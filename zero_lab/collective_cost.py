@@ -159,6 +159,11 @@ class Hardware:
         if problems:
             raise ValueError(f"hardware {self.name!r}: " + "; ".join(problems))
 
+    def core_share(self, world_size: int) -> float:
+        """The share of a core each of ``world_size`` ranks gets: ``cores / W`` where the ranks
+        outnumber the host's ``cores``, else 1 (always 1 without ``cores``: one device per rank)."""
+        return min(1.0, self.cores / world_size) if self.cores else 1.0
+
     def on_host(self, world_size: int) -> Hardware:
         """This hardware as one of ``world_size`` ranks sees it, every rate per rank after sharing.
 
@@ -168,7 +173,7 @@ class Hardware:
         crowded world, is the profile's × ``cores / W`` (the cores shared evenly)."""
         if not self.cores or world_size <= self.cores:
             return self
-        share = self.cores / world_size
+        share = self.core_share(world_size)
         matmul, memory, collectives = self.matmul_flops * share, self.memory_bandwidth * share, self.collectives
         large = self.large_collectives
         if self.crowded:

@@ -233,7 +233,7 @@ def compute_seconds(
     """One rank's forward and backward seconds (see *compute* in the module docstring): ``2·F`` and
     ``4·F`` FLOPs at ``matmul_flops``, each plus one read of every parameter at
     ``memory_bandwidth``; on a host of ``cores`` with more ranks, both rates × ``cores / W``."""
-    share = min(1.0, hardware.cores / world_size) if hardware.cores else 1.0
+    share = hardware.core_share(world_size)
     flops, bandwidth = hardware.matmul_flops * share, hardware.memory_bandwidth * share
     forward = 2 * sum(s.numel for s in specs if s.trainable) * samples_per_rank
     weights = sum(s.nbytes for s in specs)

@@ -76,6 +76,7 @@ __all__ = [
     "measure_collectives",
     "measure_compute",
     "refit",
+    "slowest_median",
     "with_fit_errors",
 ]
 
@@ -90,16 +91,18 @@ DUPLEX_SHARE = 0.75
 LARGE_FROM = 32 * 2**20
 
 
-def _slowest_median(run: Callable[[], None], repeats: int) -> float:
+def slowest_median(run: Callable[[], None], repeats: int, warmups: int = 1) -> float:
+    """The median over ``repeats`` calls of ``run`` (after ``warmups`` untimed ones), each started
+    after a barrier and timed as the slowest rank's (as a step waits for it); the same on every rank."""
     times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
+    for _ in range(repeats + warmups):
         dist.barrier()
         start = time.perf_counter()
         run()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's, as a step waits for it
         times.append(float(elapsed))
-    return statistics.median(times[1:])
+    return statistics.median(times[warmups:])
 
 
 def _collectives(comm: Communicator, nbytes: int) -> dict[str, Callable[[], None]]:
@@ -145,7 +148,7 @@ def measure_collectives(
         for op, run in _collectives(comm, nbytes).items():
             size = 4 * max(comm.world_size, nbytes // 4 // comm.world_size * comm.world_size)
             rows.append(
-                {"op": op, "world_size": comm.world_size, "nbytes": size, "seconds": _slowest_median(run, repeats)}
+                {"op": op, "world_size": comm.world_size, "nbytes": size, "seconds": slowest_median(run, repeats)}
             )
     cores = cores or os.cpu_count() or 1
     if blocks and comm.world_size > cores:

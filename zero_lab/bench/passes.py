@@ -15,15 +15,14 @@ weights). Freed memory stays in the heap, as in the benchmark's timing phases::
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from zero_lab.bench.calibrate import slowest_median
 from zero_lab.bench.check_model import SAMPLES
 from zero_lab.bench.hardware import load_hardware
 from zero_lab.bench.host import keep_freed_memory
@@ -51,18 +50,6 @@ class Passes:
     flops_only_s: float
 
 
-def _slowest_median(run: Callable[[], None], steps: int) -> float:
-    times = []
-    for _ in range(steps + 2):  # two warm-ups
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(float(elapsed))
-    return statistics.median(times[2:])
-
-
 def time_passes(model: str, steps: int) -> tuple[float, float]:
     """On every rank of a world: the slowest rank's median forward and forward + backward (``no_sync``)."""
     keep_freed_memory()
@@ -82,7 +69,7 @@ def time_passes(model: str, steps: int) -> tuple[float, float]:
         with ddp.no_sync():
             preset.loss(ddp(x), y).backward()
 
-    return _slowest_median(forward, steps), _slowest_median(both, steps)
+    return slowest_median(forward, steps, warmups=2), slowest_median(both, steps, warmups=2)
 
 
 def predicted(model: str, world_size: int, hardware: Hardware) -> tuple[float, float, float]:
@@ -90,9 +77,8 @@ def predicted(model: str, world_size: int, hardware: Hardware) -> tuple[float, f
     with torch.device("meta"):
         specs = specs_from_module(MODELS[model].build())
     forward, backward = compute_seconds(specs, SAMPLES[model], hardware, world_size)
-    share = min(1.0, hardware.cores / world_size) if hardware.cores else 1.0
     flops = 6 * sum(s.numel for s in specs if s.trainable) * SAMPLES[model]
-    return forward, forward + backward, flops / (hardware.matmul_flops * share)
+    return forward, forward + backward, flops / (hardware.matmul_flops * hardware.core_share(world_size))
 
 
 def format_passes(rows: Sequence[Passes]) -> str:
