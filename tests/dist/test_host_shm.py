@@ -264,6 +264,10 @@ def test_nothing_left_in_dev_shm_after_a_rank_is_killed(world, tmp_path):
 
     with pytest.raises(RankFailure) as caught:
         world(_killed_peer, 2, str(tmp_path), timeout_s=60)
-    assert caught.value.rank == 1 and "host_shm: rank 1 did not post its part" in str(caught.value.others)
+    # the killed rank is the cause. Rank 0's own line (its 1 s wait ending) is not asserted here: the
+    # world gathers other ranks' reports for 2 s only and then stops them, which on a loaded host can
+    # come first (it did under 4 test workers and a busy process on 2 cores); the line itself is
+    # tested with a live silent peer (test_refusals_and_a_silent_peer_in_one_line_naming_it)
+    assert caught.value.rank == 1 and caught.value.exitcode == -signal.SIGKILL
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
     assert host_shm.leftover_files(pids) == []
