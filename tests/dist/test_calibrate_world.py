@@ -1,12 +1,16 @@
 """The calibration's world (zero_lab.bench.calibrate.measure_collectives): every op timed, and in a
-world of more ranks than cores its per-rank compute rates, the same on every rank (the slowest's)."""
+world of more ranks than cores its per-rank compute rates, the same on every rank (the slowest's);
+its timer (slowest_median), which time_passes shares, the slowest rank's on every rank."""
 
 from __future__ import annotations
 
+import time
+
+import torch.distributed as dist
 import yaml
 
 from tests.dist.worlds import run_ranks
-from zero_lab.bench.calibrate import ONE_WAY, OPS, Rate, measure_collectives, profile_from
+from zero_lab.bench.calibrate import ONE_WAY, OPS, Rate, measure_collectives, profile_from, slowest_median
 from zero_lab.bench.hardware import hardware_from_dict
 
 
@@ -22,3 +26,13 @@ def test_a_crowded_world_measures_its_ops_and_its_per_rank_rates() -> None:
     hardware = hardware_from_dict(yaml.safe_load(yaml.safe_dump(profile_from(rows, compute, "test", 1))))
     assert set(hardware.crowded[2].collectives) == set(OPS)
     assert hardware.on_host(2).matmul_flops == float(f"{rates['matmul_flops']:.4g}")
+
+
+def planted_delay(delay_s: float) -> float:
+    """Rank 1 sleeps ``delay_s`` in every timed call; rank 0 does nothing."""
+    return slowest_median(lambda: time.sleep(delay_s if dist.get_rank() == 1 else 0.0), 3)
+
+
+def test_every_rank_reads_the_slowest_ranks_time() -> None:
+    # which rank is slowest is chance on an idle host: plant one (a sleep is a floor, never a ceiling)
+    assert all(seconds >= 0.05 for seconds in run_ranks(planted_delay, 2, 0.05))
